@@ -1,0 +1,170 @@
+// Package api holds nook's REST API: the wire types shared by the daemon
+// and the Go SDK, the exec stream framing, and the OpenAPI 3 spec
+// (openapi.yaml) that documents both. It has no dependencies beyond the
+// standard library so that SDK users pull in nothing of the server.
+package api
+
+import (
+	_ "embed"
+	"time"
+)
+
+// OpenAPISpec is the checked-in OpenAPI 3 description of this API, served at /v1/openapi.yaml.
+//
+//go:embed openapi.yaml
+var OpenAPISpec []byte
+
+// Isolation kinds.
+const (
+	IsolationContainer = "container"
+	IsolationVM        = "vm"
+)
+
+// Sandbox states.
+const (
+	StateCreating   = "creating"
+	StateRunning    = "running"
+	StateDestroying = "destroying"
+	StateFailed     = "failed"
+)
+
+// Sandbox is a sandbox as the API reports it.
+type Sandbox struct {
+	ID          string            `json:"id"`
+	Name        string            `json:"name"`
+	Template    string            `json:"template"`
+	Isolation   string            `json:"isolation"`
+	State       string            `json:"state"`
+	Reason      string            `json:"reason,omitempty"` // why a sandbox is failed
+	CPUs        float64           `json:"cpus"`
+	MemoryBytes int64             `json:"memory_bytes"`
+	DiskBytes   int64             `json:"disk_bytes,omitempty"` // 0: not limited
+	PidsLimit   int64             `json:"pids_limit"`
+	Env         map[string]string `json:"env,omitempty"`
+	CreatedAt   time.Time         `json:"created_at"`
+	ExpiresAt   time.Time         `json:"expires_at"`
+}
+
+// CreateSandboxRequest is the body of POST /v1/sandboxes. Sizes are strings
+// such as "2G" or "512M"; TTL is a duration such as "90m", "2h", "3d" or "2w".
+type CreateSandboxRequest struct {
+	Name      string            `json:"name,omitempty"`
+	Template  string            `json:"template,omitempty"`
+	Isolation string            `json:"isolation,omitempty"`
+	CPUs      float64           `json:"cpus,omitempty"`
+	Memory    string            `json:"memory,omitempty"`
+	Disk      string            `json:"disk,omitempty"`
+	TTL       string            `json:"ttl,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+}
+
+// SetTTLRequest is the body of PUT /v1/sandboxes/{name}/ttl: the new remaining lifetime.
+type SetTTLRequest struct {
+	TTL string `json:"ttl"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{name}/exec.
+type ExecRequest struct {
+	Cmd     []string          `json:"cmd"`
+	Env     map[string]string `json:"env,omitempty"`
+	Cwd     string            `json:"cwd,omitempty"`
+	User    string            `json:"user,omitempty"`
+	Timeout string            `json:"timeout,omitempty"` // e.g. "30s"; empty: no timeout
+}
+
+// ExitStatus is the payload of the final FrameExit of an exec stream.
+type ExitStatus struct {
+	ExitCode int    `json:"exit_code"`        // -1 when killed by a signal
+	Signal   string `json:"signal,omitempty"` // e.g. "KILL"
+	TimedOut bool   `json:"timed_out,omitempty"`
+}
+
+// Template is a built root filesystem sandboxes start from.
+type Template struct {
+	Name      string    `json:"name"`
+	ID        string    `json:"id"`
+	CreatedAt time.Time `json:"created_at"`
+	SizeBytes int64     `json:"size_bytes"`
+	Packages  []string  `json:"packages,omitempty"`
+	InUseBy   int       `json:"in_use_by"` // sandboxes using it
+}
+
+// TemplateRecipe is a template nook knows how to build.
+type TemplateRecipe struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+}
+
+// TemplateList is the body of GET /v1/templates.
+type TemplateList struct {
+	Templates []Template       `json:"templates"`
+	Buildable []TemplateRecipe `json:"buildable"`
+}
+
+// Token is an API token. Secret is only ever returned once, by POST /v1/tokens.
+type Token struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name,omitempty"`
+	Secret    string    `json:"secret,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// CreateTokenRequest is the body of POST /v1/tokens.
+type CreateTokenRequest struct {
+	Name string `json:"name,omitempty"`
+}
+
+// Backend describes one isolation backend on this host.
+type Backend struct {
+	Isolation    string            `json:"isolation"`
+	Available    bool              `json:"available"`
+	Reason       string            `json:"reason,omitempty"` // why it is not available
+	Capabilities Capabilities      `json:"capabilities"`
+	Versions     map[string]string `json:"versions,omitempty"`
+}
+
+// Capabilities says what a backend can do; a request for something it cannot do is refused.
+type Capabilities struct {
+	CPULimit    bool `json:"cpu_limit"`
+	MemoryLimit bool `json:"memory_limit"`
+	DiskLimit   bool `json:"disk_limit"`
+	PidsLimit   bool `json:"pids_limit"`
+	Pause       bool `json:"pause"`
+	OwnKernel   bool `json:"own_kernel"`
+}
+
+// Info is the body of GET /v1/info.
+type Info struct {
+	Version     string    `json:"version"`
+	Kernel      string    `json:"kernel"`
+	CPUs        int       `json:"cpus"`
+	MemoryBytes int64     `json:"memory_bytes"`
+	Accelerator string    `json:"accelerator"` // kvm, pvm (not usable with stock kernels) or tcg
+	CgroupMode  string    `json:"cgroup_mode"` // v1, hybrid or v2
+	DataDir     string    `json:"data_dir"`
+	Backends    []Backend `json:"backends"`
+	Sandboxes   int       `json:"sandboxes"`
+}
+
+// Error codes. They are stable: clients may switch on them.
+const (
+	CodeInvalidArgument    = "invalid_argument"
+	CodeNotFound           = "not_found"
+	CodeAlreadyExists      = "already_exists"
+	CodeFailedPrecondition = "failed_precondition"
+	CodeResourceExhausted  = "resource_exhausted"
+	CodeUnavailable        = "unavailable"
+	CodeUnauthorized       = "unauthorized"
+	CodeInternal           = "internal"
+)
+
+// Error is the body of every non-2xx response: {"error": {...}}.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// ErrorBody wraps Error as it appears on the wire.
+type ErrorBody struct {
+	Error Error `json:"error"`
+}

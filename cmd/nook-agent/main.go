@@ -1,0 +1,51 @@
+// Command nook-agent runs inside every sandbox, as its PID 1: it reaps
+// orphans and serves the sandbox's side of exec and files to the daemon.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+
+	"github.com/nookhq/nook/internal/agent"
+)
+
+func main() {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ln, err := listener()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nook-agent:", err)
+		os.Exit(1)
+	}
+	srv := agent.NewServer(log, os.Getpid() == 1)
+	if err := srv.Serve(context.Background(), ln); err != nil {
+		fmt.Fprintln(os.Stderr, "nook-agent:", err)
+		os.Exit(1)
+	}
+}
+
+// listener is the socket the daemon connects to: an inherited listening
+// socket (NOOK_AGENT_LISTEN_FD, containers) or a path (NOOK_AGENT_LISTEN).
+func listener() (net.Listener, error) {
+	if fdStr := os.Getenv("NOOK_AGENT_LISTEN_FD"); fdStr != "" {
+		fd, err := strconv.Atoi(fdStr)
+		if err != nil {
+			return nil, fmt.Errorf("NOOK_AGENT_LISTEN_FD=%q is not a file descriptor", fdStr)
+		}
+		f := os.NewFile(uintptr(fd), "agent-listener")
+		ln, err := net.FileListener(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("inherited listener: %w", err)
+		}
+		return ln, nil
+	}
+	if path := os.Getenv("NOOK_AGENT_LISTEN"); path != "" {
+		os.Remove(path)
+		return net.Listen("unix", path)
+	}
+	return nil, fmt.Errorf("set NOOK_AGENT_LISTEN_FD or NOOK_AGENT_LISTEN")
+}

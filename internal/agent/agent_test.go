@@ -1,0 +1,250 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nookhq/nook/api"
+)
+
+// startAgent serves the agent in-process on a unix socket (without
+// reaping every child, since the test binary is not PID 1).
+func startAgent(t *testing.T) *Client {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := NewServer(slog.New(slog.DiscardHandler), false)
+	go srv.Serve(ctx, ln)
+	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	})
+	t.Cleanup(func() { c.Close(); cancel() })
+	return c
+}
+
+type result struct {
+	stdout, stderr bytes.Buffer
+	exit           api.ExitStatus
+}
+
+func run(t *testing.T, c *Client, req *ExecRequest) (*result, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := c.Exec(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	var r result
+	for {
+		kind, b, err := p.Next()
+		if err != nil {
+			t.Fatalf("stream ended without exit: %v", err)
+		}
+		switch kind {
+		case api.FrameStdout:
+			r.stdout.Write(b)
+		case api.FrameStderr:
+			r.stderr.Write(b)
+		case api.FrameExit:
+			if err := json.Unmarshal(b, &r.exit); err != nil {
+				t.Fatal(err)
+			}
+			return &r, nil
+		}
+	}
+}
+
+func TestExec(t *testing.T) {
+	c := startAgent(t)
+	if _, err := c.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	r, err := run(t, c, &ExecRequest{Argv: []string{"sh", "-c", `echo out; echo err >&2; printf '\377\000\303'; echo "$FOO $(pwd)"; exit 7`}, Env: map[string]string{"FOO": "bar"}, Cwd: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "out\n\xff\x00\xc3bar " + dir + "\n"
+	if r.stdout.String() != want || r.stderr.String() != "err\n" || r.exit.ExitCode != 7 {
+		t.Fatalf("stdout %q stderr %q exit %+v", r.stdout.String(), r.stderr.String(), r.exit)
+	}
+}
+
+func TestExecStdinAndSignal(t *testing.T) {
+	c := startAgent(t)
+	ctx := context.Background()
+	p, err := c.Exec(ctx, &ExecRequest{Argv: []string{"cat"}, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Write([]byte("hello"))
+	p.CloseStdin()
+	var out bytes.Buffer
+	for {
+		k, b, err := p.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k == api.FrameStdout {
+			out.Write(b)
+		}
+		if k == api.FrameExit {
+			break
+		}
+	}
+	p.Close()
+	if out.String() != "hello" {
+		t.Fatalf("cat echoed %q", out.String())
+	}
+
+	p, err = c.Exec(ctx, &ExecRequest{Argv: []string{"sleep", "60"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Signal("TERM")
+	for {
+		k, b, err := p.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k == api.FrameExit {
+			var st api.ExitStatus
+			json.Unmarshal(b, &st)
+			if st.Signal != "TERM" || st.ExitCode != -1 {
+				t.Fatalf("exit %+v", st)
+			}
+			return
+		}
+	}
+}
+
+func TestExecTimeout(t *testing.T) {
+	c := startAgent(t)
+	start := time.Now()
+	r, err := run(t, c, &ExecRequest{Argv: []string{"sleep", "60"}, TimeoutMS: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.exit.TimedOut || r.exit.Signal != "KILL" || time.Since(start) > 10*time.Second {
+		t.Fatalf("exit %+v after %v", r.exit, time.Since(start))
+	}
+}
+
+func TestExecRefusals(t *testing.T) {
+	c := startAgent(t)
+	cases := []struct {
+		req  ExecRequest
+		code string
+		msg  string
+	}{
+		{ExecRequest{Argv: []string{"no-such-command-xyz"}}, CodeCommandNotFound, "not found"},
+		{ExecRequest{Argv: []string{"/no/such/binary"}}, CodeCommandNotFound, "no such file"},
+		{ExecRequest{Argv: []string{"true"}, Cwd: "/no/such/dir"}, CodeInvalidArgument, "does not exist"},
+		{ExecRequest{Argv: []string{"true"}, User: "no-such-user-xyz"}, CodeInvalidArgument, "does not exist"},
+		{ExecRequest{Argv: []string{}}, CodeInvalidArgument, "no command"},
+		{ExecRequest{Argv: []string{"a\x00b"}}, CodeInvalidArgument, "NUL"},
+	}
+	for _, tc := range cases {
+		_, err := run(t, c, &tc.req)
+		var ae *AgentError
+		if !errors.As(err, &ae) || ae.Code != tc.code || !strings.Contains(ae.Message, tc.msg) {
+			t.Errorf("%v: got %v", tc.req.Argv, err)
+		}
+	}
+}
+
+// A client that disconnects mid-stream kills its foreground process, and the agent keeps serving.
+func TestDisconnectKillsForegroundProcess(t *testing.T) {
+	c := startAgent(t)
+	marker := filepath.Join(t.TempDir(), "pid")
+	p, err := c.Exec(context.Background(), &ExecRequest{Argv: []string{"sh", "-c", "echo $$ > " + marker + "; exec sleep 60"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(marker); err == nil && len(b) > 1 {
+			pid = p.PID
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p.Close()
+	for time.Now().Before(deadline) {
+		if err := syscall.Kill(pid, 0); err != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if syscall.Kill(pid, 0) == nil {
+		t.Fatalf("process %d survived its client", pid)
+	}
+	if _, err := c.Ping(context.Background()); err != nil {
+		t.Fatalf("agent unhealthy after disconnect: %v", err)
+	}
+}
+
+// A flood of output is carried with bounded buffers: the agent writes only
+// as fast as the reader consumes.
+func TestLargeOutput(t *testing.T) {
+	c := startAgent(t)
+	r, err := run(t, c, &ExecRequest{Argv: []string{"head", "-c", "50000000", "/dev/zero"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.stdout.Len() != 50000000 || r.exit.ExitCode != 0 {
+		t.Fatalf("got %d bytes, exit %+v", r.stdout.Len(), r.exit)
+	}
+}
+
+// The agent binary must never import the daemon's packages.
+func TestAgentDependencies(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/nookhq/nook/cmd/nook-agent").Output()
+	if err != nil {
+		t.Skipf("go list unavailable: %v", err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.HasPrefix(dep, "github.com/nookhq/nook/") && !strings.HasPrefix(dep, "github.com/nookhq/nook/internal/agent") &&
+			dep != "github.com/nookhq/nook/api" && dep != "github.com/nookhq/nook/cmd/nook-agent" {
+			t.Errorf("nook-agent imports %s", dep)
+		}
+		if strings.Contains(dep, "sqlite") || strings.Contains(dep, "net/http") {
+			t.Errorf("nook-agent imports %s", dep)
+		}
+	}
+}
+
+func FuzzDecodeRequest(f *testing.F) {
+	f.Add([]byte(`{"op":"exec","exec":{"argv":["sh","-c","x"],"env":{"A":"b"},"timeout_ms":5}}`))
+	f.Add([]byte(`{"op":"ping"}`))
+	f.Add([]byte(`{"op":"exec"}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := DecodeRequest(data)
+		if err != nil {
+			return
+		}
+		if r.Op == OpExec && (r.Exec == nil || len(r.Exec.Argv) == 0 || r.Exec.Argv[0] == "") {
+			t.Fatalf("accepted an exec with no command: %s", data)
+		}
+	})
+}

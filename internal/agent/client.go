@@ -1,0 +1,180 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/nookhq/nook/api"
+)
+
+// Dialer opens a fresh byte stream to an agent.
+type Dialer func(ctx context.Context) (net.Conn, error)
+
+// Client is the daemon side of the protocol for one sandbox. It keeps one
+// yamux session and dials again when the session is gone (the agent
+// restarted, or the daemon did).
+type Client struct {
+	dial Dialer
+
+	mu   sync.Mutex
+	sess *yamux.Session
+}
+
+// NewClient returns a Client that dials with d on first use.
+func NewClient(d Dialer) *Client { return &Client{dial: d} }
+
+// Close closes the session; running execs are cut off.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess != nil {
+		err := c.sess.Close()
+		c.sess = nil
+		return err
+	}
+	return nil
+}
+
+// AgentError is an error the agent reported (e.g. command not found).
+type AgentError struct {
+	Code    string
+	Message string
+}
+
+func (e *AgentError) Error() string { return e.Message }
+
+func (c *Client) open(ctx context.Context) (net.Conn, error) {
+	for attempt := 0; attempt < 2; attempt++ {
+		c.mu.Lock()
+		if c.sess == nil || c.sess.IsClosed() {
+			conn, err := c.dial(ctx)
+			if err != nil {
+				c.mu.Unlock()
+				return nil, fmt.Errorf("connect to sandbox agent: %w", err)
+			}
+			sess, err := yamux.Client(conn, yamuxConfig())
+			if err != nil {
+				conn.Close()
+				c.mu.Unlock()
+				return nil, err
+			}
+			c.sess = sess
+		}
+		sess := c.sess
+		c.mu.Unlock()
+		st, err := sess.OpenStream()
+		if err == nil {
+			return st, nil
+		}
+		sess.Close()
+	}
+	return nil, errors.New("connect to sandbox agent: session keeps closing")
+}
+
+// request opens a stream, sends req and reads the first reply frame into reply.
+func (c *Client) request(ctx context.Context, req Request, reply *Reply) (net.Conn, *api.FrameReader, error) {
+	st, err := c.open(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { st.Close() })
+	b, _ := json.Marshal(req)
+	fr := api.NewFrameReader(st)
+	err = api.WriteFrame(st, api.FrameJSON, b)
+	var kind byte
+	var p []byte
+	if err == nil {
+		kind, p, err = fr.Next()
+	}
+	stop()
+	if err != nil {
+		st.Close()
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+		return nil, nil, fmt.Errorf("sandbox agent: %w", err)
+	}
+	switch kind {
+	case api.FrameJSON:
+		if err := json.Unmarshal(p, reply); err != nil {
+			st.Close()
+			return nil, nil, fmt.Errorf("sandbox agent: bad reply: %w", err)
+		}
+		return st, fr, nil
+	case api.FrameError:
+		st.Close()
+		var e api.Error
+		if err := json.Unmarshal(p, &e); err != nil {
+			return nil, nil, fmt.Errorf("sandbox agent: bad error reply: %w", err)
+		}
+		return nil, nil, &AgentError{Code: e.Code, Message: e.Message}
+	default:
+		st.Close()
+		return nil, nil, fmt.Errorf("sandbox agent: unexpected frame %d", kind)
+	}
+}
+
+// Ping checks that the agent answers, and returns what it says about the sandbox.
+func (c *Client) Ping(ctx context.Context) (*Reply, error) {
+	var r Reply
+	st, _, err := c.request(ctx, Request{Op: OpPing}, &r)
+	if err != nil {
+		return nil, err
+	}
+	st.Close()
+	return &r, nil
+}
+
+// Process is a running exec. Read its output with Next until a FrameExit
+// (or an error); Close kills it if it has not exited.
+type Process struct {
+	PID int
+	st  net.Conn
+	fr  *api.FrameReader
+	wmu sync.Mutex
+}
+
+// Exec starts a process. An *AgentError reports why the agent refused.
+func (c *Client) Exec(ctx context.Context, req *ExecRequest) (*Process, error) {
+	var r Reply
+	st, fr, err := c.request(ctx, Request{Op: OpExec, Exec: req}, &r)
+	if err != nil {
+		return nil, err
+	}
+	return &Process{PID: r.PID, st: st, fr: fr}, nil
+}
+
+// Next returns the next output frame: FrameStdout, FrameStderr, or the final FrameExit.
+func (p *Process) Next() (byte, []byte, error) { return p.fr.Next() }
+
+func (p *Process) send(kind byte, b []byte) error {
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	return api.WriteFrame(p.st, kind, b)
+}
+
+// Write sends bytes to the process's stdin (exec with Stdin set).
+func (p *Process) Write(b []byte) (int, error) {
+	for off := 0; off < len(b); off += api.MaxFramePayload {
+		end := min(off+api.MaxFramePayload, len(b))
+		if err := p.send(api.FrameStdin, b[off:end]); err != nil {
+			return off, err
+		}
+	}
+	return len(b), nil
+}
+
+// CloseStdin closes the process's stdin.
+func (p *Process) CloseStdin() error { return p.send(api.FrameEOF, nil) }
+
+// Signal sends a signal (e.g. "TERM") to the process's group.
+func (p *Process) Signal(name string) error { return p.send(api.FrameSignal, []byte(name)) }
+
+// Close ends the stream; a process still running is killed by the agent.
+func (p *Process) Close() error { return p.st.Close() }

@@ -1,0 +1,123 @@
+// Package agent implements both ends of the protocol between the nook
+// daemon and nook-agent, the process that runs as PID 1 inside every
+// sandbox. The transport is any byte stream (a unix socket for
+// containers, a virtio-serial port for vms) carrying a yamux session;
+// every request is one yamux stream of api frames. The first frame of a
+// stream is a FrameJSON Request; the agent answers with a FrameJSON Reply
+// or a FrameError, and an exec then streams FrameStdout/FrameStderr to the
+// daemon (and takes FrameStdin/FrameEOF/FrameSignal from it) until a final
+// FrameExit.
+//
+// This package must never import the daemon: the agent binary is built
+// from it alone (a test enforces it).
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/nookhq/nook/api"
+)
+
+// Ops a Request can name.
+const (
+	OpPing = "ping"
+	OpExec = "exec"
+)
+
+// Request is the first frame of every stream.
+type Request struct {
+	Op   string       `json:"op"`
+	Exec *ExecRequest `json:"exec,omitempty"`
+}
+
+// ExecRequest starts a process in the sandbox.
+type ExecRequest struct {
+	Argv      []string          `json:"argv"`
+	Env       map[string]string `json:"env,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	User      string            `json:"user,omitempty"`
+	Stdin     bool              `json:"stdin,omitempty"`      // keep stdin open for FrameStdin; otherwise /dev/null
+	TimeoutMS int64             `json:"timeout_ms,omitempty"` // kill the process group after this long
+}
+
+// Reply answers a Request.
+type Reply struct {
+	// Ping
+	Hostname string `json:"hostname,omitempty"`
+	Kernel   string `json:"kernel,omitempty"`
+	Version  string `json:"version,omitempty"`
+	// Exec
+	PID int `json:"pid,omitempty"`
+}
+
+// Error codes the agent sends in a FrameError.
+const (
+	CodeCommandNotFound  = "command_not_found"
+	CodeInvalidArgument  = api.CodeInvalidArgument
+	CodePermissionDenied = "permission_denied"
+	CodeInternal         = api.CodeInternal
+)
+
+// Limits on a request, so a confused or hostile peer cannot make the agent allocate without bound.
+const (
+	maxArgs     = 4096
+	maxEnv      = 4096
+	maxArgBytes = 256 << 10
+)
+
+// DecodeRequest parses and validates the first frame of a stream.
+func DecodeRequest(payload []byte) (*Request, error) {
+	var r Request
+	if err := json.Unmarshal(payload, &r); err != nil {
+		return nil, fmt.Errorf("malformed request: %w", err)
+	}
+	switch r.Op {
+	case OpPing:
+		return &r, nil
+	case OpExec:
+		if r.Exec == nil {
+			return nil, fmt.Errorf("exec request without exec body")
+		}
+		return &r, r.Exec.validate()
+	default:
+		return nil, fmt.Errorf("unknown op %q", r.Op)
+	}
+}
+
+func (e *ExecRequest) validate() error {
+	if len(e.Argv) == 0 || e.Argv[0] == "" {
+		return fmt.Errorf("no command given")
+	}
+	if len(e.Argv) > maxArgs || len(e.Env) > maxEnv {
+		return fmt.Errorf("too many arguments or environment variables")
+	}
+	size := 0
+	for _, a := range e.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return fmt.Errorf("an argument contains a NUL byte")
+		}
+		size += len(a)
+	}
+	for k, v := range e.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return fmt.Errorf("environment variable %q is not valid", k)
+		}
+		size += len(k) + len(v)
+	}
+	if size > maxArgBytes {
+		return fmt.Errorf("arguments and environment exceed %d bytes", maxArgBytes)
+	}
+	if strings.IndexByte(e.Cwd, 0) >= 0 || strings.IndexByte(e.User, 0) >= 0 || !utf8.ValidString(e.User) {
+		return fmt.Errorf("cwd or user is not valid")
+	}
+	if e.TimeoutMS < 0 {
+		return fmt.Errorf("negative timeout")
+	}
+	return nil
+}
+
+// Error is the payload of a FrameError from the agent.
+type Error = api.Error

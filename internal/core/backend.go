@@ -1,0 +1,74 @@
+// Package core holds what every part of the nook daemon agrees on: the
+// sandbox model and its lifecycle state machine, the Backend interface that
+// isolation backends (container, vm) implement, and the validation of
+// user input (names, sizes, durations).
+package core
+
+import (
+	"context"
+	"net"
+
+	"github.com/nookhq/nook/api"
+)
+
+// Backend runs sandboxes of one isolation kind. The daemon's manager owns
+// the lifecycle and the database; a backend owns only host resources
+// (processes, mounts, cgroups, files under its sandbox directory) and must
+// be able to find them again from the sandbox ID alone, because the daemon
+// may be killed at any moment and restarted.
+//
+// Lifecycle, as the manager drives it:
+//
+//	Create  -> resources allocated and the sandbox started, its agent listening.
+//	           On error the backend has already released what it allocated.
+//	Status  -> what is really there: running, stopped (resources remain) or absent.
+//	DialAgent -> a byte stream to the sandbox's nook-agent; the manager runs
+//	           the agent protocol over it. Called again after any failure.
+//	Destroy -> every process, mount, cgroup and file of the sandbox is gone.
+//	           Idempotent: destroying an absent or half-created sandbox succeeds.
+//	List    -> the IDs of every sandbox the backend has resources for, so that
+//	           the manager can reap orphans the database does not know.
+//
+// Optional features (pause, snapshots) are separate small interfaces found
+// by type assertion, and are reported in Capabilities.
+type Backend interface {
+	// Isolation names the kind of sandbox this backend runs: "container" or "vm".
+	Isolation() string
+	// Available reports whether the backend can run on this host, and if not why,
+	// with versions of the tools it uses.
+	Available(ctx context.Context) (ok bool, reason string, versions map[string]string)
+	// Capabilities says what the backend can do.
+	Capabilities() api.Capabilities
+	Create(ctx context.Context, sb *Sandbox) error
+	Status(ctx context.Context, sb *Sandbox) (RuntimeStatus, error)
+	DialAgent(ctx context.Context, sb *Sandbox) (net.Conn, error)
+	Destroy(ctx context.Context, sb *Sandbox) error
+	List(ctx context.Context) ([]string, error)
+}
+
+// RuntimeStatus is what a backend finds on the host for one sandbox.
+type RuntimeStatus struct {
+	State  RuntimeState
+	Detail string // e.g. why it stopped
+}
+
+// RuntimeState is the host-side state of a sandbox.
+type RuntimeState int
+
+// Host-side states.
+const (
+	RuntimeAbsent  RuntimeState = iota // nothing of the sandbox is on the host
+	RuntimeStopped                     // resources remain, but nothing runs
+	RuntimeRunning                     // its processes run
+)
+
+func (s RuntimeState) String() string {
+	switch s {
+	case RuntimeRunning:
+		return "running"
+	case RuntimeStopped:
+		return "stopped"
+	default:
+		return "absent"
+	}
+}

@@ -1,0 +1,76 @@
+package core
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/errdefs"
+)
+
+// State is a sandbox's lifecycle state as the database records it.
+type State string
+
+// The states. A sandbox is inserted as creating before any host resource
+// exists, so that a daemon killed mid-create finds and removes the
+// half-created sandbox on restart; it is marked destroying before its
+// resources are released, so that a destroy interrupted by a crash is
+// finished on restart.
+const (
+	StateCreating   State = api.StateCreating
+	StateRunning    State = api.StateRunning
+	StateDestroying State = api.StateDestroying
+	StateFailed     State = api.StateFailed
+)
+
+// transitions lists the legal state changes. Later states (paused,
+// snapshotting...) are added here and nowhere else.
+var transitions = map[State][]State{
+	StateCreating:   {StateRunning, StateDestroying, StateFailed},
+	StateRunning:    {StateDestroying, StateFailed},
+	StateFailed:     {StateDestroying},
+	StateDestroying: {},
+}
+
+// CheckTransition returns an ErrFailedPrecondition if a sandbox may not go from one state to another.
+func CheckTransition(from, to State) error {
+	for _, s := range transitions[from] {
+		if s == to {
+			return nil
+		}
+	}
+	return errdefs.Precondition("a sandbox that is %s cannot become %s", from, to)
+}
+
+// Sandbox is the daemon's record of a sandbox.
+type Sandbox struct {
+	ID          string
+	Name        string
+	Template    string // template name
+	TemplateID  string // the template build it was created from
+	Isolation   string
+	State       State
+	Reason      string
+	CPUs        float64
+	MemoryBytes int64
+	DiskBytes   int64
+	PidsLimit   int64
+	Env         map[string]string
+	CreatedAt   time.Time
+	ExpiresAt   time.Time
+	// BackendState is opaque to everything but the backend that wrote it
+	// (e.g. the container's init PID); it is persisted with the sandbox.
+	BackendState []byte
+}
+
+// API returns the sandbox as the API reports it.
+func (sb *Sandbox) API() api.Sandbox {
+	return api.Sandbox{
+		ID: sb.ID, Name: sb.Name, Template: sb.Template, Isolation: sb.Isolation,
+		State: string(sb.State), Reason: sb.Reason, CPUs: sb.CPUs,
+		MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes, PidsLimit: sb.PidsLimit,
+		Env: sb.Env, CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
+	}
+}
+
+func (sb *Sandbox) String() string { return fmt.Sprintf("%s (%s)", sb.Name, sb.ID) }

@@ -1,0 +1,17 @@
+package errdefs
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+)
+
+func TestCategoriesSurviveWrapping(t *testing.T) {
+	err := fmt.Errorf("create sandbox: %w", NotFound("template %q not found", "x"))
+	if !errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("category lost: %v", err)
+	}
+	if got := NotFound("template %q not found", "x").Error(); got != `template "x" not found` {
+		t.Fatalf("message: %q", got)
+	}
+}

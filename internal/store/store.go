@@ -1,0 +1,263 @@
+// Package store keeps the daemon's state in an embedded SQLite database
+// (modernc.org/sqlite: pure Go, so the binaries stay static). Every write
+// is a committed transaction with synchronous=FULL before the API
+// acknowledges it, so a daemon killed with -9 loses nothing it answered.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // the database/sql driver "sqlite"
+
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+)
+
+// migrations are applied in order; PRAGMA user_version records how many
+// have run. Never edit one that has shipped: append a new one.
+var migrations = []string{
+	// 1: sandboxes and API tokens.
+	`CREATE TABLE sandboxes (
+		id            TEXT PRIMARY KEY,
+		name          TEXT NOT NULL UNIQUE,
+		template      TEXT NOT NULL,
+		template_id   TEXT NOT NULL,
+		isolation     TEXT NOT NULL,
+		state         TEXT NOT NULL,
+		reason        TEXT NOT NULL DEFAULT '',
+		cpus          REAL NOT NULL,
+		memory_bytes  INTEGER NOT NULL,
+		disk_bytes    INTEGER NOT NULL,
+		pids_limit    INTEGER NOT NULL,
+		env           TEXT NOT NULL DEFAULT '{}',
+		created_at    INTEGER NOT NULL,
+		expires_at    INTEGER NOT NULL,
+		backend_state BLOB
+	);
+	CREATE INDEX sandboxes_expires ON sandboxes(expires_at);
+	CREATE TABLE tokens (
+		id         TEXT PRIMARY KEY,
+		name       TEXT NOT NULL DEFAULT '',
+		hash       BLOB NOT NULL UNIQUE,
+		created_at INTEGER NOT NULL
+	);`,
+}
+
+// Store is the daemon's database.
+type Store struct {
+	db *sql.DB
+}
+
+// Open opens (creating if needed) the database at path and migrates it.
+func Open(ctx context.Context, path string) (*Store, error) {
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_txlock=immediate"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	// One connection: SQLite serializes writers anyway, and this keeps
+	// read-after-write trivially consistent.
+	db.SetMaxOpenConns(1)
+	s := &Store{db: db}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate database %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// SchemaVersion returns how many migrations have been applied.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	err := s.db.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v)
+	return v, err
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	v, err := s.SchemaVersion(ctx)
+	if err != nil {
+		return err
+	}
+	if v > len(migrations) {
+		return fmt.Errorf("database schema version %d is newer than this nook (%d): upgrade nook", v, len(migrations))
+	}
+	for i := v; i < len(migrations); i++ {
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migration %d: %w", i+1, err)
+		}
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, i+1)); err != nil {
+			tx.Rollback()
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+const sandboxCols = `id, name, template, template_id, isolation, state, reason, cpus, memory_bytes, disk_bytes, pids_limit, env, created_at, expires_at, backend_state`
+
+// InsertSandbox records a new sandbox. A taken name is an ErrAlreadyExists.
+func (s *Store) InsertSandbox(ctx context.Context, sb *core.Sandbox) error {
+	env, err := json.Marshal(sb.Env)
+	if err != nil {
+		return err
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		sb.ID, sb.Name, sb.Template, sb.TemplateID, sb.Isolation, string(sb.State), sb.Reason, sb.CPUs,
+		sb.MemoryBytes, sb.DiskBytes, sb.PidsLimit, string(env), sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.BackendState)
+	if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed: sandboxes.name") {
+		return errdefs.Exists("a sandbox named %q already exists: pick another name or remove it with `nook rm %s`", sb.Name, sb.Name)
+	}
+	return err
+}
+
+// UpdateSandbox writes a sandbox's mutable fields: state, reason, expiry and backend state.
+func (s *Store) UpdateSandbox(ctx context.Context, sb *core.Sandbox) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, expires_at = ?, backend_state = ? WHERE id = ?`,
+		string(sb.State), sb.Reason, sb.ExpiresAt.UnixNano(), sb.BackendState, sb.ID)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.NotFound("sandbox %s not found", sb.Name)
+	}
+	return nil
+}
+
+// DeleteSandbox removes a sandbox's record.
+func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	return err
+}
+
+// GetSandbox returns the sandbox with this name, or an ErrNotFound.
+func (s *Store) GetSandbox(ctx context.Context, name string) (*core.Sandbox, error) {
+	sbs, err := s.query(ctx, `WHERE name = ?`, name)
+	if err != nil {
+		return nil, err
+	}
+	if len(sbs) == 0 {
+		return nil, errdefs.NotFound("no sandbox named %q: see `nook ls`", name)
+	}
+	return sbs[0], nil
+}
+
+// ListSandboxes returns every sandbox, oldest first.
+func (s *Store) ListSandboxes(ctx context.Context) ([]*core.Sandbox, error) {
+	return s.query(ctx, `ORDER BY created_at, name`)
+}
+
+// Expired returns the sandboxes whose TTL ran out before now.
+func (s *Store) Expired(ctx context.Context, now time.Time) ([]*core.Sandbox, error) {
+	return s.query(ctx, `WHERE expires_at <= ? AND state != ? ORDER BY expires_at`, now.UnixNano(), string(core.StateDestroying))
+}
+
+// CountByTemplate returns how many sandboxes use a template build.
+func (s *Store) CountByTemplate(ctx context.Context, templateID string) (int, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sandboxes WHERE template_id = ?`, templateID).Scan(&n)
+	return n, err
+}
+
+func (s *Store) query(ctx context.Context, where string, args ...any) ([]*core.Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes `+where, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*core.Sandbox
+	for rows.Next() {
+		var sb core.Sandbox
+		var state, env string
+		var created, expires int64
+		if err := rows.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.TemplateID, &sb.Isolation, &state, &sb.Reason, &sb.CPUs,
+			&sb.MemoryBytes, &sb.DiskBytes, &sb.PidsLimit, &env, &created, &expires, &sb.BackendState); err != nil {
+			return nil, err
+		}
+		sb.State = core.State(state)
+		sb.CreatedAt = time.Unix(0, created)
+		sb.ExpiresAt = time.Unix(0, expires)
+		if err := json.Unmarshal([]byte(env), &sb.Env); err != nil {
+			return nil, fmt.Errorf("sandbox %s: corrupt env: %w", sb.ID, err)
+		}
+		out = append(out, &sb)
+	}
+	return out, rows.Err()
+}
+
+// Token is a stored API token: only the hash of its secret is kept.
+type Token struct {
+	ID        string
+	Name      string
+	Hash      []byte
+	CreatedAt time.Time
+}
+
+// InsertToken stores a token.
+func (s *Store) InsertToken(ctx context.Context, t Token) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO tokens (id, name, hash, created_at) VALUES (?,?,?,?)`, t.ID, t.Name, t.Hash, t.CreatedAt.UnixNano())
+	return err
+}
+
+// TokenByHash finds a token by the hash of its secret.
+func (s *Store) TokenByHash(ctx context.Context, hash []byte) (*Token, error) {
+	var t Token
+	var created int64
+	err := s.db.QueryRowContext(ctx, `SELECT id, name, hash, created_at FROM tokens WHERE hash = ?`, hash).Scan(&t.ID, &t.Name, &t.Hash, &created)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.NotFound("token not found")
+	}
+	if err != nil {
+		return nil, err
+	}
+	t.CreatedAt = time.Unix(0, created)
+	return &t, nil
+}
+
+// ListTokens lists tokens (without secrets, which are never stored).
+func (s *Store) ListTokens(ctx context.Context) ([]Token, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, name, created_at FROM tokens ORDER BY created_at`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Token
+	for rows.Next() {
+		var t Token
+		var created int64
+		if err := rows.Scan(&t.ID, &t.Name, &created); err != nil {
+			return nil, err
+		}
+		t.CreatedAt = time.Unix(0, created)
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// DeleteToken revokes a token.
+func (s *Store) DeleteToken(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.NotFound("no token with id %q: see `nook token ls`", id)
+	}
+	return nil
+}
