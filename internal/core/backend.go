@@ -25,6 +25,7 @@ import (
 //	DialAgent -> a byte stream to the sandbox's nook-agent; the manager runs
 //	           the agent protocol over it. Called again after any failure.
 //	Destroy -> every process, mount, cgroup and file of the sandbox is gone.
+//	           Keyed by ID alone, so orphans the database lost can be removed.
 //	           Idempotent: destroying an absent or half-created sandbox succeeds.
 //	List    -> the IDs of every sandbox the backend has resources for, so that
 //	           the manager can reap orphans the database does not know.
@@ -42,7 +43,7 @@ type Backend interface {
 	Create(ctx context.Context, sb *Sandbox) error
 	Status(ctx context.Context, sb *Sandbox) (RuntimeStatus, error)
 	DialAgent(ctx context.Context, sb *Sandbox) (net.Conn, error)
-	Destroy(ctx context.Context, sb *Sandbox) error
+	Destroy(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)
 }
 

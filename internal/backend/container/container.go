@@ -1,0 +1,363 @@
+// Package container is the container isolation backend: Linux namespaces,
+// cgroups and seccomp through an OCI runtime (runc, driven through its
+// CLI), with the root filesystem an overlay over a read-only template.
+package container
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+)
+
+// Config configures the backend.
+type Config struct {
+	Runc         string // runc binary; default: found in PATH
+	RuncRoot     string // runc's state directory (tmpfs, e.g. /run/nook/runc)
+	StateDir     string // per-sandbox directories (e.g. /var/lib/nook/sandboxes)
+	AgentBinary  string // the host's static nook-agent, bind-mounted into every sandbox
+	CgroupParent string // sandboxes' cgroups go under /<CgroupParent>/<id> in every hierarchy
+	// TemplateRootfs returns the read-only root filesystem of a template build.
+	TemplateRootfs func(templateID string) (string, error)
+	Log            *slog.Logger
+}
+
+// Backend runs container sandboxes.
+type Backend struct {
+	cfg Config
+}
+
+var _ core.Backend = (*Backend)(nil)
+
+// New returns a container backend.
+func New(cfg Config) *Backend {
+	if cfg.Runc == "" {
+		cfg.Runc = "runc"
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "nook"
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Backend{cfg: cfg}
+}
+
+// Isolation implements core.Backend.
+func (b *Backend) Isolation() string { return api.IsolationContainer }
+
+// Capabilities implements core.Backend. Disk size is not limited: an
+// overlay upper directory on the host's filesystem has no quota here.
+func (b *Backend) Capabilities() api.Capabilities {
+	return api.Capabilities{CPULimit: true, MemoryLimit: true, PidsLimit: true}
+}
+
+// Available implements core.Backend.
+func (b *Backend) Available(ctx context.Context) (bool, string, map[string]string) {
+	path, err := exec.LookPath(b.cfg.Runc)
+	if err != nil {
+		return false, "runc is not installed (apt-get install runc)", nil
+	}
+	out, err := exec.CommandContext(ctx, path, "--version").Output()
+	if err != nil {
+		return false, fmt.Sprintf("%s --version failed: %v", path, err), nil
+	}
+	v := strings.TrimPrefix(strings.SplitN(string(out), "\n", 2)[0], "runc version ")
+	versions := map[string]string{"runc": v}
+	if os.Geteuid() != 0 {
+		return false, "the container backend needs root", versions
+	}
+	if _, err := os.Stat(b.cfg.AgentBinary); err != nil {
+		return false, fmt.Sprintf("nook-agent binary not found at %s (build it with make build)", b.cfg.AgentBinary), versions
+	}
+	return true, "", versions
+}
+
+func (b *Backend) dir(id string) string    { return filepath.Join(b.cfg.StateDir, id) }
+func (b *Backend) rootfs(id string) string { return filepath.Join(b.dir(id), "rootfs") }
+func (b *Backend) socket(id string) string { return filepath.Join(b.dir(id), "agent.sock") }
+
+// state is what the backend persists about a running sandbox.
+type state struct {
+	PID       int    `json:"pid"`
+	StartTime uint64 `json:"start_time"` // /proc/PID/stat field 22, to tell a reused PID apart
+}
+
+// Create implements core.Backend.
+func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) (err error) {
+	lower, err := b.cfg.TemplateRootfs(sb.TemplateID)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			if derr := b.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
+				b.cfg.Log.Error("clean up after failed create", "sandbox", sb.ID, "err", derr)
+			}
+		}
+	}()
+	dir := b.dir(sb.ID)
+	upper, work, rootfs := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), b.rootfs(sb.ID)
+	for _, d := range []string{upper, work, rootfs, filepath.Join(upper, "etc")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	// The sandbox's identity goes into the fresh upper layer, never through
+	// the merged view (whose symlinks the host must not follow).
+	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n", sb.Name)
+	if err := os.WriteFile(filepath.Join(upper, "etc", "hosts"), []byte(hosts), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(upper, "etc", "hostname"), []byte(sb.Name+"\n"), 0o644); err != nil {
+		return err
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
+	if err := unix.Mount("overlay", rootfs, "overlay", unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount overlay rootfs: %w", err)
+	}
+	spec, err := generateSpec(sb, b.cfg.AgentBinary, b.cfg.CgroupParent)
+	if err != nil {
+		return err
+	}
+	specJSON, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), specJSON, 0o600); err != nil {
+		return err
+	}
+
+	// The daemon creates the agent's listening socket on a host path the
+	// sandbox cannot see and hands it in as fd 3: the sandbox cannot swap
+	// the socket for a symlink, and the daemon can connect at once (the
+	// kernel queues the connection until the agent accepts).
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: b.socket(sb.ID), Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("agent socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	lnFile, err := ln.File()
+	ln.Close()
+	if err != nil {
+		return err
+	}
+	defer lnFile.Close()
+	logFile, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+
+	pidFile := filepath.Join(dir, "init.pid")
+	cmd := exec.CommandContext(ctx, b.cfg.Runc, "--root", b.cfg.RuncRoot, "run", "--detach",
+		"--pid-file", pidFile, "--preserve-fds", "1", "--bundle", dir, sb.ID)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.ExtraFiles = []*os.File{lnFile}
+	// Its own process group: a Ctrl-C aimed at the daemon's terminal must not reach sandboxes.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runc run: %w: %s", err, tail(filepath.Join(dir, "agent.log")))
+	}
+	pidBytes, err := os.ReadFile(pidFile)
+	if err != nil {
+		return fmt.Errorf("read container pid: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(pidBytes)))
+	if err != nil {
+		return fmt.Errorf("container pid %q: %w", pidBytes, err)
+	}
+	st := state{PID: pid, StartTime: procStartTime(pid)}
+	sb.BackendState, _ = json.Marshal(st)
+	return nil
+}
+
+// tail returns the last lines of a log file, for error messages.
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	b = bytes.TrimSpace(b)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// procStartTime reads a process's start time in clock ticks (0 if it is gone or dead).
+func procStartTime(pid int) uint64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) may contain spaces; fields resume after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	fields := strings.Fields(string(b[i+1:]))
+	if len(fields) < 20 || fields[0] == "Z" || fields[0] == "X" {
+		return 0 // gone, or a zombie waiting to be reaped
+	}
+	v, _ := strconv.ParseUint(fields[19], 10, 64)
+	return v
+}
+
+// Status implements core.Backend: the container runs while its init
+// process (the agent) does.
+func (b *Backend) Status(ctx context.Context, sb *core.Sandbox) (core.RuntimeStatus, error) {
+	var st state
+	if len(sb.BackendState) > 0 {
+		if err := json.Unmarshal(sb.BackendState, &st); err != nil {
+			return core.RuntimeStatus{}, fmt.Errorf("sandbox %s: backend state: %w", sb.ID, err)
+		}
+	}
+	if st.PID > 0 && st.StartTime != 0 && procStartTime(st.PID) == st.StartTime {
+		return core.RuntimeStatus{State: core.RuntimeRunning}, nil
+	}
+	if _, err := os.Stat(b.dir(sb.ID)); err == nil {
+		detail := "the sandbox's init process (nook-agent) is not running"
+		if l := tail(filepath.Join(b.dir(sb.ID), "agent.log")); l != "" {
+			detail += ": " + lastLine(l)
+		}
+		return core.RuntimeStatus{State: core.RuntimeStopped, Detail: detail}, nil
+	}
+	return core.RuntimeStatus{State: core.RuntimeAbsent, Detail: "the sandbox's files are gone"}, nil
+}
+
+func lastLine(s string) string {
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+// DialAgent implements core.Backend.
+func (b *Backend) DialAgent(ctx context.Context, sb *core.Sandbox) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", b.socket(sb.ID))
+}
+
+// Destroy implements core.Backend. Each step tolerates what an earlier,
+// interrupted create or destroy left behind.
+func (b *Backend) Destroy(ctx context.Context, id string) error {
+	if id == "" || strings.ContainsAny(id, "/.") {
+		return errdefs.Invalid("bad sandbox id %q", id)
+	}
+	var errs []error
+	// runc delete --force kills every process of the container, waits for
+	// them and removes its cgroups and state.
+	if out, err := exec.CommandContext(ctx, b.cfg.Runc, "--root", b.cfg.RuncRoot, "delete", "--force", id).CombinedOutput(); err != nil &&
+		!bytes.Contains(out, []byte("does not exist")) && !bytes.Contains(out, []byte("not exist")) {
+		errs = append(errs, fmt.Errorf("runc delete: %v: %s", err, bytes.TrimSpace(out)))
+	}
+	// A create interrupted between cgroup creation and runc's state leaves
+	// cgroups runc no longer knows about.
+	if err := b.removeCgroups(id); err != nil {
+		errs = append(errs, err)
+	}
+	if err := unmount(b.rootfs(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(b.dir(id)); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// cgroupDirs lists the sandbox's cgroup directories in every hierarchy that has one.
+func (b *Backend) cgroupDirs(id string) []string {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	roots = append(roots, "/sys/fs/cgroup")
+	var dirs []string
+	for _, r := range roots {
+		d := filepath.Join(r, b.cfg.CgroupParent, id)
+		if fi, err := os.Stat(d); err == nil && fi.IsDir() {
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
+}
+
+func (b *Backend) removeCgroups(id string) error {
+	var errs []error
+	for _, d := range b.cgroupDirs(id) {
+		// Kill stragglers first; an empty cgroup can be removed.
+		if procs, err := os.ReadFile(filepath.Join(d, "cgroup.procs")); err == nil {
+			sc := bufio.NewScanner(bytes.NewReader(procs))
+			for sc.Scan() {
+				if pid, err := strconv.Atoi(sc.Text()); err == nil && pid > 0 {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+		var err error
+		for i := 0; i < 100; i++ {
+			if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
+				err = nil
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func unmount(target string) error {
+	for i := 0; i < 50; i++ {
+		err := unix.Unmount(target, 0)
+		switch {
+		case err == nil:
+			continue // stacked mounts: unmount until none is left
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil // not a mount point (any more)
+		case errors.Is(err, unix.EBUSY):
+			time.Sleep(10 * time.Millisecond)
+		default:
+			return fmt.Errorf("unmount %s: %w", target, err)
+		}
+	}
+	if err := unix.Unmount(target, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("unmount %s: %w", target, err)
+	}
+	return nil
+}
+
+// List implements core.Backend: every sandbox with a directory or runc state.
+func (b *Backend) List(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	for _, d := range []string{b.cfg.StateDir, b.cfg.RuncRoot} {
+		entries, err := os.ReadDir(d)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		for _, e := range entries {
+			if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+				seen[e.Name()] = true
+			}
+		}
+	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	return ids, nil
+}

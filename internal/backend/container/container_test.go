@@ -1,0 +1,153 @@
+package container
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/core/conformance"
+	"github.com/nookhq/nook/internal/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.Main(m) }
+
+func newTestBackend(t *testing.T) (*Backend, conformance.Harness) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequireCommand(t, "runc", "runc")
+	tpls, tplID := testutil.BaseTemplate(t)
+	root := filepath.Join(testutil.TempRoot(t), testutil.RandomName("c"))
+	res := testutil.HostResources{
+		StateDir:     filepath.Join(root, "sandboxes"),
+		RuncRoot:     filepath.Join(root, "runc"),
+		CgroupParent: testutil.RandomName("nook-test-"),
+	}
+	testutil.CleanupCgroupParent(t, res.CgroupParent)
+	b := New(Config{
+		RuncRoot: res.RuncRoot, StateDir: res.StateDir, AgentBinary: testutil.AgentBinary(t),
+		CgroupParent: res.CgroupParent, TemplateRootfs: tpls.Rootfs, Log: slog.New(slog.DiscardHandler),
+	})
+	if ok, why, _ := b.Available(context.Background()); !ok {
+		t.Fatalf("container backend unavailable: %s", why)
+	}
+	return b, conformance.Harness{Backend: b, TemplateID: tplID, Leaks: res.Leaks}
+}
+
+func TestConformance(t *testing.T) {
+	_, h := newTestBackend(t)
+	conformance.Run(t, h)
+}
+
+// The cgroup limits a sandbox was created with are the ones it lives under.
+func TestLimitsApply(t *testing.T) {
+	_, h := newTestBackend(t)
+	s := conformance.Create(t, h, "limits")
+	mem := strings.TrimSpace(s.Sh(t, "cat /sys/fs/cgroup/memory/memory.limit_in_bytes"))
+	pids := strings.TrimSpace(s.Sh(t, "cat /sys/fs/cgroup/pids/pids.max"))
+	quota := strings.TrimSpace(s.Sh(t, "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us"))
+	if mem != "536870912" || pids != "512" || quota != "100000" {
+		t.Fatalf("memory %s pids %s cpu quota %s", mem, pids, quota)
+	}
+	// The pids limit holds: a fork bomb stays in its box.
+	s.Exec(t, &agent.ExecRequest{Argv: []string{"sh", "-c", "for i in $(seq 600); do sleep 2 & done 2>/dev/null; true"}})
+	if got, _ := strconv.Atoi(strings.TrimSpace(s.Sh(t, "cat /sys/fs/cgroup/pids/pids.current"))); got > 512 || got == 0 {
+		t.Fatalf("pids.current %d, limit 512", got)
+	}
+}
+
+// The sandbox runs with the runtime's default confinement: no dangerous
+// capabilities, seccomp on, read-only /sys, and no way to mount.
+func TestConfinement(t *testing.T) {
+	_, h := newTestBackend(t)
+	s := conformance.Create(t, h, "confined")
+	status := s.Sh(t, "grep -E '^(CapEff|Seccomp):' /proc/self/status")
+	if !strings.Contains(status, "Seccomp:\t2") {
+		t.Fatalf("seccomp not in filter mode: %q", status)
+	}
+	const capSysAdmin = 21
+	var capEff uint64
+	for _, line := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:\t"); ok {
+			if err := json.Unmarshal([]byte(`"`+v+`"`), new(string)); err == nil {
+				for _, c := range v {
+					capEff <<= 4
+					switch {
+					case c >= '0' && c <= '9':
+						capEff |= uint64(c - '0')
+					case c >= 'a' && c <= 'f':
+						capEff |= uint64(c-'a') + 10
+					}
+				}
+			}
+		}
+	}
+	if capEff&(1<<capSysAdmin) != 0 || capEff == 0 {
+		t.Fatalf("effective capabilities %x include CAP_SYS_ADMIN (or none were parsed)", capEff)
+	}
+	for _, escape := range []string{
+		"mount -t tmpfs none /mnt",
+		"echo 1 > /proc/sys/kernel/sysrq",
+		"touch /sys/kernel/x",
+		"touch /.nook/nook-agent",
+	} {
+		r, err := s.Exec(t, &agent.ExecRequest{Argv: []string{"sh", "-c", escape}})
+		if err != nil || r.Exit.ExitCode == 0 {
+			t.Errorf("%q succeeded inside the sandbox (%v)", escape, err)
+		}
+	}
+}
+
+// A sandbox whose init dies is reported stopped, and destroy still cleans up.
+func TestStatusAfterInitDies(t *testing.T) {
+	b, h := newTestBackend(t)
+	s := conformance.Create(t, h, "dies")
+	var st state
+	if err := json.Unmarshal(s.BackendState, &st); err != nil || st.PID == 0 {
+		t.Fatalf("backend state %s: %v", s.BackendState, err)
+	}
+	if rs, _ := b.Status(context.Background(), s.Sandbox); rs.State != core.RuntimeRunning {
+		t.Fatalf("status %v", rs.State)
+	}
+	syscall.Kill(st.PID, syscall.SIGKILL)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rs, _ := b.Status(context.Background(), s.Sandbox)
+		if rs.State == core.RuntimeStopped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status still %v after init was killed", rs.State)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A create that fails half-way leaves nothing behind.
+func TestFailedCreateLeavesNothing(t *testing.T) {
+	b, h := newTestBackend(t)
+	sb := conformance.NewSandbox("bad-agent", h.TemplateID)
+	b.cfg.AgentBinary = "/nonexistent/nook-agent"
+	if err := b.Create(context.Background(), sb); err == nil {
+		b.Destroy(context.Background(), sb.ID)
+		t.Fatal("create with a missing agent binary succeeded")
+	}
+	if leaks := h.Leaks(sb.ID); len(leaks) > 0 {
+		t.Fatalf("failed create left: %v", leaks)
+	}
+	sb = conformance.NewSandbox("bad-template", "base/nonexistent")
+	if err := b.Create(context.Background(), sb); err == nil {
+		t.Fatal("create from a missing template build succeeded")
+	}
+	if _, err := os.Stat(b.dir(sb.ID)); err == nil {
+		t.Fatal("failed create left its directory")
+	}
+}

@@ -1,0 +1,117 @@
+package container
+
+import (
+	"fmt"
+	"sort"
+	"syscall"
+
+	"github.com/moby/profiles/seccomp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/nookhq/nook/internal/core"
+)
+
+// agentPathInSandbox is where the host's nook-agent binary is bind-mounted, read-only.
+const agentPathInSandbox = "/.nook/nook-agent"
+
+// defaultCaps is the capability set Docker and containerd give a
+// container by default: enough for apt-get, package scripts and services,
+// without the ones that reach the host (SYS_ADMIN, SYS_MODULE, NET_ADMIN...).
+var defaultCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+	"CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+// generateSpec builds the OCI runtime spec of a sandbox. The bundle's
+// rootfs is the sandbox's overlay mount; the agent's listening socket is
+// inherited as fd 3.
+func generateSpec(sb *core.Sandbox, agentBinary, cgroupParent string) (*specs.Spec, error) {
+	env := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"LANG=C.UTF-8",
+		"TERM=xterm-256color",
+		"NOOK_AGENT_LISTEN_FD=3",
+		"NOOK_SANDBOX=" + sb.Name,
+	}
+	keys := make([]string, 0, len(sb.Env))
+	for k := range sb.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+sb.Env[k])
+	}
+	caps := append([]string(nil), defaultCaps...)
+	memLimit := sb.MemoryBytes
+	pids := sb.PidsLimit
+	period := uint64(100000)
+	quota := int64(sb.CPUs * float64(period))
+	s := &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			Args: []string{agentPathInSandbox},
+			Env:  env,
+			Cwd:  "/",
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: caps, Effective: caps, Permitted: caps,
+			},
+			Rlimits: []specs.POSIXRlimit{nofile()},
+		},
+		Root:     &specs.Root{Path: "rootfs"},
+		Hostname: sb.Name,
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+			{Destination: agentPathInSandbox, Type: "bind", Source: agentBinary, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: "/" + cgroupParent + "/" + sb.ID,
+			Resources: &specs.LinuxResources{
+				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+				Memory:  &specs.LinuxMemory{Limit: &memLimit},
+				CPU:     &specs.LinuxCPU{Quota: &quota, Period: &period},
+				Pids:    &specs.LinuxPids{Limit: &pids},
+			},
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
+				// A new, empty network namespace: loopback only, never the host's network.
+				{Type: specs.NetworkNamespace},
+			},
+			MaskedPaths: []string{
+				"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+				"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware",
+				"/proc/scsi", "/sys/devices/virtual/powercap",
+			},
+			ReadonlyPaths: []string{
+				"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+			},
+		},
+	}
+	if quota <= 0 {
+		s.Linux.Resources.CPU = nil
+	}
+	sc, err := seccomp.GetDefaultProfile(s)
+	if err != nil {
+		return nil, fmt.Errorf("default seccomp profile: %w", err)
+	}
+	s.Linux.Seccomp = sc
+	return s, nil
+}
+
+// nofile raises the open-files limit to the daemon's own hard limit: the
+// sandbox's capability set lacks CAP_SYS_RESOURCE, so it cannot go higher.
+func nofile() specs.POSIXRlimit {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Max == 0 {
+		rl.Max = 1024
+	}
+	return specs.POSIXRlimit{Type: "RLIMIT_NOFILE", Hard: rl.Max, Soft: rl.Max}
+}

@@ -1,0 +1,422 @@
+// Package template builds and keeps the read-only root filesystems that
+// sandboxes start from. Each build is immutable and kept in its own
+// directory, <dir>/<name>/<build-id>/rootfs; <dir>/<name>/current names the
+// build new sandboxes use. A sandbox records the build it was created
+// from, so rebuilding a template never changes the lower layer under a
+// running sandbox; builds nothing uses are removed.
+package template
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/errdefs"
+)
+
+// Recipe says how to build a template.
+type Recipe struct {
+	Name        string
+	Description string
+	Suite       string
+	Packages    []string
+}
+
+// Recipes are the templates nook can build.
+var Recipes = []Recipe{{
+	Name:        "base",
+	Description: "Debian 12 (bookworm) minbase with curl, git, python3 and the tools an agent reaches for first",
+	Suite:       "bookworm",
+	Packages: []string{
+		"ca-certificates", "curl", "wget", "git", "python3", "python3-venv", "procps", "iproute2",
+		"iputils-ping", "less", "jq", "unzip", "xz-utils", "openssh-client", "sudo", "vim-tiny", "file", "gnupg",
+	},
+}}
+
+func recipe(name string) (Recipe, bool) {
+	for _, r := range Recipes {
+		if r.Name == name {
+			return r, true
+		}
+	}
+	return Recipe{}, false
+}
+
+func recipeNames() string {
+	var names []string
+	for _, r := range Recipes {
+		names = append(names, r.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// Store is a directory of templates.
+type Store struct {
+	dir string
+	log *slog.Logger
+
+	mu     sync.Mutex
+	builds map[string]*build // in progress, by name
+}
+
+type build struct {
+	done chan struct{}
+	tpl  api.Template
+	err  error
+}
+
+// meta is template.json in a build directory.
+type meta struct {
+	Name      string    `json:"name"`
+	ID        string    `json:"id"`
+	CreatedAt time.Time `json:"created_at"`
+	SizeBytes int64     `json:"size_bytes"`
+	Packages  []string  `json:"packages"`
+}
+
+// NewStore returns the template store in dir.
+func NewStore(dir string, log *slog.Logger) *Store {
+	return &Store{dir: dir, log: log, builds: map[string]*build{}}
+}
+
+// Dir is the store's directory.
+func (s *Store) Dir() string { return s.dir }
+
+func checkName(name string) error {
+	if !nameRE.MatchString(name) {
+		return errdefs.Invalid("template name %q is not valid: use lowercase letters, digits and '-'", name)
+	}
+	return nil
+}
+
+// Get returns the current build of a template, or an ErrNotFound.
+func (s *Store) Get(name string) (api.Template, error) {
+	if err := checkName(name); err != nil {
+		return api.Template{}, err
+	}
+	cur, err := os.ReadFile(filepath.Join(s.dir, name, "current"))
+	if err != nil {
+		hint := fmt.Sprintf("build it with `nook template build %s`", name)
+		if _, ok := recipe(name); !ok {
+			hint = "templates nook can build: " + recipeNames()
+		}
+		return api.Template{}, errdefs.NotFound("template %q not found: %s", name, hint)
+	}
+	return s.readMeta(name, strings.TrimSpace(string(cur)))
+}
+
+func (s *Store) readMeta(name, build string) (api.Template, error) {
+	b, err := os.ReadFile(filepath.Join(s.dir, name, build, "template.json"))
+	if err != nil {
+		return api.Template{}, fmt.Errorf("template %s: %w", name, err)
+	}
+	var m meta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return api.Template{}, fmt.Errorf("template %s: corrupt template.json: %w", name, err)
+	}
+	return api.Template{Name: m.Name, ID: m.ID, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Packages: m.Packages}, nil
+}
+
+// Rootfs returns the root filesystem directory of a template build ID ("name/build").
+func (s *Store) Rootfs(id string) (string, error) {
+	name, build, ok := strings.Cut(id, "/")
+	if !ok || checkName(name) != nil || !nameRE.MatchString(build) {
+		return "", errdefs.Invalid("template build id %q is not valid", id)
+	}
+	p := filepath.Join(s.dir, name, build, "rootfs")
+	if _, err := os.Stat(p); err != nil {
+		return "", errdefs.NotFound("template build %s is missing from %s", id, s.dir)
+	}
+	return p, nil
+}
+
+// List returns the current build of every template.
+func (s *Store) List() ([]api.Template, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	var out []api.Template
+	for _, e := range entries {
+		if !e.IsDir() || checkName(e.Name()) != nil {
+			continue
+		}
+		if t, err := s.Get(e.Name()); err == nil {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
+
+// Build builds a template from its recipe and makes it current. Progress
+// (mmdebstrap's output) goes to progress. Concurrent builds of one name,
+// in this process or another, are serialized; a caller that waited for
+// another's build in this process gets its result.
+func (s *Store) Build(ctx context.Context, name string, progress io.Writer) (api.Template, error) {
+	if err := checkName(name); err != nil {
+		return api.Template{}, err
+	}
+	r, ok := recipe(name)
+	if !ok {
+		return api.Template{}, errdefs.Invalid("nook does not know how to build template %q: it can build %s", name, recipeNames())
+	}
+	s.mu.Lock()
+	if b, ok := s.builds[name]; ok {
+		s.mu.Unlock()
+		fmt.Fprintf(progress, "waiting for the build of template %s already in progress\n", name)
+		select {
+		case <-b.done:
+			return b.tpl, b.err
+		case <-ctx.Done():
+			return api.Template{}, ctx.Err()
+		}
+	}
+	b := &build{done: make(chan struct{})}
+	s.builds[name] = b
+	s.mu.Unlock()
+	// The build goes on if this caller goes away: others may wait for it.
+	b.tpl, b.err = s.build(context.WithoutCancel(ctx), r, progress)
+	s.mu.Lock()
+	delete(s.builds, name)
+	s.mu.Unlock()
+	close(b.done)
+	return b.tpl, b.err
+}
+
+// EnsureBuilt returns the current build of a template, building it first if
+// it is missing and nook has a recipe for it.
+func (s *Store) EnsureBuilt(ctx context.Context, name string, progress io.Writer) (api.Template, error) {
+	t, err := s.Get(name)
+	if err == nil || !errors.Is(err, errdefs.ErrNotFound) {
+		return t, err
+	}
+	if _, ok := recipe(name); !ok {
+		return t, err
+	}
+	unlock, lerr := s.lock(ctx, name)
+	if lerr != nil {
+		return api.Template{}, lerr
+	}
+	t, err = s.Get(name) // another process may have built it while we waited
+	unlock()
+	if err == nil {
+		return t, nil
+	}
+	return s.Build(ctx, name, progress)
+}
+
+// lock takes an exclusive flock on the template's directory, across processes.
+func (s *Store) lock(ctx context.Context, name string) (func(), error) {
+	if err := os.MkdirAll(filepath.Join(s.dir, name), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(s.dir, name, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (s *Store) build(ctx context.Context, r Recipe, progress io.Writer) (api.Template, error) {
+	if _, err := exec.LookPath("mmdebstrap"); err != nil {
+		return api.Template{}, errdefs.Precondition("mmdebstrap is not installed: apt-get install mmdebstrap (make deps does it)")
+	}
+	unlock, err := s.lock(ctx, r.Name)
+	if err != nil {
+		return api.Template{}, err
+	}
+	defer unlock()
+	rnd := make([]byte, 3)
+	rand.Read(rnd)
+	buildID := time.Now().UTC().Format("20060102t150405") + "-" + hex.EncodeToString(rnd)
+	tmp := filepath.Join(s.dir, r.Name, ".build-"+buildID)
+	final := filepath.Join(s.dir, r.Name, buildID)
+	defer os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return api.Template{}, err
+	}
+	start := time.Now()
+	fmt.Fprintf(progress, "building template %s (%s) with mmdebstrap; this takes a minute\n", r.Name, r.Description)
+	cmd := exec.CommandContext(ctx, "mmdebstrap", "--variant=minbase", "--include="+strings.Join(r.Packages, ","),
+		r.Suite, filepath.Join(tmp, "rootfs"))
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			fmt.Fprintf(progress, "  %s\n", sc.Text())
+		}
+	}()
+	err = cmd.Run()
+	pw.Close()
+	if err != nil {
+		return api.Template{}, fmt.Errorf("mmdebstrap failed building template %s: %w (see the output above)", r.Name, err)
+	}
+	size, _ := dirSize(filepath.Join(tmp, "rootfs"))
+	m := meta{Name: r.Name, ID: r.Name + "/" + buildID, CreatedAt: time.Now().UTC(), SizeBytes: size, Packages: r.Packages}
+	mb, _ := json.MarshalIndent(m, "", "  ")
+	if err := writeFileSync(filepath.Join(tmp, "template.json"), mb); err != nil {
+		return api.Template{}, err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return api.Template{}, err
+	}
+	if err := writeFileSync(filepath.Join(s.dir, r.Name, ".current.tmp"), []byte(buildID+"\n")); err != nil {
+		return api.Template{}, err
+	}
+	if err := os.Rename(filepath.Join(s.dir, r.Name, ".current.tmp"), filepath.Join(s.dir, r.Name, "current")); err != nil {
+		return api.Template{}, err
+	}
+	syncDir(filepath.Join(s.dir, r.Name))
+	fmt.Fprintf(progress, "template %s built in %s (%d MB)\n", r.Name, time.Since(start).Round(time.Second), size>>20)
+	s.log.Info("template built", "template", m.ID, "duration", time.Since(start))
+	return api.Template{Name: m.Name, ID: m.ID, CreatedAt: m.CreatedAt, SizeBytes: size, Packages: m.Packages}, nil
+}
+
+// Remove deletes a template: its current build and every build that
+// inUse reports unused. A template whose current build is in use is refused.
+func (s *Store) Remove(ctx context.Context, name string, inUse func(id string) (int, error)) error {
+	t, err := s.Get(name)
+	if err != nil {
+		return err
+	}
+	n, err := inUse(t.ID)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		return errdefs.Precondition("template %s is used by %d sandbox(es): remove them first (nook ls)", name, n)
+	}
+	unlock, err := s.lock(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := os.Remove(filepath.Join(s.dir, name, "current")); err != nil {
+		return err
+	}
+	return s.gcLocked(name, inUse)
+}
+
+// GC removes the builds of a template that are neither current nor in use.
+func (s *Store) GC(ctx context.Context, name string, inUse func(id string) (int, error)) error {
+	unlock, err := s.lock(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return s.gcLocked(name, inUse)
+}
+
+func (s *Store) gcLocked(name string, inUse func(id string) (int, error)) error {
+	cur, _ := os.ReadFile(filepath.Join(s.dir, name, "current"))
+	entries, err := os.ReadDir(filepath.Join(s.dir, name))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	remaining := 0
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if e.Name() == strings.TrimSpace(string(cur)) {
+			remaining++
+			continue
+		}
+		if n, err := inUse(name + "/" + e.Name()); err != nil || n > 0 {
+			remaining++
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(s.dir, name, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if remaining == 0 && len(cur) == 0 {
+		os.RemoveAll(filepath.Join(s.dir, name))
+	}
+	return errors.Join(errs...)
+}
+
+// BuildableList returns the recipes, for the API.
+func BuildableList() []api.TemplateRecipe {
+	out := make([]api.TemplateRecipe, 0, len(Recipes))
+	for _, r := range Recipes {
+		out = append(out, api.TemplateRecipe{Name: r.Name, Description: r.Description})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func dirSize(root string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n, err
+}
+
+func writeFileSync(path string, b []byte) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func syncDir(dir string) {
+	if f, err := os.Open(dir); err == nil {
+		f.Sync()
+		f.Close()
+	}
+}
