@@ -88,3 +88,6 @@ func (fr *FrameReader) Next() (kind byte, payload []byte, err error) {
 	}
 	return kind, fr.buf, nil
 }
+
+// StreamContentType is the media type of an exec stream of frames.
+const StreamContentType = "application/vnd.nook.stream"

@@ -59,6 +59,17 @@ func recipe(name string) (Recipe, bool) {
 	return Recipe{}, false
 }
 
+// CheckBuildable returns an ErrInvalidArgument unless nook has a recipe for the template.
+func CheckBuildable(name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if _, ok := recipe(name); !ok {
+		return errdefs.Invalid("nook does not know how to build template %q: it can build %s", name, recipeNames())
+	}
+	return nil
+}
+
 func recipeNames() string {
 	var names []string
 	for _, r := range Recipes {
@@ -175,10 +186,10 @@ func (s *Store) Build(ctx context.Context, name string, progress io.Writer) (api
 	if err := checkName(name); err != nil {
 		return api.Template{}, err
 	}
-	r, ok := recipe(name)
-	if !ok {
-		return api.Template{}, errdefs.Invalid("nook does not know how to build template %q: it can build %s", name, recipeNames())
+	if err := CheckBuildable(name); err != nil {
+		return api.Template{}, err
 	}
+	r, _ := recipe(name)
 	s.mu.Lock()
 	if b, ok := s.builds[name]; ok {
 		s.mu.Unlock()

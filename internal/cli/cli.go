@@ -1,0 +1,539 @@
+// Package cli is the nook command line. Every command but serve goes
+// through the Go SDK: the CLI has no private path to the daemon.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/daemon"
+	"github.com/nookhq/nook/internal/server"
+	"github.com/nookhq/nook/sdk"
+)
+
+// exitError carries a process exit code (a command's own, from exec).
+type exitError struct{ code int }
+
+func (e *exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// usageError marks a mistake in how the command was called (exit status 2).
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+
+// Main runs the CLI and returns the process exit code: 0, the command's own
+// code for exec, 1 for an error, 2 for a usage error.
+func Main(args []string, stdout, stderr io.Writer) int {
+	root := newRoot(stdout, stderr)
+	root.SetArgs(args)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	fmt.Fprintf(stderr, "nook: %v\n", err)
+	var ue *usageError
+	if errors.As(err, &ue) || isCobraUsage(err) {
+		fmt.Fprintln(stderr, "Run 'nook --help' for usage.")
+		return 2
+	}
+	return 1
+}
+
+func isCobraUsage(err error) bool {
+	s := err.Error()
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand", "flag needs an argument", "invalid argument", "accepts ", "requires at least", "requires exactly"} {
+		if strings.Contains(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "nook",
+		Short:         "nook gives every AI agent a machine of its own",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
+	root.AddCommand(serveCmd(), createCmd(), lsCmd(), inspectCmd(), execCmd(), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd())
+	return root
+}
+
+func client() (*sdk.Client, error) {
+	c, err := sdk.FromEnv()
+	if err != nil {
+		return nil, &usageError{err}
+	}
+	return c, nil
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func serveCmd() *cobra.Command {
+	var cfg server.Config
+	var debug bool
+	c := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the nook daemon",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			level := slog.LevelInfo
+			if debug {
+				level = slog.LevelDebug
+			}
+			cfg.Daemon.Log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			return server.Serve(cmd.Context(), cfg)
+		},
+	}
+	c.Flags().StringVar(&cfg.Daemon.DataDir, "data-dir", "/var/lib/nook", "where the database, templates and sandboxes live")
+	c.Flags().StringVar(&cfg.Daemon.RunDir, "run-dir", "/run/nook", "runtime state (sockets, runc state)")
+	c.Flags().StringVar(&cfg.Socket, "socket", "", "unix socket to serve the API on (default RUN-DIR/nook.sock)")
+	c.Flags().StringVar(&cfg.Listen, "listen", "", "also serve the API on this TCP address (e.g. 127.0.0.1:7070); requires tokens")
+	c.Flags().StringVar(&cfg.Daemon.AgentBinary, "agent", "", "nook-agent binary (default: beside nook)")
+	c.Flags().StringVar(&cfg.Daemon.TemplatesDir, "templates-dir", "", "template store (default DATA-DIR/templates)")
+	c.Flags().StringVar(&cfg.Daemon.CgroupParent, "cgroup-parent", "nook", "parent cgroup of sandboxes")
+	c.Flags().DurationVar(&cfg.Daemon.ReapInterval, "reap-interval", 5*time.Second, "how often expired sandboxes are looked for")
+	c.Flags().BoolVar(&debug, "debug", false, "log every API request")
+	return c
+}
+
+func createCmd() *cobra.Command {
+	var req api.CreateSandboxRequest
+	var env []string
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "create [--name NAME] [--template T] [--isolation container|vm] [--cpus N] [--memory 2G] [--disk 10G] [--ttl 1h] [--env K=V]...",
+		Short: "Create a sandbox and print its name",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if req.Env, err = core.ParseEnvList(env); err != nil {
+				return &usageError{err}
+			}
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			// Build a missing base template first, with its progress on stderr.
+			tpl := req.Template
+			if tpl == "" {
+				tpl = "base"
+			}
+			if tl, err := cl.ListTemplates(ctx); err == nil && !hasTemplate(tl, tpl) && canBuild(tl, tpl) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "template %s is not built yet; building it now\n", tpl)
+				if _, err := cl.BuildTemplate(ctx, tpl, cmd.ErrOrStderr()); err != nil {
+					return err
+				}
+			}
+			sb, err := cl.CreateSandbox(ctx, req)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), sb)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), sb.Name)
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&req.Name, "name", "", "sandbox name (a DNS label; generated if empty)")
+	f.StringVar(&req.Template, "template", "", "template to start from (default base)")
+	f.StringVar(&req.Isolation, "isolation", "container", "container or vm")
+	f.Float64Var(&req.CPUs, "cpus", 0, "CPU limit, in cores (default 2, at most the host's)")
+	f.StringVar(&req.Memory, "memory", "", "memory limit, e.g. 512M or 2G (default 2G)")
+	f.StringVar(&req.Disk, "disk", "", "writable disk size, e.g. 10G (vm only)")
+	f.StringVar(&req.TTL, "ttl", "", "time to live, e.g. 90m, 2h, 3d (default 1h; extend with nook ttl)")
+	f.StringArrayVar(&env, "env", nil, "environment variable K=V for every process (repeatable)")
+	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return c
+}
+
+func hasTemplate(tl *api.TemplateList, name string) bool {
+	for _, t := range tl.Templates {
+		if t.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func canBuild(tl *api.TemplateList, name string) bool {
+	for _, r := range tl.Buildable {
+		if r.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func until(t time.Time) string {
+	d := time.Until(t).Round(time.Second)
+	if d <= 0 {
+		return "expired"
+	}
+	if d > 48*time.Hour {
+		return fmt.Sprintf("%dd%dh", int(d.Hours())/24, int(d.Hours())%24)
+	}
+	return d.String()
+}
+
+func lsCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "ls",
+		Short: "List sandboxes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			sbs, err := cl.ListSandboxes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), sbs)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATE\tISOLATION\tTEMPLATE\tCPUS\tMEMORY\tEXPIRES IN")
+			for _, sb := range sbs {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\t%s\n", sb.Name, sb.State, sb.Isolation, sb.Template, sb.CPUs, core.FormatBytes(sb.MemoryBytes), until(sb.ExpiresAt))
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func inspectCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "inspect NAME",
+		Short: "Show a sandbox",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			sb, err := cl.GetSandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), sb)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "name:\t%s\nid:\t%s\nstate:\t%s\n", sb.Name, sb.ID, sb.State)
+			if sb.Reason != "" {
+				fmt.Fprintf(tw, "reason:\t%s\n", sb.Reason)
+			}
+			fmt.Fprintf(tw, "isolation:\t%s\ntemplate:\t%s\ncpus:\t%g\nmemory:\t%s\npids limit:\t%d\n", sb.Isolation, sb.Template, sb.CPUs, core.FormatBytes(sb.MemoryBytes), sb.PidsLimit)
+			if sb.DiskBytes > 0 {
+				fmt.Fprintf(tw, "disk:\t%s\n", core.FormatBytes(sb.DiskBytes))
+			}
+			fmt.Fprintf(tw, "created:\t%s\nexpires:\t%s (in %s)\n", sb.CreatedAt.Local().Format(time.RFC3339), sb.ExpiresAt.Local().Format(time.RFC3339), until(sb.ExpiresAt))
+			keys := make([]string, 0, len(sb.Env))
+			for k := range sb.Env {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				fmt.Fprintf(tw, "env:\t%s=%s\n", k, sb.Env[k])
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func execCmd() *cobra.Command {
+	var req api.ExecRequest
+	var env []string
+	c := &cobra.Command{
+		Use:   "exec [--env K=V]... [--cwd DIR] [--user U] [--timeout D] NAME -- CMD [ARG...]",
+		Short: "Run a command in a sandbox, streaming its output; exits with its code",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 2 || (len(args) == 2 && args[1] == "--") {
+				return &usageError{errors.New("exec needs a sandbox name and a command: nook exec NAME -- CMD [ARG...]")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var err error
+			if req.Env, err = core.ParseEnvList(env); err != nil {
+				return &usageError{err}
+			}
+			// Flags stop at NAME, so "--" (if given) is still in args.
+			req.Cmd = args[1:]
+			if req.Cmd[0] == "--" {
+				req.Cmd = req.Cmd[1:]
+			}
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			st, err := cl.Exec(cmd.Context(), args[0], req, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			switch {
+			case st.TimedOut:
+				fmt.Fprintf(cmd.ErrOrStderr(), "nook: command timed out after %s and was killed\n", req.Timeout)
+				return &exitError{124}
+			case st.Signal != "":
+				fmt.Fprintf(cmd.ErrOrStderr(), "nook: command killed by signal %s\n", st.Signal)
+				return &exitError{128 + signalNumber(st.Signal)}
+			case st.ExitCode != 0:
+				return &exitError{st.ExitCode}
+			}
+			return nil
+		},
+	}
+	c.Flags().SetInterspersed(false)
+	c.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable K=V (repeatable)")
+	c.Flags().StringVarP(&req.Cwd, "cwd", "w", "", "working directory (default: the user's home)")
+	c.Flags().StringVarP(&req.User, "user", "u", "", "user (name or uid[:gid]; default root)")
+	c.Flags().StringVar(&req.Timeout, "timeout", "", "kill the command after this long, e.g. 30s")
+	return c
+}
+
+func signalNumber(name string) int {
+	n := map[string]int{"HUP": 1, "INT": 2, "QUIT": 3, "ABRT": 6, "KILL": 9, "SEGV": 11, "PIPE": 13, "ALRM": 14, "TERM": 15}[name]
+	if n == 0 {
+		fmt.Sscanf(name, "%d", &n)
+	}
+	return n
+}
+
+func ttlCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "ttl NAME DURATION",
+		Short: "Set a sandbox's remaining time to live (e.g. 2h, 3d)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			sb, err := cl.SetTTL(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s expires at %s (in %s)\n", sb.Name, sb.ExpiresAt.Local().Format(time.RFC3339), until(sb.ExpiresAt))
+			return nil
+		},
+	}
+}
+
+func rmCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm NAME...",
+		Aliases: []string{"destroy"},
+		Short:   "Destroy sandboxes and everything they had on the host",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			var errs []error
+			for _, name := range args {
+				if err := cl.DeleteSandbox(cmd.Context(), name); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), name)
+			}
+			return errors.Join(errs...)
+		},
+	}
+}
+
+func templateCmd() *cobra.Command {
+	c := &cobra.Command{Use: "template", Short: "Build, list and remove templates"}
+	c.AddCommand(&cobra.Command{
+		Use:   "build NAME",
+		Short: "Build (or rebuild) a template, e.g. base",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			id, err := cl.BuildTemplate(cmd.Context(), args[0], cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), id)
+			return nil
+		},
+	}, &cobra.Command{
+		Use:   "ls",
+		Short: "List templates",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			tl, err := cl.ListTemplates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tBUILD\tSIZE\tCREATED\tIN USE BY")
+			for _, t := range tl.Templates {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", t.Name, t.ID, core.FormatBytes(t.SizeBytes), t.CreatedAt.Local().Format(time.RFC3339), t.InUseBy)
+			}
+			for _, r := range tl.Buildable {
+				if !hasTemplate(tl, r.Name) {
+					fmt.Fprintf(tw, "%s\t(not built: nook template build %s)\t\t\t\n", r.Name, r.Name)
+				}
+			}
+			return tw.Flush()
+		},
+	}, &cobra.Command{
+		Use:   "rm NAME",
+		Short: "Remove a template no sandbox uses",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			return cl.DeleteTemplate(cmd.Context(), args[0])
+		},
+	})
+	return c
+}
+
+func infoCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "info",
+		Short: "Show host capabilities: backends, accelerator, versions",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			info, err := cl.Info(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), info)
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "nook %s (client %s) at %s\nkernel: %s\ncpus: %d  memory: %s\naccelerator: %s\ncgroups: %s\ndata dir: %s\nsandboxes: %d\nbackends:\n",
+				info.Version, daemon.Version, cl.Host(), info.Kernel, info.CPUs, core.FormatBytes(info.MemoryBytes), info.Accelerator, info.CgroupMode, info.DataDir, info.Sandboxes)
+			for _, b := range info.Backends {
+				state := "available"
+				if !b.Available {
+					state = "not available: " + b.Reason
+				}
+				var vs []string
+				for k, v := range b.Versions {
+					vs = append(vs, k+" "+v)
+				}
+				sort.Strings(vs)
+				fmt.Fprintf(w, "  %-10s %s\n", b.Isolation, strings.TrimSpace(state+" "+strings.Join(vs, ", ")))
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func tokenCmd() *cobra.Command {
+	c := &cobra.Command{Use: "token", Short: "Manage API tokens for the TCP listener"}
+	var name string
+	create := &cobra.Command{
+		Use:   "create [--name NAME]",
+		Short: "Create a token and print it (shown only once)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			t, err := cl.CreateToken(cmd.Context(), name)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), t.Secret)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&name, "name", "", "a label for the token")
+	c.AddCommand(create, &cobra.Command{
+		Use:   "ls",
+		Short: "List tokens",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			ts, err := cl.ListTokens(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tCREATED")
+			for _, t := range ts {
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", t.ID, t.Name, t.CreatedAt.Local().Format(time.RFC3339))
+			}
+			return tw.Flush()
+		},
+	}, &cobra.Command{
+		Use:   "rm ID",
+		Short: "Revoke a token",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			return cl.DeleteToken(cmd.Context(), args[0])
+		},
+	})
+	return c
+}

@@ -1,0 +1,758 @@
+// Package daemon is the nook daemon's core: the Manager owns the sandbox
+// lifecycle (create, exec, TTL, destroy), keeps the database and the host
+// in agreement (reconcile on start, a reaper for expired and dead
+// sandboxes), and dispatches to the isolation backends.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/backend/container"
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/store"
+	"github.com/nookhq/nook/internal/template"
+)
+
+// Version is nook's version, set at build time.
+var Version = "dev"
+
+// Config configures a Manager. Zero fields take the defaults in one place: withDefaults.
+type Config struct {
+	DataDir      string        // database, sandboxes; default /var/lib/nook
+	RunDir       string        // sockets and runtime state (tmpfs); default /run/nook
+	TemplatesDir string        // default DataDir/templates
+	AgentBinary  string        // default: nook-agent beside the running executable
+	CgroupParent string        // default "nook"
+	ReapInterval time.Duration // how often expired and dead sandboxes are looked for; default 5s
+	Log          *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.DataDir == "" {
+		c.DataDir = "/var/lib/nook"
+	}
+	if c.RunDir == "" {
+		c.RunDir = "/run/nook"
+	}
+	if c.TemplatesDir == "" {
+		c.TemplatesDir = filepath.Join(c.DataDir, "templates")
+	}
+	if c.AgentBinary == "" {
+		c.AgentBinary = DefaultAgentBinary()
+	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = "nook"
+	}
+	if c.ReapInterval == 0 {
+		c.ReapInterval = 5 * time.Second
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	return c
+}
+
+// DefaultAgentBinary is nook-agent beside the running nook binary, else /usr/local/lib/nook/nook-agent.
+func DefaultAgentBinary() string {
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "nook-agent")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return "/usr/local/lib/nook/nook-agent"
+}
+
+// Manager runs sandboxes.
+type Manager struct {
+	cfg       Config
+	log       *slog.Logger
+	store     *store.Store
+	templates *template.Store
+	backends  map[string]core.Backend
+
+	mu     sync.Mutex
+	locks  map[string]*nameLock      // serializes lifecycle operations per sandbox name
+	agents map[string]*agent.Client // by sandbox ID
+}
+
+type nameLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// New opens the data directory, reconciles the database with the host and returns a Manager.
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	cfg = cfg.withDefaults()
+	for _, d := range []string{cfg.DataDir, cfg.RunDir, filepath.Join(cfg.DataDir, "sandboxes")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "nook.db"))
+	if err != nil {
+		return nil, err
+	}
+	m := &Manager{
+		cfg: cfg, log: cfg.Log, store: st,
+		templates: template.NewStore(cfg.TemplatesDir, cfg.Log),
+		locks:     map[string]*nameLock{}, agents: map[string]*agent.Client{},
+	}
+	ctr := container.New(container.Config{
+		RuncRoot: filepath.Join(cfg.RunDir, "runc"), StateDir: filepath.Join(cfg.DataDir, "sandboxes"),
+		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, Log: cfg.Log,
+	})
+	m.backends = map[string]core.Backend{ctr.Isolation(): ctr}
+	if err := m.reconcile(ctx); err != nil {
+		st.Close()
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	return m, nil
+}
+
+// Close releases the Manager. Sandboxes keep running; a new Manager re-adopts them.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	for id, c := range m.agents {
+		c.Close()
+		delete(m.agents, id)
+	}
+	m.mu.Unlock()
+	return m.store.Close()
+}
+
+// lockName serializes lifecycle operations on one sandbox name.
+func (m *Manager) lockName(name string) func() {
+	m.mu.Lock()
+	l := m.locks[name]
+	if l == nil {
+		l = &nameLock{}
+		m.locks[name] = l
+	}
+	l.refs++
+	m.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		m.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(m.locks, name)
+		}
+		m.mu.Unlock()
+	}
+}
+
+func (m *Manager) backend(isolation string) (core.Backend, error) {
+	if isolation == api.IsolationVM {
+		return nil, errdefs.Precondition("isolation %q is not available: this nook has no vm backend yet; use --isolation container", isolation)
+	}
+	b, ok := m.backends[isolation]
+	if !ok {
+		return nil, errdefs.Invalid("isolation %q is not valid: use container or vm", isolation)
+	}
+	return b, nil
+}
+
+func (m *Manager) agentFor(sb *core.Sandbox) (*agent.Client, error) {
+	b, err := m.backend(sb.Isolation)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.agents[sb.ID]
+	if c == nil {
+		sbCopy := *sb
+		c = agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, &sbCopy) })
+		m.agents[sb.ID] = c
+	}
+	return c, nil
+}
+
+func (m *Manager) dropAgent(id string) {
+	m.mu.Lock()
+	if c := m.agents[id]; c != nil {
+		c.Close()
+		delete(m.agents, id)
+	}
+	m.mu.Unlock()
+}
+
+func newID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+var (
+	adjectives = []string{"brave", "calm", "clever", "eager", "fancy", "gentle", "happy", "jolly", "keen", "lucky", "merry", "nimble", "proud", "quick", "quiet", "sharp", "steady", "swift", "tidy", "witty"}
+	nouns      = []string{"otter", "falcon", "badger", "heron", "lynx", "marten", "newt", "owl", "panda", "quail", "raven", "seal", "tapir", "viper", "walrus", "yak", "zebra", "bison", "crane", "dingo"}
+)
+
+func generateName() string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	return fmt.Sprintf("%s-%s-%s", adjectives[int(b[0])%len(adjectives)], nouns[int(b[1])%len(nouns)], hex.EncodeToString(b[2:]))
+}
+
+// hostResources returns the host's CPU count and memory.
+func hostResources() (int, int64) {
+	var si syscall.Sysinfo_t
+	mem := int64(0)
+	if syscall.Sysinfo(&si) == nil {
+		mem = int64(si.Totalram) * int64(si.Unit)
+	}
+	return runtime.NumCPU(), mem
+}
+
+// Create validates a request, makes the sandbox and returns it running.
+// progress receives template build output when the template must be built first.
+func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, progress io.Writer) (*core.Sandbox, error) {
+	if req.Isolation == "" {
+		req.Isolation = api.IsolationContainer
+	}
+	b, err := m.backend(req.Isolation)
+	if err != nil {
+		return nil, err
+	}
+	if ok, why, _ := b.Available(ctx); !ok {
+		return nil, errdefs.Unavailable("the %s backend is not available on this host: %s", req.Isolation, why)
+	}
+	caps := b.Capabilities()
+	if req.Name != "" {
+		if err := core.ValidateName(req.Name); err != nil {
+			return nil, err
+		}
+	}
+	ttl, err := core.ValidateTTL(req.TTL)
+	if err != nil {
+		return nil, err
+	}
+	hostCPUs, hostMem := hostResources()
+	cpus := req.CPUs
+	switch {
+	case cpus == 0:
+		cpus = float64(min(2, hostCPUs))
+	case cpus < 0.01:
+		return nil, errdefs.Invalid("cpus %g is not valid: ask for at least 0.01", cpus)
+	case cpus > float64(hostCPUs):
+		return nil, errdefs.Invalid("cpus %g is more than this host has (%d)", cpus, hostCPUs)
+	}
+	mem := int64(2 << 30)
+	if req.Memory != "" {
+		if mem, err = core.ParseSize(req.Memory); err != nil {
+			return nil, fmt.Errorf("memory: %w", err)
+		}
+		if mem < core.MinMemory {
+			return nil, errdefs.Invalid("memory %s is too small: ask for at least 64M", req.Memory)
+		}
+	}
+	if hostMem > 0 && mem > hostMem {
+		if req.Memory != "" {
+			return nil, errdefs.Invalid("memory %s is more than this host has (%s)", req.Memory, core.FormatBytes(hostMem))
+		}
+		mem = hostMem / 2
+	}
+	var disk int64
+	if req.Disk != "" {
+		if disk, err = core.ParseSize(req.Disk); err != nil {
+			return nil, fmt.Errorf("disk: %w", err)
+		}
+		if !caps.DiskLimit {
+			return nil, errdefs.Invalid("the %s backend cannot limit disk size: omit --disk (the sandbox shares the host's disk)", req.Isolation)
+		}
+		var fs syscall.Statfs_t
+		if syscall.Statfs(m.cfg.DataDir, &fs) == nil && disk > int64(fs.Bavail)*fs.Bsize {
+			return nil, errdefs.Invalid("disk %s is more than %s has free (%s)", req.Disk, m.cfg.DataDir, core.FormatBytes(int64(fs.Bavail)*fs.Bsize))
+		}
+	}
+	if err := core.ValidateEnv(req.Env); err != nil {
+		return nil, err
+	}
+	tplName := req.Template
+	if tplName == "" {
+		tplName = "base"
+	}
+	tpl, err := m.templates.EnsureBuilt(ctx, tplName, progress)
+	if err != nil {
+		return nil, err
+	}
+
+	now := time.Now()
+	sb := &core.Sandbox{
+		ID: newID(), Name: req.Name, Template: tpl.Name, TemplateID: tpl.ID, Isolation: req.Isolation,
+		State: core.StateCreating, CPUs: cpus, MemoryBytes: mem, DiskBytes: disk, PidsLimit: 4096,
+		Env: req.Env, CreatedAt: now, ExpiresAt: now.Add(ttl),
+	}
+	if sb.Env == nil {
+		sb.Env = map[string]string{}
+	}
+	// Insert first, as creating: a daemon killed from here on finds the
+	// record on restart and removes whatever was half made.
+	var unlock func()
+	for attempt := 0; ; attempt++ {
+		if req.Name == "" {
+			sb.Name = generateName()
+		}
+		unlock = m.lockName(sb.Name)
+		err = m.store.InsertSandbox(ctx, sb)
+		if err == nil {
+			break
+		}
+		unlock()
+		if !errors.Is(err, errdefs.ErrAlreadyExists) || req.Name != "" || attempt > 5 {
+			return nil, err
+		}
+	}
+	defer unlock()
+	// Finish even if the client goes away: a create is never left half done.
+	cctx := context.WithoutCancel(ctx)
+	start := time.Now()
+	err = b.Create(cctx, sb)
+	if err == nil {
+		err = m.waitAgent(cctx, sb)
+		if err != nil {
+			m.dropAgent(sb.ID)
+			if derr := b.Destroy(cctx, sb.ID); derr != nil {
+				m.log.Error("clean up sandbox whose agent did not start", "sandbox", sb.ID, "err", derr)
+			}
+		}
+	}
+	if err != nil {
+		if derr := m.store.DeleteSandbox(cctx, sb.ID); derr != nil {
+			m.log.Error("delete record of failed sandbox", "sandbox", sb.ID, "err", derr)
+		}
+		return nil, fmt.Errorf("create sandbox %s: %w", sb.Name, err)
+	}
+	sb.State = core.StateRunning
+	if err := m.store.UpdateSandbox(cctx, sb); err != nil {
+		return nil, err
+	}
+	m.log.Info("sandbox created", "sandbox", sb.Name, "id", sb.ID, "template", sb.TemplateID, "duration", time.Since(start))
+	return sb, nil
+}
+
+// waitAgent waits until the sandbox's agent answers.
+func (m *Manager) waitAgent(ctx context.Context, sb *core.Sandbox) error {
+	c, err := m.agentFor(sb)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if _, err := c.Ping(ctx); err != nil {
+		return fmt.Errorf("the sandbox's agent did not answer: %w", err)
+	}
+	return nil
+}
+
+// Get returns a sandbox by name.
+func (m *Manager) Get(ctx context.Context, name string) (*core.Sandbox, error) {
+	if err := core.ValidateName(name); err != nil {
+		return nil, err
+	}
+	return m.store.GetSandbox(ctx, name)
+}
+
+// List returns every sandbox.
+func (m *Manager) List(ctx context.Context) ([]*core.Sandbox, error) { return m.store.ListSandboxes(ctx) }
+
+// Destroy removes a sandbox and everything it had on the host.
+func (m *Manager) Destroy(ctx context.Context, name string) error {
+	if err := core.ValidateName(name); err != nil {
+		return err
+	}
+	unlock := m.lockName(name)
+	defer unlock()
+	sb, err := m.store.GetSandbox(ctx, name)
+	if err != nil {
+		return err
+	}
+	return m.destroyLocked(context.WithoutCancel(ctx), sb)
+}
+
+func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
+	if sb.State != core.StateDestroying {
+		if err := core.CheckTransition(sb.State, core.StateDestroying); err != nil {
+			return err
+		}
+		sb.State = core.StateDestroying
+		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+			return err
+		}
+	}
+	m.dropAgent(sb.ID)
+	if b, ok := m.backends[sb.Isolation]; ok {
+		if err := b.Destroy(ctx, sb.ID); err != nil {
+			return fmt.Errorf("destroy sandbox %s: %w (it stays in state destroying and is retried)", sb.Name, err)
+		}
+	}
+	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
+		return err
+	}
+	m.log.Info("sandbox destroyed", "sandbox", sb.Name, "id", sb.ID)
+	return nil
+}
+
+// SetTTL sets a sandbox's remaining lifetime.
+func (m *Manager) SetTTL(ctx context.Context, name, ttl string) (*core.Sandbox, error) {
+	if ttl == "" {
+		return nil, errdefs.Invalid("ttl is empty: give the new remaining time, e.g. 2h")
+	}
+	d, err := core.ValidateTTL(ttl)
+	if err != nil {
+		return nil, err
+	}
+	if err := core.ValidateName(name); err != nil {
+		return nil, err
+	}
+	unlock := m.lockName(name)
+	defer unlock()
+	sb, err := m.store.GetSandbox(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State == core.StateDestroying {
+		return nil, errdefs.Precondition("sandbox %s is being destroyed", name)
+	}
+	sb.ExpiresAt = time.Now().Add(d)
+	return sb, m.store.UpdateSandbox(ctx, sb)
+}
+
+// Exec starts a command in a sandbox. The caller reads the Process to its
+// FrameExit and closes it; closing early kills the command.
+func (m *Manager) Exec(ctx context.Context, name string, req api.ExecRequest) (*agent.Process, error) {
+	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
+		return nil, errdefs.Invalid("no command given: pass the command after --, e.g. nook exec NAME -- echo hi")
+	}
+	if err := core.ValidateEnv(req.Env); err != nil {
+		return nil, err
+	}
+	var timeout time.Duration
+	if req.Timeout != "" {
+		var err error
+		if timeout, err = core.ParseDuration(req.Timeout); err != nil {
+			return nil, fmt.Errorf("timeout: %w", err)
+		}
+	}
+	sb, err := m.Get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != core.StateRunning {
+		msg := fmt.Sprintf("sandbox %s is %s", name, sb.State)
+		if sb.Reason != "" {
+			msg += ": " + sb.Reason
+		}
+		return nil, errdefs.Precondition("%s; remove it with `nook rm %s`", msg, name)
+	}
+	c, err := m.agentFor(sb)
+	if err != nil {
+		return nil, err
+	}
+	p, err := c.Exec(ctx, &agent.ExecRequest{Argv: req.Cmd, Env: req.Env, Cwd: req.Cwd, User: req.User, TimeoutMS: timeout.Milliseconds()})
+	var ae *agent.AgentError
+	switch {
+	case err == nil:
+		return p, nil
+	case errors.As(err, &ae):
+		if ae.Code == agent.CodeInternal {
+			return nil, fmt.Errorf("sandbox %s: %s", name, ae.Message)
+		}
+		return nil, errdefs.Invalid("sandbox %s: %s", name, ae.Message)
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	default:
+		// The agent is unreachable: find out whether the sandbox died.
+		m.dropAgent(sb.ID)
+		if m.checkHealth(context.WithoutCancel(ctx), sb) {
+			return nil, errdefs.Unavailable("sandbox %s did not answer: %v; try again", name, err)
+		}
+		return nil, errdefs.Precondition("sandbox %s has stopped: %s; remove it with `nook rm %s`", name, sb.Reason, name)
+	}
+}
+
+// checkHealth compares a running sandbox with the host and marks it failed
+// if it is no longer running. It reports whether it is still running.
+func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
+	b, ok := m.backends[sb.Isolation]
+	if !ok {
+		return false
+	}
+	rs, err := b.Status(ctx, sb)
+	if err != nil || rs.State == core.RuntimeRunning {
+		return true
+	}
+	unlock := m.lockName(sb.Name)
+	defer unlock()
+	cur, err := m.store.GetSandbox(ctx, sb.Name)
+	if err != nil || cur.ID != sb.ID || cur.State != core.StateRunning {
+		return false
+	}
+	cur.State, cur.Reason = core.StateFailed, rs.Detail
+	if err := m.store.UpdateSandbox(ctx, cur); err != nil {
+		m.log.Error("mark sandbox failed", "sandbox", sb.Name, "err", err)
+	}
+	*sb = *cur
+	m.dropAgent(sb.ID)
+	m.log.Warn("sandbox stopped unexpectedly", "sandbox", sb.Name, "reason", rs.Detail)
+	return false
+}
+
+// reconcile makes the database and the host agree after a start: sandboxes
+// half created are removed, interrupted destroys finished, running ones
+// re-adopted or marked failed, and host resources no record owns removed.
+func (m *Manager) reconcile(ctx context.Context) error {
+	sbs, err := m.store.ListSandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	for _, sb := range sbs {
+		known[sb.ID] = true
+		switch sb.State {
+		case core.StateCreating:
+			m.log.Info("removing sandbox whose create was interrupted", "sandbox", sb.Name)
+			if b, ok := m.backends[sb.Isolation]; ok {
+				if err := b.Destroy(ctx, sb.ID); err != nil {
+					m.log.Error("remove half-created sandbox", "sandbox", sb.Name, "err", err)
+					continue
+				}
+			}
+			if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
+				return err
+			}
+		case core.StateDestroying:
+			if err := m.destroyLocked(ctx, sb); err != nil {
+				m.log.Error("finish interrupted destroy", "sandbox", sb.Name, "err", err)
+			}
+		case core.StateRunning:
+			if m.checkHealth(ctx, sb) {
+				m.log.Info("re-adopted sandbox", "sandbox", sb.Name)
+			}
+		}
+	}
+	for iso, b := range m.backends {
+		ids, err := b.List(ctx)
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			if !known[id] {
+				m.log.Info("removing orphaned sandbox resources", "isolation", iso, "id", id)
+				if err := b.Destroy(ctx, id); err != nil {
+					m.log.Error("remove orphan", "id", id, "err", err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Run reaps expired sandboxes, finishes stuck destroys and notices dead
+// sandboxes until ctx ends.
+func (m *Manager) Run(ctx context.Context) {
+	t := time.NewTicker(m.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		m.reapOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (m *Manager) reapOnce(ctx context.Context) {
+	expired, err := m.store.Expired(ctx, time.Now())
+	if err != nil {
+		m.log.Error("list expired sandboxes", "err", err)
+	}
+	for _, sb := range expired {
+		m.log.Info("sandbox expired", "sandbox", sb.Name, "expired_at", sb.ExpiresAt)
+		unlock := m.lockName(sb.Name)
+		cur, err := m.store.GetSandbox(ctx, sb.Name)
+		if err == nil && cur.ID == sb.ID && !cur.ExpiresAt.After(time.Now()) {
+			if err := m.destroyLocked(ctx, cur); err != nil {
+				m.log.Error("destroy expired sandbox", "sandbox", sb.Name, "err", err)
+			}
+		}
+		unlock()
+	}
+	all, err := m.store.ListSandboxes(ctx)
+	if err != nil {
+		return
+	}
+	for _, sb := range all {
+		switch sb.State {
+		case core.StateRunning:
+			m.checkHealth(ctx, sb)
+		case core.StateDestroying:
+			unlock := m.lockName(sb.Name)
+			if cur, err := m.store.GetSandbox(ctx, sb.Name); err == nil && cur.State == core.StateDestroying {
+				if err := m.destroyLocked(ctx, cur); err != nil {
+					m.log.Error("retry destroy", "sandbox", sb.Name, "err", err)
+				}
+			}
+			unlock()
+		}
+	}
+}
+
+// Info describes the host and the backends.
+func (m *Manager) Info(ctx context.Context) api.Info {
+	cpus, mem := hostResources()
+	var uts syscall.Utsname
+	syscall.Uname(&uts)
+	info := api.Info{
+		Version: Version, Kernel: utsRelease(uts), CPUs: cpus, MemoryBytes: mem,
+		Accelerator: detectAccelerator(), CgroupMode: detectCgroupMode(), DataDir: m.cfg.DataDir,
+	}
+	for _, iso := range []string{api.IsolationContainer, api.IsolationVM} {
+		b, ok := m.backends[iso]
+		if !ok {
+			info.Backends = append(info.Backends, api.Backend{Isolation: iso, Reason: "not implemented in this version of nook"})
+			continue
+		}
+		avail, why, versions := b.Available(ctx)
+		info.Backends = append(info.Backends, api.Backend{Isolation: iso, Available: avail, Reason: why, Capabilities: b.Capabilities(), Versions: versions})
+	}
+	if sbs, err := m.store.ListSandboxes(ctx); err == nil {
+		info.Sandboxes = len(sbs)
+	}
+	return info
+}
+
+func utsRelease(u syscall.Utsname) string {
+	var b strings.Builder
+	for _, c := range u.Release {
+		if c == 0 {
+			break
+		}
+		b.WriteByte(byte(c))
+	}
+	return b.String()
+}
+
+// detectAccelerator reports kvm only where a stock guest kernel can run
+// under it; PVM (kvm_pvm) cannot run one.
+func detectAccelerator() string {
+	if _, err := os.Stat("/sys/module/kvm_pvm"); err == nil {
+		return "tcg (kvm is pvm, which cannot run a stock guest kernel)"
+	}
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		return "tcg"
+	}
+	if cpuinfo, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		s := string(cpuinfo)
+		if strings.Contains(s, " vmx") || strings.Contains(s, " svm") {
+			return "kvm"
+		}
+	}
+	return "tcg"
+}
+
+func detectCgroupMode() string {
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return "v2"
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/unified"); err == nil {
+		return "hybrid"
+	}
+	return "v1"
+}
+
+// Templates lists built templates and what can be built.
+func (m *Manager) Templates(ctx context.Context) (api.TemplateList, error) {
+	ts, err := m.templates.List()
+	if err != nil {
+		return api.TemplateList{}, err
+	}
+	for i := range ts {
+		ts[i].InUseBy, _ = m.store.CountByTemplate(ctx, ts[i].ID)
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Name < ts[j].Name })
+	return api.TemplateList{Templates: ts, Buildable: template.BuildableList()}, nil
+}
+
+// BuildTemplate (re)builds a template, writing progress to w.
+func (m *Manager) BuildTemplate(ctx context.Context, name string, w io.Writer) (api.Template, error) {
+	t, err := m.templates.Build(ctx, name, w)
+	if err != nil {
+		return t, err
+	}
+	if err := m.templates.GC(ctx, name, m.inUse(ctx)); err != nil {
+		m.log.Warn("remove unused template builds", "template", name, "err", err)
+	}
+	return t, nil
+}
+
+// RemoveTemplate removes a template nothing uses.
+func (m *Manager) RemoveTemplate(ctx context.Context, name string) error {
+	return m.templates.Remove(ctx, name, m.inUse(ctx))
+}
+
+func (m *Manager) inUse(ctx context.Context) func(string) (int, error) {
+	return func(id string) (int, error) { return m.store.CountByTemplate(ctx, id) }
+}
+
+// CreateToken makes an API token; its secret is returned only now.
+func (m *Manager) CreateToken(ctx context.Context, name string) (api.Token, error) {
+	if len(name) > 100 {
+		return api.Token{}, errdefs.Invalid("token name is longer than 100 characters")
+	}
+	b := make([]byte, 32)
+	rand.Read(b)
+	secret := "nook_" + base64.RawURLEncoding.EncodeToString(b)
+	sum := sha256.Sum256([]byte(secret))
+	t := store.Token{ID: newID()[:12], Name: name, Hash: sum[:], CreatedAt: time.Now()}
+	if err := m.store.InsertToken(ctx, t); err != nil {
+		return api.Token{}, err
+	}
+	return api.Token{ID: t.ID, Name: t.Name, Secret: secret, CreatedAt: t.CreatedAt.UTC()}, nil
+}
+
+// Tokens lists tokens (never their secrets).
+func (m *Manager) Tokens(ctx context.Context) ([]api.Token, error) {
+	ts, err := m.store.ListTokens(ctx)
+	out := make([]api.Token, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, api.Token{ID: t.ID, Name: t.Name, CreatedAt: t.CreatedAt.UTC()})
+	}
+	return out, err
+}
+
+// RevokeToken deletes a token.
+func (m *Manager) RevokeToken(ctx context.Context, id string) error { return m.store.DeleteToken(ctx, id) }
+
+// Authenticate checks a bearer token's secret. Secrets are 256 random bits,
+// so an unsalted SHA-256 is enough to keep them unrecoverable from the database.
+func (m *Manager) Authenticate(ctx context.Context, secret string) error {
+	if secret == "" {
+		return errdefs.NotFound("no token")
+	}
+	sum := sha256.Sum256([]byte(secret))
+	_, err := m.store.TokenByHash(ctx, sum[:])
+	return err
+}

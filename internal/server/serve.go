@@ -1,0 +1,130 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/nookhq/nook/internal/daemon"
+)
+
+// DefaultSocket is where the daemon listens and the CLI looks by default.
+const DefaultSocket = "/run/nook/nook.sock"
+
+// Config configures a running daemon.
+type Config struct {
+	Daemon daemon.Config
+	Socket string // unix socket; default /run/nook/nook.sock (or RunDir/nook.sock when RunDir is set)
+	Listen string // optional TCP address, e.g. 127.0.0.1:7070; requires bearer tokens
+	// Ready, if set, is called once the listeners accept connections.
+	Ready func()
+}
+
+// Serve runs the daemon until ctx ends. Sandboxes keep running after it
+// returns; the next start re-adopts them.
+func Serve(ctx context.Context, cfg Config) error {
+	log := cfg.Daemon.Log
+	if log == nil {
+		log = slog.Default()
+		cfg.Daemon.Log = log
+	}
+	if cfg.Socket == "" {
+		cfg.Socket = DefaultSocket
+		if cfg.Daemon.RunDir != "" {
+			cfg.Socket = filepath.Join(cfg.Daemon.RunDir, "nook.sock")
+		}
+	}
+	dataDir := cfg.Daemon.DataDir
+	if dataDir == "" {
+		dataDir = "/var/lib/nook"
+	}
+	if err := os.MkdirAll(dataDir, 0o711); err != nil {
+		return err
+	}
+	// One daemon per data directory.
+	lock, err := os.OpenFile(filepath.Join(dataDir, "daemon.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return fmt.Errorf("another nook daemon is already using %s (stop it first)", dataDir)
+	}
+
+	m, err := daemon.New(ctx, cfg.Daemon)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	srv := New(m, log)
+
+	ul, err := listenUnix(cfg.Socket)
+	if err != nil {
+		return err
+	}
+	servers := []*http.Server{{Handler: srv.Handler(false), ReadHeaderTimeout: 10 * time.Second}}
+	listeners := []net.Listener{ul}
+	if cfg.Listen != "" {
+		tl, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			ul.Close()
+			return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+		}
+		servers = append(servers, &http.Server{Handler: srv.Handler(true), ReadHeaderTimeout: 10 * time.Second})
+		listeners = append(listeners, tl)
+	}
+	errc := make(chan error, len(servers))
+	for i := range servers {
+		go func(s *http.Server, l net.Listener) {
+			if err := s.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}(servers[i], listeners[i])
+		log.Info("nook daemon listening", "address", listeners[i].Addr().String())
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go m.Run(runCtx)
+	if cfg.Ready != nil {
+		cfg.Ready()
+	}
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	shutdownCtx, done := context.WithTimeout(context.Background(), 5*time.Second)
+	defer done()
+	for _, s := range servers {
+		s.Shutdown(shutdownCtx)
+	}
+	os.Remove(cfg.Socket)
+	log.Info("nook daemon stopped; sandboxes keep running")
+	return err
+}
+
+// listenUnix listens on a unix socket only root can use, replacing a stale
+// socket file but never a live daemon's.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("another nook daemon is already serving at %s", path)
+	}
+	os.Remove(path)
+	old := syscall.Umask(0o177)
+	l, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	return l, nil
+}

@@ -1,0 +1,379 @@
+// Package server is nook's REST API edge: it decodes requests, calls the
+// daemon's Manager, and maps error categories to HTTP status codes and
+// stable error codes. Nothing below this package knows about HTTP.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/daemon"
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/template"
+)
+
+// maxBody bounds a JSON request body.
+const maxBody = 1 << 20
+
+// Server serves the API for one Manager.
+type Server struct {
+	m   *daemon.Manager
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// New returns a Server.
+func New(m *daemon.Manager, log *slog.Logger) *Server {
+	s := &Server{m: m, log: log, mux: http.NewServeMux()}
+	for _, r := range s.routes() {
+		s.mux.HandleFunc(r.pattern, r.handler)
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no API route %s %s: see /v1/openapi.yaml", r.Method, r.URL.Path))
+	})
+	return s
+}
+
+type route struct {
+	pattern string
+	handler http.HandlerFunc
+}
+
+// routes is the API; every pattern here is documented in api/openapi.yaml (a test checks).
+func (s *Server) routes() []route {
+	return []route{
+		{"GET /v1/openapi.yaml", s.openapi},
+		{"GET /v1/info", s.info},
+		{"POST /v1/sandboxes", s.createSandbox},
+		{"GET /v1/sandboxes", s.listSandboxes},
+		{"GET /v1/sandboxes/{name}", s.getSandbox},
+		{"DELETE /v1/sandboxes/{name}", s.deleteSandbox},
+		{"PUT /v1/sandboxes/{name}/ttl", s.setTTL},
+		{"POST /v1/sandboxes/{name}/exec", s.exec},
+		{"GET /v1/templates", s.listTemplates},
+		{"POST /v1/templates/{name}/build", s.buildTemplate},
+		{"DELETE /v1/templates/{name}", s.deleteTemplate},
+		{"POST /v1/tokens", s.createToken},
+		{"GET /v1/tokens", s.listTokens},
+		{"DELETE /v1/tokens/{id}", s.deleteToken},
+	}
+}
+
+// Routes lists the API's route patterns, for the spec coverage test.
+func (s *Server) Routes() []string {
+	var out []string
+	for _, r := range s.routes() {
+		out = append(out, r.pattern)
+	}
+	return out
+}
+
+// Handler returns the API handler. With requireToken every request must
+// carry a valid bearer token (the TCP listener); the unix socket relies on
+// its file permissions instead.
+func (s *Server) Handler(requireToken bool) http.Handler {
+	var h http.Handler = s.mux
+	if requireToken {
+		h = s.auth(h)
+	}
+	return s.logRequests(h)
+}
+
+func (s *Server) auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := r.Header.Get("Authorization")
+		secret, ok := strings.CutPrefix(h, "Bearer ")
+		if !ok || secret == "" {
+			writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "this API needs a token: create one on the host with `nook token create` and set NOOK_TOKEN (header Authorization: Bearer <token>)")
+			return
+		}
+		if err := s.m.Authenticate(r.Context(), secret); err != nil {
+			writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "the token is not valid (revoked or mistyped): create one with `nook token create`")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) { w.status = code; w.ResponseWriter.WriteHeader(code) }
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) logRequests(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w, status: 200}
+		next.ServeHTTP(sw, r)
+		s.log.Debug("api", "method", r.Method, "path", r.URL.Path, "status", sw.status, "duration", time.Since(start))
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, api.ErrorBody{Error: api.Error{Code: code, Message: msg}})
+}
+
+// errorStatus maps an error's category to an HTTP status and a stable code.
+func errorStatus(err error) (int, string) {
+	switch {
+	case errors.Is(err, errdefs.ErrInvalidArgument):
+		return http.StatusBadRequest, api.CodeInvalidArgument
+	case errors.Is(err, errdefs.ErrNotFound):
+		return http.StatusNotFound, api.CodeNotFound
+	case errors.Is(err, errdefs.ErrAlreadyExists):
+		return http.StatusConflict, api.CodeAlreadyExists
+	case errors.Is(err, errdefs.ErrFailedPrecondition):
+		return http.StatusConflict, api.CodeFailedPrecondition
+	case errors.Is(err, errdefs.ErrResourceExhausted):
+		return http.StatusInsufficientStorage, api.CodeResourceExhausted
+	case errors.Is(err, errdefs.ErrUnavailable):
+		return http.StatusServiceUnavailable, api.CodeUnavailable
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable, api.CodeUnavailable
+	default:
+		return http.StatusInternalServerError, api.CodeInternal
+	}
+}
+
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, code := errorStatus(err)
+	if status >= 500 {
+		s.log.Error("api error", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, status, code, err.Error())
+}
+
+// decode reads a JSON body strictly: unknown fields are an error, so a
+// misspelt option is not silently ignored.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errdefs.Invalid("request body is empty: send a JSON object")
+		}
+		return errdefs.Invalid("request body is not valid JSON for this call: %v", err)
+	}
+	return nil
+}
+
+func (s *Server) openapi(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/yaml")
+	w.Write(api.OpenAPISpec)
+}
+
+func (s *Server) info(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.m.Info(r.Context()))
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	var req api.CreateSandboxRequest
+	if err := decode(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sb, err := s.m.Create(r.Context(), req, slogWriter{s.log})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, sb.API())
+}
+
+// slogWriter logs template build progress lines.
+type slogWriter struct{ log *slog.Logger }
+
+func (s slogWriter) Write(p []byte) (int, error) {
+	s.log.Info("template build", "output", strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	sbs, err := s.m.List(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]api.Sandbox, 0, len(sbs))
+	for _, sb := range sbs {
+		out = append(out, sb.API())
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Get(r.Context(), r.PathValue("name"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb.API())
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
+	if err := s.m.Destroy(r.Context(), r.PathValue("name")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
+	var req api.SetTTLRequest
+	if err := decode(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sb, err := s.m.SetTTL(r.Context(), r.PathValue("name"), req.TTL)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb.API())
+}
+
+// exec streams a command's output as api frames. Errors before the
+// command starts are ordinary JSON errors; after, a FrameError ends the stream.
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
+	var req api.ExecRequest
+	if err := decode(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	p, err := s.m.Exec(r.Context(), r.PathValue("name"), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer p.Close()
+	// A client that goes away takes its foreground command with it.
+	stop := context.AfterFunc(r.Context(), func() { p.Close() })
+	defer stop()
+	w.Header().Set("Content-Type", api.StreamContentType)
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	rc.Flush()
+	for {
+		kind, payload, err := p.Next()
+		if err != nil {
+			if r.Context().Err() == nil {
+				b, _ := json.Marshal(api.Error{Code: api.CodeUnavailable, Message: "the connection to the sandbox was lost before the command finished"})
+				api.WriteFrame(w, api.FrameError, b)
+			}
+			return
+		}
+		if err := api.WriteFrame(w, kind, payload); err != nil {
+			return
+		}
+		if kind == api.FrameExit {
+			rc.Flush()
+			return
+		}
+		if err := rc.Flush(); err != nil {
+			return
+		}
+	}
+}
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
+	tl, err := s.m.Templates(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, tl)
+}
+
+// flushWriter writes progress lines through to the client as they come.
+type flushWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+	rc *http.ResponseController
+}
+
+func (f *flushWriter) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, err := f.w.Write(p)
+	f.rc.Flush()
+	return n, err
+}
+
+// buildTemplate streams the build's progress as text; its last line is
+// "ok <template id>" or "error: <message>".
+func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fw := &flushWriter{w: w, rc: http.NewResponseController(w)}
+	name := r.PathValue("name")
+	if err := template.CheckBuildable(name); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	t, err := s.m.BuildTemplate(r.Context(), name, fw)
+	if err != nil {
+		fmt.Fprintf(fw, "error: %v\n", err)
+		return
+	}
+	fmt.Fprintf(fw, "ok %s\n", t.ID)
+}
+
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	if err := s.m.RemoveTemplate(r.Context(), r.PathValue("name")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
+	var req api.CreateTokenRequest
+	if r.ContentLength != 0 {
+		if err := decode(r, &req); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	t, err := s.m.CreateToken(r.Context(), req.Name)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, t)
+}
+
+func (s *Server) listTokens(w http.ResponseWriter, r *http.Request) {
+	ts, err := s.m.Tokens(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ts)
+}
+
+func (s *Server) deleteToken(w http.ResponseWriter, r *http.Request) {
+	if err := s.m.RevokeToken(r.Context(), r.PathValue("id")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,311 @@
+// Package sdk is nook's Go SDK: a small client for the daemon's REST API.
+// The nook CLI uses it for everything. It depends only on the standard
+// library and nook's api package.
+//
+//	c, err := sdk.FromEnv()
+//	sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Name: "task"})
+//	exit, err := c.Exec(ctx, sb.Name, api.ExecRequest{Cmd: []string{"echo", "hi"}}, os.Stdout, os.Stderr)
+package sdk
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/nookhq/nook/api"
+)
+
+// DefaultHost is where the daemon listens unless NOOK_HOST says otherwise.
+const DefaultHost = "unix:///run/nook/nook.sock"
+
+// Client talks to one nook daemon.
+type Client struct {
+	host  string
+	base  string
+	token string
+	http  *http.Client
+}
+
+// FromEnv returns a client for NOOK_HOST (default unix:///run/nook/nook.sock) with NOOK_TOKEN.
+func FromEnv() (*Client, error) {
+	host := os.Getenv("NOOK_HOST")
+	if host == "" {
+		host = DefaultHost
+	}
+	return New(host, os.Getenv("NOOK_TOKEN"))
+}
+
+// New returns a client for a daemon at host: "unix:///path/to/nook.sock" or "http://127.0.0.1:7070".
+func New(host, token string) (*Client, error) {
+	u, err := url.Parse(host)
+	if err != nil {
+		return nil, fmt.Errorf("NOOK_HOST %q is not valid: use unix:///run/nook/nook.sock or http://HOST:PORT", host)
+	}
+	c := &Client{host: host, token: token}
+	switch u.Scheme {
+	case "unix":
+		if u.Path == "" {
+			return nil, fmt.Errorf("NOOK_HOST %q has no socket path: use unix:///run/nook/nook.sock", host)
+		}
+		path := u.Path
+		tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}}
+		c.http = &http.Client{Transport: tr}
+		c.base = "http://nook"
+	case "http", "https":
+		if u.Host == "" {
+			return nil, fmt.Errorf("NOOK_HOST %q has no host: use http://HOST:PORT", host)
+		}
+		c.http = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		c.base = strings.TrimRight(u.String(), "/")
+	default:
+		return nil, fmt.Errorf("NOOK_HOST %q is not valid: use unix:///run/nook/nook.sock or http://HOST:PORT", host)
+	}
+	return c, nil
+}
+
+// Host is the daemon address this client uses.
+func (c *Client) Host() string { return c.host }
+
+// Error is an error the API returned.
+type Error struct {
+	Status  int    // HTTP status
+	Code    string // stable code, e.g. "not_found"
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// IsNotFound reports whether err is an API not_found error.
+func IsNotFound(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == api.CodeNotFound
+}
+
+// UnreachableError means the daemon could not be reached at all.
+type UnreachableError struct {
+	Host string
+	Err  error
+}
+
+func (e *UnreachableError) Error() string {
+	return fmt.Sprintf("cannot reach the nook daemon at %s (%v): is it running? Start it with `nook serve`, or point NOOK_HOST at it", e.Host, rootCause(e.Err))
+}
+
+func (e *UnreachableError) Unwrap() error { return e.Err }
+
+func rootCause(err error) error {
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		return oe.Err
+	}
+	return err
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body any) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, &UnreachableError{Host: c.host, Err: err}
+	}
+	if resp.StatusCode >= 400 {
+		defer resp.Body.Close()
+		var eb api.ErrorBody
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(b, &eb) != nil || eb.Error.Code == "" {
+			return nil, &Error{Status: resp.StatusCode, Code: api.CodeInternal, Message: fmt.Sprintf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(b))}
+		}
+		return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+	}
+	return resp, nil
+}
+
+func (c *Client) call(ctx context.Context, method, path string, body, out any) error {
+	resp, err := c.do(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decode response: %w", method, path, err)
+	}
+	return nil
+}
+
+func esc(s string) string { return url.PathEscape(s) }
+
+// Info describes the daemon's host and backends.
+func (c *Client) Info(ctx context.Context) (*api.Info, error) {
+	var out api.Info
+	return &out, c.call(ctx, "GET", "/v1/info", nil, &out)
+}
+
+// CreateSandbox creates a sandbox and returns it running.
+func (c *Client) CreateSandbox(ctx context.Context, req api.CreateSandboxRequest) (*api.Sandbox, error) {
+	var out api.Sandbox
+	return &out, c.call(ctx, "POST", "/v1/sandboxes", req, &out)
+}
+
+// ListSandboxes lists every sandbox.
+func (c *Client) ListSandboxes(ctx context.Context) ([]api.Sandbox, error) {
+	var out []api.Sandbox
+	return out, c.call(ctx, "GET", "/v1/sandboxes", nil, &out)
+}
+
+// GetSandbox returns one sandbox.
+func (c *Client) GetSandbox(ctx context.Context, name string) (*api.Sandbox, error) {
+	var out api.Sandbox
+	return &out, c.call(ctx, "GET", "/v1/sandboxes/"+esc(name), nil, &out)
+}
+
+// DeleteSandbox destroys a sandbox.
+func (c *Client) DeleteSandbox(ctx context.Context, name string) error {
+	return c.call(ctx, "DELETE", "/v1/sandboxes/"+esc(name), nil, nil)
+}
+
+// SetTTL sets a sandbox's remaining lifetime, e.g. "2h".
+func (c *Client) SetTTL(ctx context.Context, name, ttl string) (*api.Sandbox, error) {
+	var out api.Sandbox
+	return &out, c.call(ctx, "PUT", "/v1/sandboxes/"+esc(name)+"/ttl", api.SetTTLRequest{TTL: ttl}, &out)
+}
+
+// Exec runs a command in a sandbox, streaming its output to stdout and
+// stderr as it comes, and returns its exit status. Canceling ctx kills the command.
+func (c *Client) Exec(ctx context.Context, name string, req api.ExecRequest, stdout, stderr io.Writer) (*api.ExitStatus, error) {
+	resp, err := c.do(ctx, "POST", "/v1/sandboxes/"+esc(name)+"/exec", req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	fr := api.NewFrameReader(resp.Body)
+	for {
+		kind, p, err := fr.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("exec in %s: output stream cut: %w", name, err)
+		}
+		switch kind {
+		case api.FrameStdout:
+			if stdout != nil {
+				if _, err := stdout.Write(p); err != nil {
+					return nil, err
+				}
+			}
+		case api.FrameStderr:
+			if stderr != nil {
+				if _, err := stderr.Write(p); err != nil {
+					return nil, err
+				}
+			}
+		case api.FrameExit:
+			var st api.ExitStatus
+			if err := json.Unmarshal(p, &st); err != nil {
+				return nil, fmt.Errorf("exec in %s: bad exit status: %w", name, err)
+			}
+			return &st, nil
+		case api.FrameError:
+			var e api.Error
+			json.Unmarshal(p, &e)
+			return nil, &Error{Status: http.StatusOK, Code: e.Code, Message: e.Message}
+		}
+	}
+}
+
+// ListTemplates lists built templates and the ones nook can build.
+func (c *Client) ListTemplates(ctx context.Context) (*api.TemplateList, error) {
+	var out api.TemplateList
+	return &out, c.call(ctx, "GET", "/v1/templates", nil, &out)
+}
+
+// BuildTemplate builds a template, copying the build's progress to progress.
+func (c *Client) BuildTemplate(ctx context.Context, name string, progress io.Writer) (string, error) {
+	resp, err := c.do(ctx, "POST", "/v1/templates/"+esc(name)+"/build", nil)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var last string
+	buf := make([]byte, 4096)
+	var line bytes.Buffer
+	for {
+		n, rerr := resp.Body.Read(buf)
+		for _, b := range buf[:n] {
+			line.WriteByte(b)
+			if b == '\n' {
+				last = strings.TrimSpace(line.String())
+				if !strings.HasPrefix(last, "ok ") && !strings.HasPrefix(last, "error: ") && progress != nil {
+					progress.Write(line.Bytes())
+				}
+				line.Reset()
+			}
+		}
+		if rerr != nil {
+			break
+		}
+	}
+	if id, ok := strings.CutPrefix(last, "ok "); ok {
+		return id, nil
+	}
+	if msg, ok := strings.CutPrefix(last, "error: "); ok {
+		return "", &Error{Status: http.StatusOK, Code: api.CodeInternal, Message: msg}
+	}
+	return "", fmt.Errorf("template build of %s: the stream ended without a result", name)
+}
+
+// DeleteTemplate removes a template no sandbox uses.
+func (c *Client) DeleteTemplate(ctx context.Context, name string) error {
+	return c.call(ctx, "DELETE", "/v1/templates/"+esc(name), nil, nil)
+}
+
+// CreateToken creates an API token; its Secret is shown only here.
+func (c *Client) CreateToken(ctx context.Context, name string) (*api.Token, error) {
+	var out api.Token
+	return &out, c.call(ctx, "POST", "/v1/tokens", api.CreateTokenRequest{Name: name}, &out)
+}
+
+// ListTokens lists API tokens (without secrets).
+func (c *Client) ListTokens(ctx context.Context) ([]api.Token, error) {
+	var out []api.Token
+	return out, c.call(ctx, "GET", "/v1/tokens", nil, &out)
+}
+
+// DeleteToken revokes a token.
+func (c *Client) DeleteToken(ctx context.Context, id string) error {
+	return c.call(ctx, "DELETE", "/v1/tokens/"+esc(id), nil, nil)
+}
