@@ -1,0 +1,440 @@
+// Package e2e tests nook as users run it: the real nook binary as daemon
+// and CLI, real runc sandboxes, kill -9 of the daemon.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.Main(m) }
+
+var (
+	binOnce sync.Once
+	nookBin string
+)
+
+// binaries builds nook and nook-agent side by side, as installed.
+func binaries(t *testing.T) string {
+	binOnce.Do(func() {
+		testutil.Build(t, "cmd/nook-agent", "nook-agent")
+		nookBin = testutil.Build(t, "cmd/nook", "nook")
+	})
+	return nookBin
+}
+
+// daemon is a `nook serve` process under test.
+type daemon struct {
+	t      *testing.T
+	bin    string
+	data   string
+	run    string
+	cgroup string
+	listen string
+	cmd    *exec.Cmd
+	log    *bytes.Buffer
+}
+
+func newDaemon(t *testing.T, extra ...string) *daemon {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequireCommand(t, "runc", "runc")
+	testutil.BaseTemplate(t)
+	root := filepath.Join(testutil.TempRoot(t), testutil.RandomName("d"))
+	d := &daemon{t: t, bin: binaries(t), data: filepath.Join(root, "data"), run: filepath.Join(root, "run"), cgroup: testutil.RandomName("nook-e2e-")}
+	testutil.CleanupCgroupParent(t, d.cgroup)
+	d.start(extra...)
+	t.Cleanup(func() {
+		// Destroy what the test left, then check nothing remains on the host.
+		out, _ := d.nook("ls", "--json")
+		var sbs []api.Sandbox
+		json.Unmarshal([]byte(out.stdout), &sbs)
+		for _, sb := range sbs {
+			d.nook("rm", sb.Name)
+		}
+		d.stop(syscall.SIGTERM)
+		entries, _ := os.ReadDir(filepath.Join(d.data, "sandboxes"))
+		for _, e := range entries {
+			t.Errorf("sandbox directory left behind: %s", e.Name())
+		}
+		for _, sb := range sbs {
+			if leaks := d.resources().Leaks(sb.ID); len(leaks) > 0 {
+				t.Errorf("sandbox %s left: %v", sb.Name, leaks)
+			}
+		}
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.log.String())
+		}
+	})
+	return d
+}
+
+func (d *daemon) resources() testutil.HostResources {
+	return testutil.HostResources{StateDir: filepath.Join(d.data, "sandboxes"), RuncRoot: filepath.Join(d.run, "runc"), CgroupParent: d.cgroup}
+}
+
+func (d *daemon) socket() string { return filepath.Join(d.run, "nook.sock") }
+
+func (d *daemon) start(extra ...string) {
+	d.t.Helper()
+	args := append([]string{"serve", "--data-dir", d.data, "--run-dir", d.run, "--templates-dir", testutil.TemplatesDir(),
+		"--cgroup-parent", d.cgroup, "--reap-interval", "200ms"}, extra...)
+	if d.log == nil {
+		d.log = &bytes.Buffer{}
+	}
+	d.cmd = exec.Command(d.bin, args...)
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	if err := d.cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if c, err := net.Dial("unix", d.socket()); err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("daemon did not start:\n%s", d.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (d *daemon) stop(sig syscall.Signal) {
+	if d.cmd == nil {
+		return
+	}
+	d.cmd.Process.Signal(sig)
+	d.cmd.Wait()
+	d.cmd = nil
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// nook runs the CLI against this daemon.
+func (d *daemon) nook(args ...string) (result, error) {
+	return d.nookEnv([]string{"NOOK_HOST=unix://" + d.socket()}, args...)
+}
+
+func (d *daemon) nookEnv(env []string, args ...string) (result, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, d.bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := result{stdout: out.String(), stderr: errb.String()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.code = ee.ExitCode()
+		err = nil
+	}
+	return r, err
+}
+
+// must runs the CLI and fails the test unless it exits 0.
+func (d *daemon) must(args ...string) string {
+	d.t.Helper()
+	r, err := d.nook(args...)
+	if err != nil || r.code != 0 {
+		d.t.Fatalf("nook %s: exit %d, %v\nstderr: %s", strings.Join(args, " "), r.code, err, r.stderr)
+	}
+	return r.stdout
+}
+
+func TestCreateExecRemove(t *testing.T) {
+	d := newDaemon(t)
+	name := strings.TrimSpace(d.must("create", "--name", "e2e-one", "--env", "GREETING=hello", "--cpus", "1", "--memory", "512M", "--ttl", "90m"))
+	if name != "e2e-one" {
+		t.Fatalf("create printed %q", name)
+	}
+	if got := d.must("exec", "e2e-one", "--", "echo", "hi"); got != "hi\n" {
+		t.Fatalf("exec printed %q", got)
+	}
+	r, _ := d.nook("exec", "--env", "X=1", "--cwd", "/tmp", "e2e-one", "--", "sh", "-c", `echo "$GREETING $X $(pwd)"; echo err >&2; exit 42`)
+	if r.stdout != "hello 1 /tmp\n" || r.stderr != "err\n" || r.code != 42 {
+		t.Fatalf("exec: %+v", r)
+	}
+	var sb api.Sandbox
+	if err := json.Unmarshal([]byte(d.must("inspect", "e2e-one", "--json")), &sb); err != nil {
+		t.Fatal(err)
+	}
+	if sb.State != api.StateRunning || sb.CPUs != 1 || sb.MemoryBytes != 512<<20 || sb.Env["GREETING"] != "hello" || time.Until(sb.ExpiresAt) < 85*time.Minute {
+		t.Fatalf("inspect: %+v", sb)
+	}
+	d.must("ttl", "e2e-one", "3d")
+	json.Unmarshal([]byte(d.must("inspect", "e2e-one", "--json")), &sb)
+	if time.Until(sb.ExpiresAt) < 71*time.Hour {
+		t.Fatalf("ttl not extended: expires %v", sb.ExpiresAt)
+	}
+	// A generated name, and --json output.
+	var gen api.Sandbox
+	if err := json.Unmarshal([]byte(d.must("create", "--json")), &gen); err != nil || gen.Name == "" {
+		t.Fatalf("create --json: %+v %v", gen, err)
+	}
+	if !strings.Contains(d.must("ls"), gen.Name) {
+		t.Fatal("ls does not show the generated sandbox")
+	}
+	d.must("rm", "e2e-one", gen.Name)
+	for _, id := range []string{sb.ID, gen.ID} {
+		if leaks := d.resources().Leaks(id); len(leaks) > 0 {
+			t.Fatalf("rm left: %v", leaks)
+		}
+	}
+	if out := d.must("ls", "--json"); strings.TrimSpace(out) != "[]" {
+		t.Fatalf("ls after rm: %s", out)
+	}
+}
+
+// Every wrong input is refused with exit status 1 or 2 and one line that says what to do.
+func TestBadInput(t *testing.T) {
+	d := newDaemon(t)
+	d.must("create", "--name", "taken")
+	cases := []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"create", "--template", "nosuch"}, 1, `template "nosuch" not found`},
+		{[]string{"create", "--name", "Bad_Name"}, 1, "is not valid"},
+		{[]string{"create", "--name", "taken"}, 1, "already exists"},
+		{[]string{"create", "--memory", "1000T"}, 1, "more than this host has"},
+		{[]string{"create", "--memory", "lots"}, 1, "is not valid"},
+		{[]string{"create", "--cpus", "512"}, 1, "more than this host has"},
+		{[]string{"create", "--disk", "10G"}, 1, "cannot limit disk"},
+		{[]string{"create", "--ttl", "10s"}, 1, "out of range"},
+		{[]string{"create", "--ttl", "1y"}, 1, "not valid"},
+		{[]string{"create", "--isolation", "vm"}, 1, "not available"},
+		{[]string{"create", "--isolation", "jail"}, 1, "not valid"},
+		{[]string{"create", "--env", "NOEQUALS"}, 2, "KEY=VALUE"},
+		{[]string{"inspect", "ghost"}, 1, `no sandbox named "ghost"`},
+		{[]string{"exec", "ghost", "--", "true"}, 1, `no sandbox named "ghost"`},
+		{[]string{"exec", "taken", "--", "no-such-command"}, 1, `command "no-such-command" not found`},
+		{[]string{"exec", "taken", "--", "true"}, 0, ""},
+		{[]string{"exec", "--cwd", "/nope", "taken", "--", "true"}, 1, "does not exist"},
+		{[]string{"exec", "--user", "ghost", "taken", "--", "true"}, 1, "does not exist"},
+		{[]string{"exec", "taken"}, 2, "needs a sandbox name and a command"},
+		{[]string{"ttl", "taken", "forever"}, 1, "not valid"},
+		{[]string{"ttl", "ghost", "1h"}, 1, "no sandbox"},
+		{[]string{"rm", "ghost"}, 1, "no sandbox"},
+		{[]string{"template", "build", "nosuch"}, 1, "does not know how to build"},
+		{[]string{"template", "rm", "base"}, 1, "used by"},
+		{[]string{"bogus"}, 2, "unknown command"},
+		{[]string{"create", "--bogus"}, 2, "unknown flag"},
+	}
+	for _, tc := range cases {
+		r, err := d.nook(tc.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.msg) {
+			t.Errorf("nook %s: exit %d, stderr %q; want exit %d and %q", strings.Join(tc.args, " "), r.code, r.stderr, tc.code, tc.msg)
+		}
+		if tc.code == 1 && strings.Count(strings.TrimSpace(r.stderr), "\n") > 0 {
+			t.Errorf("nook %s: error is more than one line: %q", strings.Join(tc.args, " "), r.stderr)
+		}
+	}
+	// Nothing was half-created by any of it.
+	var sbs []api.Sandbox
+	json.Unmarshal([]byte(d.must("ls", "--json")), &sbs)
+	if len(sbs) != 1 {
+		t.Fatalf("bad input left sandboxes: %+v", sbs)
+	}
+	entries, _ := os.ReadDir(filepath.Join(d.data, "sandboxes"))
+	if len(entries) != 1 {
+		t.Fatalf("bad input left %d sandbox directories", len(entries))
+	}
+
+	// The raw API answers with a stable code and a message.
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", d.socket())
+	}}}
+	apiCases := []struct {
+		method, path, body string
+		status             int
+		code               string
+	}{
+		{"POST", "/v1/sandboxes", `{"name": "x", "memroy": "1G"}`, 400, api.CodeInvalidArgument},
+		{"POST", "/v1/sandboxes", ``, 400, api.CodeInvalidArgument},
+		{"POST", "/v1/sandboxes", `{"name": "taken"}`, 409, api.CodeAlreadyExists},
+		{"GET", "/v1/sandboxes/ghost", ``, 404, api.CodeNotFound},
+		{"POST", "/v1/sandboxes/taken/exec", `{"cmd": []}`, 400, api.CodeInvalidArgument},
+		{"PUT", "/v1/sandboxes/taken/ttl", `{"ttl": "-5m"}`, 400, api.CodeInvalidArgument},
+		{"GET", "/v2/nothing", ``, 404, api.CodeNotFound},
+	}
+	for _, tc := range apiCases {
+		req, _ := http.NewRequest(tc.method, "http://nook"+tc.path, strings.NewReader(tc.body))
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var eb api.ErrorBody
+		json.NewDecoder(resp.Body).Decode(&eb)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || eb.Error.Code != tc.code || eb.Error.Message == "" {
+			t.Errorf("%s %s: %d %+v; want %d %s", tc.method, tc.path, resp.StatusCode, eb, tc.status, tc.code)
+		}
+	}
+}
+
+func TestDaemonNotRunning(t *testing.T) {
+	bin := binaries(t)
+	cmd := exec.Command(bin, "ls")
+	cmd.Env = append(os.Environ(), "NOOK_HOST=unix://"+filepath.Join(t.TempDir(), "none.sock"))
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "cannot reach the nook daemon") || !strings.Contains(string(out), "nook serve") {
+		t.Fatalf("ls without a daemon: %v %s", err, out)
+	}
+	cmd = exec.Command(bin, "ls")
+	cmd.Env = append(os.Environ(), "NOOK_HOST=ftp://x")
+	out, err = cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "NOOK_HOST") {
+		t.Fatalf("bad NOOK_HOST: %v %s", err, out)
+	}
+}
+
+// kill -9 of the daemon loses nothing it acknowledged: after a restart
+// the sandboxes are listed and serve exec.
+func TestKill9AndRestart(t *testing.T) {
+	d := newDaemon(t)
+	d.must("create", "--name", "survivor")
+	d.must("exec", "survivor", "--", "sh", "-c", "echo kept > /root/state")
+	d.stop(syscall.SIGKILL)
+	d.start()
+	if got := d.must("exec", "survivor", "--", "cat", "/root/state"); got != "kept\n" {
+		t.Fatalf("after restart: %q", got)
+	}
+	if !strings.Contains(d.must("ls"), "running") {
+		t.Fatal("sandbox not running after restart")
+	}
+}
+
+// kill -9 in the middle of creates and destroys: after a restart every
+// sandbox is either whole and working or gone without a trace.
+func TestKill9DuringCreate(t *testing.T) {
+	d := newDaemon(t)
+	for i, delay := range []time.Duration{5, 15, 30, 45, 60, 90} {
+		name := fmt.Sprintf("crash-%d", i)
+		done := make(chan struct{})
+		go func() { d.nook("create", "--name", name); close(done) }()
+		time.Sleep(delay * time.Millisecond)
+		d.stop(syscall.SIGKILL)
+		<-done
+		d.start()
+	}
+	var sbs []api.Sandbox
+	json.Unmarshal([]byte(d.must("ls", "--json")), &sbs)
+	ids := map[string]bool{}
+	for _, sb := range sbs {
+		ids[sb.ID] = true
+		if sb.State != api.StateRunning {
+			t.Errorf("%s is %s after restart (%s)", sb.Name, sb.State, sb.Reason)
+			continue
+		}
+		if got := d.must("exec", sb.Name, "--", "hostname"); got != sb.Name+"\n" {
+			t.Errorf("%s: hostname %q", sb.Name, got)
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(d.data, "sandboxes"))
+	for _, e := range entries {
+		if !ids[e.Name()] {
+			t.Errorf("half-created sandbox %s left on disk: %v", e.Name(), d.resources().Leaks(e.Name()))
+		}
+	}
+	t.Logf("%d of 6 interrupted creates had completed", len(sbs))
+}
+
+// A sandbox whose processes die outside nook is marked failed with a reason, and rm cleans it up.
+func TestDeadSandboxIsReported(t *testing.T) {
+	d := newDaemon(t)
+	d.must("create", "--name", "victim")
+	var sb api.Sandbox
+	json.Unmarshal([]byte(d.must("inspect", "victim", "--json")), &sb)
+	pidb, err := os.ReadFile(filepath.Join(d.data, "sandboxes", sb.ID, "init.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	fmt.Sscan(string(pidb), &pid)
+	syscall.Kill(pid, syscall.SIGKILL)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		json.Unmarshal([]byte(d.must("inspect", "victim", "--json")), &sb)
+		if sb.State == api.StateFailed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox still %s after its init was killed", sb.State)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if sb.Reason == "" {
+		t.Fatal("failed sandbox has no reason")
+	}
+	r, _ := d.nook("exec", "victim", "--", "true")
+	if r.code != 1 || !strings.Contains(r.stderr, "failed") {
+		t.Fatalf("exec in a dead sandbox: %+v", r)
+	}
+	d.must("rm", "victim")
+	if leaks := d.resources().Leaks(sb.ID); len(leaks) > 0 {
+		t.Fatalf("rm of a dead sandbox left: %v", leaks)
+	}
+}
+
+// The TCP listener requires a token; the unix socket mints them.
+func TestTokenAuth(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	d := newDaemon(t, "--listen", addr)
+	tcp := []string{"NOOK_HOST=http://" + addr}
+	r, _ := d.nookEnv(tcp, "ls")
+	if r.code != 1 || !strings.Contains(r.stderr, "nook token create") {
+		t.Fatalf("ls over TCP without a token: %+v", r)
+	}
+	r, _ = d.nookEnv(append(tcp, "NOOK_TOKEN=nook_wrong"), "ls")
+	if r.code != 1 || !strings.Contains(r.stderr, "not valid") {
+		t.Fatalf("ls over TCP with a wrong token: %+v", r)
+	}
+	token := strings.TrimSpace(d.must("token", "create", "--name", "ci"))
+	if !strings.HasPrefix(token, "nook_") {
+		t.Fatalf("token %q", token)
+	}
+	r, _ = d.nookEnv(append(tcp, "NOOK_TOKEN="+token), "ls")
+	if r.code != 0 {
+		t.Fatalf("ls over TCP with a token: %+v", r)
+	}
+	// Only a hash of the token is stored.
+	db, _ := os.ReadFile(filepath.Join(d.data, "nook.db"))
+	wal, _ := os.ReadFile(filepath.Join(d.data, "nook.db-wal"))
+	if bytes.Contains(db, []byte(token)) || bytes.Contains(wal, []byte(token)) {
+		t.Fatal("the token's secret is stored in the database")
+	}
+	id := strings.Fields(strings.Split(d.must("token", "ls"), "\n")[1])[0]
+	d.must("token", "rm", id)
+	r, _ = d.nookEnv(append(tcp, "NOOK_TOKEN="+token), "ls")
+	if r.code != 1 {
+		t.Fatalf("revoked token still works: %+v", r)
+	}
+}
