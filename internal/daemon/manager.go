@@ -60,6 +60,12 @@ func (c Config) withDefaults() Config {
 	if c.AgentBinary == "" {
 		c.AgentBinary = DefaultAgentBinary()
 	}
+	// runc resolves bind-mount sources from the bundle directory: keep every path absolute.
+	for _, p := range []*string{&c.DataDir, &c.RunDir, &c.TemplatesDir, &c.AgentBinary} {
+		if abs, err := filepath.Abs(*p); err == nil {
+			*p = abs
+		}
+	}
 	if c.CgroupParent == "" {
 		c.CgroupParent = "nook"
 	}
@@ -92,7 +98,7 @@ type Manager struct {
 	backends  map[string]core.Backend
 
 	mu     sync.Mutex
-	locks  map[string]*nameLock      // serializes lifecycle operations per sandbox name
+	locks  map[string]*nameLock     // serializes lifecycle operations per sandbox name
 	agents map[string]*agent.Client // by sandbox ID
 }
 
@@ -375,7 +381,9 @@ func (m *Manager) Get(ctx context.Context, name string) (*core.Sandbox, error) {
 }
 
 // List returns every sandbox.
-func (m *Manager) List(ctx context.Context) ([]*core.Sandbox, error) { return m.store.ListSandboxes(ctx) }
+func (m *Manager) List(ctx context.Context) ([]*core.Sandbox, error) {
+	return m.store.ListSandboxes(ctx)
+}
 
 // Destroy removes a sandbox and everything it had on the host.
 func (m *Manager) Destroy(ctx context.Context, name string) error {
@@ -744,7 +752,9 @@ func (m *Manager) Tokens(ctx context.Context) ([]api.Token, error) {
 }
 
 // RevokeToken deletes a token.
-func (m *Manager) RevokeToken(ctx context.Context, id string) error { return m.store.DeleteToken(ctx, id) }
+func (m *Manager) RevokeToken(ctx context.Context, id string) error {
+	return m.store.DeleteToken(ctx, id)
+}
 
 // Authenticate checks a bearer token's secret. Secrets are 256 random bits,
 // so an unsalted SHA-256 is enough to keep them unrecoverable from the database.

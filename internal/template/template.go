@@ -183,13 +183,45 @@ func (s *Store) List() ([]api.Template, error) {
 // in this process or another, are serialized; a caller that waited for
 // another's build in this process gets its result.
 func (s *Store) Build(ctx context.Context, name string, progress io.Writer) (api.Template, error) {
-	if err := checkName(name); err != nil {
-		return api.Template{}, err
-	}
 	if err := CheckBuildable(name); err != nil {
 		return api.Template{}, err
 	}
-	r, _ := recipe(name)
+	return s.once(ctx, name, progress, func(ctx context.Context) (api.Template, error) {
+		r, _ := recipe(name)
+		return s.build(ctx, r, orDiscard(progress))
+	})
+}
+
+func orDiscard(w io.Writer) io.Writer {
+	if w == nil {
+		return io.Discard
+	}
+	return w
+}
+
+// EnsureBuilt returns the current build of a template, building it first if
+// it is missing and nook has a recipe for it.
+func (s *Store) EnsureBuilt(ctx context.Context, name string, progress io.Writer) (api.Template, error) {
+	t, err := s.Get(name)
+	if err == nil || !errors.Is(err, errdefs.ErrNotFound) {
+		return t, err
+	}
+	if CheckBuildable(name) != nil {
+		return t, err
+	}
+	return s.once(ctx, name, progress, func(ctx context.Context) (api.Template, error) {
+		if t, err := s.Get(name); err == nil { // another process built it while we waited for the lock
+			return t, nil
+		}
+		r, _ := recipe(name)
+		return s.build(ctx, r, orDiscard(progress))
+	})
+}
+
+// once runs fn under the template's cross-process lock, sharing one run
+// among the callers in this process that arrive while it is in progress.
+func (s *Store) once(ctx context.Context, name string, progress io.Writer, fn func(context.Context) (api.Template, error)) (api.Template, error) {
+	progress = orDiscard(progress)
 	s.mu.Lock()
 	if b, ok := s.builds[name]; ok {
 		s.mu.Unlock()
@@ -205,34 +237,19 @@ func (s *Store) Build(ctx context.Context, name string, progress io.Writer) (api
 	s.builds[name] = b
 	s.mu.Unlock()
 	// The build goes on if this caller goes away: others may wait for it.
-	b.tpl, b.err = s.build(context.WithoutCancel(ctx), r, progress)
+	bctx := context.WithoutCancel(ctx)
+	unlock, err := s.lock(bctx, name)
+	if err == nil {
+		b.tpl, b.err = fn(bctx)
+		unlock()
+	} else {
+		b.err = err
+	}
 	s.mu.Lock()
 	delete(s.builds, name)
 	s.mu.Unlock()
 	close(b.done)
 	return b.tpl, b.err
-}
-
-// EnsureBuilt returns the current build of a template, building it first if
-// it is missing and nook has a recipe for it.
-func (s *Store) EnsureBuilt(ctx context.Context, name string, progress io.Writer) (api.Template, error) {
-	t, err := s.Get(name)
-	if err == nil || !errors.Is(err, errdefs.ErrNotFound) {
-		return t, err
-	}
-	if _, ok := recipe(name); !ok {
-		return t, err
-	}
-	unlock, lerr := s.lock(ctx, name)
-	if lerr != nil {
-		return api.Template{}, lerr
-	}
-	t, err = s.Get(name) // another process may have built it while we waited
-	unlock()
-	if err == nil {
-		return t, nil
-	}
-	return s.Build(ctx, name, progress)
 }
 
 // lock takes an exclusive flock on the template's directory, across processes.
@@ -262,15 +279,11 @@ func (s *Store) lock(ctx context.Context, name string) (func(), error) {
 	}
 }
 
+// build runs mmdebstrap; the caller holds the template's lock.
 func (s *Store) build(ctx context.Context, r Recipe, progress io.Writer) (api.Template, error) {
 	if _, err := exec.LookPath("mmdebstrap"); err != nil {
 		return api.Template{}, errdefs.Precondition("mmdebstrap is not installed: apt-get install mmdebstrap (make deps does it)")
 	}
-	unlock, err := s.lock(ctx, r.Name)
-	if err != nil {
-		return api.Template{}, err
-	}
-	defer unlock()
 	rnd := make([]byte, 3)
 	rand.Read(rnd)
 	buildID := time.Now().UTC().Format("20060102t150405") + "-" + hex.EncodeToString(rnd)
@@ -286,14 +299,18 @@ func (s *Store) build(ctx context.Context, r Recipe, progress io.Writer) (api.Te
 		r.Suite, filepath.Join(tmp, "rootfs"))
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
+	copied := make(chan struct{})
 	go func() {
+		defer close(copied)
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			fmt.Fprintf(progress, "  %s\n", sc.Text())
 		}
+		io.Copy(io.Discard, pr)
 	}()
-	err = cmd.Run()
+	err := cmd.Run()
 	pw.Close()
+	<-copied
 	if err != nil {
 		return api.Template{}, fmt.Errorf("mmdebstrap failed building template %s: %w (see the output above)", r.Name, err)
 	}

@@ -1,0 +1,45 @@
+# nook: the documented way to build, run, test and benchmark.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+export CGO_ENABLED := 0
+GO ?= go
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X github.com/nookhq/nook/internal/daemon.Version=$(VERSION)
+
+.PHONY: all deps build run test unit bench lint fuzz clean
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+build:
+	@mkdir -p bin
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/nook ./cmd/nook
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/nook-agent ./cmd/nook-agent
+
+# Start the daemon on its defaults, create a sandbox, run a command in it.
+run: deps build
+	@scripts/run.sh
+
+lint:
+	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+	$(GO) vet ./...
+
+# Unit tests and the privileged integration tests (root, runc, mounts,
+# cgroups), with the race detector. The base template is built on first use.
+test: deps lint
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 40m ./...
+
+# Short fuzzing of every decoder of untrusted input.
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzFrameReader -fuzztime 20s ./api
+	$(GO) test -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 20s ./internal/agent
+	$(GO) test -run '^$$' -fuzz FuzzParseSize -fuzztime 10s ./internal/core
+	$(GO) test -run '^$$' -fuzz FuzzParseDuration -fuzztime 10s ./internal/core
+
+bench: deps build
+	$(GO) run ./cmd/nook-bench
+
+clean:
+	rm -rf bin

@@ -1,0 +1,29 @@
+// Command nook-bench prints nook's performance figures beside baselines
+// measured in the same run (make bench).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/nookhq/nook/internal/bench"
+)
+
+func main() {
+	var cfg bench.Config
+	flag.IntVar(&cfg.Creates, "creates", 30, "sandboxes to create (at least 20)")
+	flag.IntVar(&cfg.Execs, "execs", 300, "exec round trips")
+	flag.StringVar(&cfg.AgentBinary, "agent", "bin/nook-agent", "nook-agent binary")
+	flag.StringVar(&cfg.TemplatesDir, "templates-dir", "/var/lib/nook/templates", "template store")
+	flag.Parse()
+	cfg.Out = os.Stdout
+	if cfg.Creates < 20 {
+		cfg.Creates = 20
+	}
+	if err := bench.Run(context.Background(), cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "nook-bench:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,231 @@
+// Package bench measures nook's performance targets side by side with a
+// baseline taken in the same run, and prints them as a table.
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/daemon"
+	"github.com/nookhq/nook/internal/server"
+	"github.com/nookhq/nook/internal/template"
+	"github.com/nookhq/nook/sdk"
+)
+
+// Config says how much to measure.
+type Config struct {
+	Creates      int    // sandboxes created (at least 20)
+	Execs        int    // exec round trips
+	AgentBinary  string // nook-agent to put in sandboxes
+	TemplatesDir string
+	Out          io.Writer
+}
+
+type row struct {
+	name          string
+	p50, p99      time.Duration
+	base          string
+	baseP50       time.Duration
+	target, ratio string
+}
+
+func pct(ds []time.Duration, p float64) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(float64(len(s)-1) * p)
+	return s[i]
+}
+
+// Run runs the benchmarks.
+func Run(ctx context.Context, cfg Config) error {
+	log := slog.New(slog.DiscardHandler)
+	tpls := template.NewStore(cfg.TemplatesDir, log)
+	fmt.Fprintln(cfg.Out, "preparing the base template (built on first use)...")
+	tpl, err := tpls.EnsureBuilt(ctx, "base", os.Stderr)
+	if err != nil {
+		return err
+	}
+	rootfs, err := tpls.Rootfs(tpl.ID)
+	if err != nil {
+		return err
+	}
+	root, err := os.MkdirTemp("", "nookbench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(root)
+
+	fmt.Fprintf(cfg.Out, "baseline: bare runc run of the same rootfs, %d times...\n", cfg.Creates)
+	bare, err := bareRunc(ctx, root, rootfs, cfg.Creates)
+	if err != nil {
+		return fmt.Errorf("bare runc baseline: %w", err)
+	}
+
+	// A daemon on its own data dir and socket, driven through the SDK like any client.
+	sock := filepath.Join(root, "nook.sock")
+	ready := make(chan struct{})
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() {
+		errc <- server.Serve(sctx, server.Config{
+			Socket: sock, Ready: func() { close(ready) },
+			Daemon: daemon.Config{DataDir: filepath.Join(root, "data"), RunDir: filepath.Join(root, "run"), TemplatesDir: cfg.TemplatesDir,
+				AgentBinary: cfg.AgentBinary, CgroupParent: "nook-bench", Log: log},
+		})
+	}()
+	select {
+	case <-ready:
+	case err := <-errc:
+		return err
+	}
+	defer func() {
+		stop()
+		<-errc
+		os.Remove("/sys/fs/cgroup/memory/nook-bench")
+		for _, c := range []string{"cpu", "cpuacct", "cpuset", "pids", "memory", "blkio", "devices", "freezer", "systemd", "unified"} {
+			os.Remove(filepath.Join("/sys/fs/cgroup", c, "nook-bench"))
+		}
+	}()
+	cl, err := sdk.New("unix://"+sock, "")
+	if err != nil {
+		return err
+	}
+
+	fmt.Fprintf(cfg.Out, "nook: create to first exec output, %d sandboxes...\n", cfg.Creates)
+	var create []time.Duration
+	for i := 0; i < cfg.Creates; i++ {
+		name := fmt.Sprintf("bench-%d", i)
+		start := time.Now()
+		if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: name}); err != nil {
+			return err
+		}
+		fw := &firstWrite{start: start}
+		if _, err := cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"echo", "hi"}}, fw, io.Discard); err != nil {
+			return err
+		}
+		create = append(create, fw.at)
+		if i > 0 { // keep the first for the exec benchmark
+			if err := cl.DeleteSandbox(ctx, name); err != nil {
+				return err
+			}
+		}
+	}
+
+	fmt.Fprintf(cfg.Out, "nook: exec round trip of `true`, %d times...\n", cfg.Execs)
+	var rt []time.Duration
+	for i := 0; i < cfg.Execs; i++ {
+		start := time.Now()
+		st, err := cl.Exec(ctx, "bench-0", api.ExecRequest{Cmd: []string{"true"}}, io.Discard, io.Discard)
+		if err != nil || st.ExitCode != 0 {
+			return fmt.Errorf("exec true: %v %+v", err, st)
+		}
+		rt = append(rt, time.Since(start))
+	}
+	if err := cl.DeleteSandbox(ctx, "bench-0"); err != nil {
+		return err
+	}
+
+	rows := []row{
+		{name: "create -> first exec output", p50: pct(create, .5), p99: pct(create, .99), base: "bare runc run -> first output", baseP50: pct(bare, .5), target: "<= 1.5x baseline",
+			ratio: fmt.Sprintf("%.2fx", float64(pct(create, .5))/float64(pct(bare, .5)))},
+		{name: "exec round trip (true)", p50: pct(rt, .5), p99: pct(rt, .99), base: "-", target: "p50 <= 3ms", ratio: "-"},
+	}
+	fmt.Fprintln(cfg.Out)
+	tw := tabwriter.NewWriter(cfg.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "metric\tp50\tp99\tbaseline\tbaseline p50\tbaseline p99\tratio p50\ttarget")
+	for _, r := range rows {
+		bp50, bp99 := "-", "-"
+		if r.baseP50 > 0 {
+			bp50, bp99 = ms(pct(bare, .5)), ms(pct(bare, .99))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.name, ms(r.p50), ms(r.p99), r.base, bp50, bp99, r.ratio, r.target)
+	}
+	return tw.Flush()
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }
+
+// firstWrite records when the first byte of output arrived.
+type firstWrite struct {
+	start time.Time
+	at    time.Duration
+}
+
+func (f *firstWrite) Write(p []byte) (int, error) {
+	if f.at == 0 && len(p) > 0 {
+		f.at = time.Since(f.start)
+	}
+	return len(p), nil
+}
+
+// bareRunc times `runc run` of the template's rootfs (read-only, as a
+// lower layer is) to the first byte of `echo hi`, with the same
+// namespaces a sandbox has.
+func bareRunc(ctx context.Context, root, rootfs string, n int) ([]time.Duration, error) {
+	bundle := filepath.Join(root, "bare")
+	if err := os.MkdirAll(bundle, 0o755); err != nil {
+		return nil, err
+	}
+	spec := &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{Args: []string{"echo", "hi"}, Env: []string{"PATH=/usr/bin:/bin"}, Cwd: "/",
+			Capabilities: &specs.LinuxCapabilities{Bounding: []string{"CAP_KILL"}, Effective: []string{"CAP_KILL"}, Permitted: []string{"CAP_KILL"}}},
+		Root:     &specs.Root{Path: rootfs, Readonly: true},
+		Hostname: "bare",
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: "/nook-bench-bare/c",
+			Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace}, {Type: specs.NetworkNamespace}},
+		},
+	}
+	b, _ := json.Marshal(spec)
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o644); err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, c := range []string{"cpu", "cpuacct", "cpuset", "pids", "memory", "blkio", "devices", "freezer", "systemd", "unified"} {
+			os.Remove(filepath.Join("/sys/fs/cgroup", c, "nook-bench-bare"))
+		}
+	}()
+	var out []time.Duration
+	for i := 0; i < n; i++ {
+		cmd := exec.CommandContext(ctx, "runc", "--root", filepath.Join(root, "runc-bare"), "run", "--bundle", bundle, fmt.Sprintf("bare-%d", i))
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, err
+		}
+		start := time.Now()
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		r := bufio.NewReader(stdout)
+		if _, err := r.ReadByte(); err != nil {
+			cmd.Wait()
+			return nil, fmt.Errorf("no output from runc run: %w", err)
+		}
+		out = append(out, time.Since(start))
+		io.Copy(io.Discard, r)
+		if err := cmd.Wait(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}

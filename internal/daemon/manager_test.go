@@ -1,0 +1,119 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.Main(m) }
+
+func newManager(t *testing.T) (*Manager, testutil.HostResources) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequireCommand(t, "runc", "runc")
+	testutil.BaseTemplate(t)
+	root := filepath.Join(testutil.TempRoot(t), testutil.RandomName("m"))
+	cfg := Config{
+		DataDir: filepath.Join(root, "data"), RunDir: filepath.Join(root, "run"), TemplatesDir: testutil.TemplatesDir(),
+		AgentBinary: testutil.AgentBinary(t), CgroupParent: testutil.RandomName("nook-mgr-"), Log: slog.New(slog.DiscardHandler),
+	}
+	testutil.CleanupCgroupParent(t, cfg.CgroupParent)
+	m, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m, testutil.HostResources{StateDir: filepath.Join(cfg.DataDir, "sandboxes"), RuncRoot: filepath.Join(cfg.RunDir, "runc"), CgroupParent: cfg.CgroupParent}
+}
+
+// The reaper destroys a sandbox whose TTL ran out, and leaves the rest.
+func TestReaperDestroysExpired(t *testing.T) {
+	m, res := newManager(t)
+	ctx := context.Background()
+	old, err := m.Create(ctx, api.CreateSandboxRequest{Name: "old"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	young, err := m.Create(ctx, api.CreateSandboxRequest{Name: "young", TTL: "2h"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Destroy(ctx, "young") })
+	old.ExpiresAt = time.Now().Add(-time.Second)
+	if err := m.store.UpdateSandbox(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	m.reapOnce(ctx)
+	if _, err := m.Get(ctx, "old"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("expired sandbox still there: %v", err)
+	}
+	if leaks := res.Leaks(old.ID); len(leaks) > 0 {
+		t.Fatalf("reaper left: %v", leaks)
+	}
+	if sb, err := m.Get(ctx, "young"); err != nil || sb.State != core.StateRunning {
+		t.Fatalf("young sandbox: %+v %v", sb, err)
+	}
+	_ = young
+}
+
+// A destroy interrupted by a crash (state destroying) is finished by the next start.
+func TestRestartFinishesInterruptedDestroy(t *testing.T) {
+	m, res := newManager(t)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, api.CreateSandboxRequest{Name: "half-gone"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.State = core.StateDestroying
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	m2, err := New(ctx, m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	if _, err := m2.Get(ctx, "half-gone"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("interrupted destroy not finished: %v", err)
+	}
+	if leaks := res.Leaks(sb.ID); len(leaks) > 0 {
+		t.Fatalf("left: %v", leaks)
+	}
+}
+
+// Lifecycle operations on one name are serialized: concurrent destroys of
+// one sandbox succeed once and report not found otherwise.
+func TestConcurrentDestroy(t *testing.T) {
+	m, _ := newManager(t)
+	ctx := context.Background()
+	if _, err := m.Create(ctx, api.CreateSandboxRequest{Name: "race"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 4)
+	for i := 0; i < 4; i++ {
+		go func() { errs <- m.Destroy(ctx, "race") }()
+	}
+	ok := 0
+	for i := 0; i < 4; i++ {
+		err := <-errs
+		switch {
+		case err == nil:
+			ok++
+		case !errors.Is(err, errdefs.ErrNotFound):
+			t.Errorf("concurrent destroy: %v", err)
+		}
+	}
+	if ok != 1 {
+		t.Fatalf("%d destroys succeeded", ok)
+	}
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the host packages nook needs, from Debian's mirror. Idempotent:
+# it touches apt only when something is missing.
+set -euo pipefail
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have runc       || need+=(runc)
+have mmdebstrap || need+=(mmdebstrap)
+have mount      || need+=(mount)
+if [ ${#need[@]} -gt 0 ]; then
+	if [ "$(id -u)" != 0 ]; then
+		echo "nook needs these packages: ${need[*]}; run make as root (or apt-get install them)" >&2
+		exit 1
+	fi
+	echo "installing ${need[*]}" >&2
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if ! have go && [ ! -x /usr/local/go/bin/go ]; then
+	echo "Go is not installed: nook needs Go >= 1.24 to build" >&2
+	exit 1
+fi

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# make run: start the daemon on its defaults (if it is not running), create
+# a sandbox, and run a command in it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NOOK=./bin/nook
+SOCK=/run/nook/nook.sock
+export NOOK_HOST=unix://$SOCK
+if ! $NOOK info >/dev/null 2>&1; then
+	mkdir -p /var/log
+	echo "starting the nook daemon (log: /var/log/nook.log)"
+	setsid nohup $NOOK serve >>/var/log/nook.log 2>&1 </dev/null &
+	for _ in $(seq 100); do
+		$NOOK info >/dev/null 2>&1 && break
+		sleep 0.1
+	done
+	$NOOK info >/dev/null || { tail -20 /var/log/nook.log; exit 1; }
+fi
+if ! $NOOK inspect demo >/dev/null 2>&1; then
+	$NOOK create --name demo --ttl 1d >/dev/null
+fi
+echo "--- nook exec demo -- uname -a"
+$NOOK exec demo -- uname -a
+echo "--- nook exec demo -- cat /etc/os-release"
+$NOOK exec demo -- cat /etc/os-release
+cat <<MSG
+
+The daemon is running and sandbox "demo" is yours. Go on with:
+  ./bin/nook exec demo -- bash -c 'apt-get --version; python3 --version'
+  ./bin/nook create --name task --ttl 90m     # another sandbox
+  ./bin/nook ls                                # what is running
+  ./bin/nook rm demo                           # destroy, leaving nothing behind
+  ./bin/nook info                              # backends and host capabilities
+MSG
