@@ -88,6 +88,23 @@ func TestExec(t *testing.T) {
 	}
 }
 
+func TestConfigureSetsBaseEnv(t *testing.T) {
+	c := startAgent(t)
+	ctx := context.Background()
+	if err := c.Configure(ctx, &ConfigureRequest{Hostname: "box-1", Env: map[string]string{"TOKENLESS": "yes"}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := run(t, c, &ExecRequest{Argv: []string{"sh", "-c", "echo $TOKENLESS"}})
+	if err != nil || r.stdout.String() != "yes\n" {
+		t.Fatalf("%v %q", err, r.stdout.String())
+	}
+	err = c.Configure(ctx, &ConfigureRequest{Hostname: "Not A Name"})
+	var ae *AgentError
+	if !errors.As(err, &ae) || !strings.Contains(ae.Message, "DNS label") {
+		t.Fatalf("bad hostname: %v", err)
+	}
+}
+
 func TestExecStdinAndSignal(t *testing.T) {
 	c := startAgent(t)
 	ctx := context.Background()
@@ -238,6 +255,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add([]byte(`{"op":"exec","exec":{"argv":["sh","-c","x"],"env":{"A":"b"},"timeout_ms":5}}`))
 	f.Add([]byte(`{"op":"ping"}`))
 	f.Add([]byte(`{"op":"exec"}`))
+	f.Add([]byte(`{"op":"configure","configure":{"hostname":"a","env":{"K":"v"}}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r, err := DecodeRequest(data)
 		if err != nil {
@@ -245,6 +263,9 @@ func FuzzDecodeRequest(f *testing.F) {
 		}
 		if r.Op == OpExec && (r.Exec == nil || len(r.Exec.Argv) == 0 || r.Exec.Argv[0] == "") {
 			t.Fatalf("accepted an exec with no command: %s", data)
+		}
+		if r.Op == OpConfigure && (r.Configure == nil || !hostnameRE.MatchString(r.Configure.Hostname)) {
+			t.Fatalf("accepted a configure with a bad hostname: %s", data)
 		}
 	})
 }

@@ -131,6 +131,16 @@ func (c *Client) Ping(ctx context.Context) (*Reply, error) {
 	return &r, nil
 }
 
+// Configure gives the sandbox its identity (see ConfigureRequest).
+func (c *Client) Configure(ctx context.Context, req *ConfigureRequest) error {
+	var r Reply
+	st, _, err := c.request(ctx, Request{Op: OpConfigure, Configure: req}, &r)
+	if err != nil {
+		return err
+	}
+	return st.Close()
+}
+
 // Process is a running exec. Read its output with Next until a FrameExit
 // (or an error); Close kills it if it has not exited.
 type Process struct {

@@ -15,6 +15,7 @@ package agent
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"unicode/utf8"
 
@@ -23,14 +24,26 @@ import (
 
 // Ops a Request can name.
 const (
-	OpPing = "ping"
-	OpExec = "exec"
+	OpPing      = "ping"
+	OpExec      = "exec"
+	OpConfigure = "configure"
 )
 
 // Request is the first frame of every stream.
 type Request struct {
-	Op   string       `json:"op"`
-	Exec *ExecRequest `json:"exec,omitempty"`
+	Op        string            `json:"op"`
+	Exec      *ExecRequest      `json:"exec,omitempty"`
+	Configure *ConfigureRequest `json:"configure,omitempty"`
+}
+
+// ConfigureRequest gives a sandbox its identity: the daemon sends it once
+// after the sandbox starts (and again after a restore or fork). The agent
+// takes the environment as every process's base, writes /etc/hostname and
+// /etc/hosts, and sets the hostname where it is allowed to (in a vm; a
+// container's hostname is set by the backend).
+type ConfigureRequest struct {
+	Hostname string            `json:"hostname"`
+	Env      map[string]string `json:"env,omitempty"`
 }
 
 // ExecRequest starts a process in the sandbox.
@@ -77,6 +90,11 @@ func DecodeRequest(payload []byte) (*Request, error) {
 	switch r.Op {
 	case OpPing:
 		return &r, nil
+	case OpConfigure:
+		if r.Configure == nil {
+			return nil, fmt.Errorf("configure request without configure body")
+		}
+		return &r, r.Configure.validate()
 	case OpExec:
 		if r.Exec == nil {
 			return nil, fmt.Errorf("exec request without exec body")
@@ -85,6 +103,23 @@ func DecodeRequest(payload []byte) (*Request, error) {
 	default:
 		return nil, fmt.Errorf("unknown op %q", r.Op)
 	}
+}
+
+var hostnameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+func (c *ConfigureRequest) validate() error {
+	if !hostnameRE.MatchString(c.Hostname) {
+		return fmt.Errorf("hostname %q is not a DNS label", c.Hostname)
+	}
+	if len(c.Env) > maxEnv {
+		return fmt.Errorf("too many environment variables")
+	}
+	for k, v := range c.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return fmt.Errorf("environment variable %q is not valid", k)
+		}
+	}
+	return nil
 }
 
 func (e *ExecRequest) validate() error {

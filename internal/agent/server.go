@@ -41,13 +41,19 @@ func yamuxConfig() *yamux.Config {
 type Server struct {
 	log   *slog.Logger
 	procs *procTable
+	// writeIdentity lets configure set the hostname and write /etc/hosts:
+	// true when the agent is the sandbox's init, false in tests on the host.
+	writeIdentity bool
+
+	mu sync.Mutex // guards baseEnv
 	// baseEnv is the environment every process starts with (the sandbox's
 	// own, as the backend gave it to the agent), before per-exec variables.
 	baseEnv map[string]string
 }
 
-// NewServer returns a Server. reapAll makes it reap every child (set it when running as PID 1).
-func NewServer(log *slog.Logger, reapAll bool) *Server {
+// NewServer returns a Server. asInit makes it reap every child and own the
+// sandbox's identity files (set it when running as PID 1).
+func NewServer(log *slog.Logger, asInit bool) *Server {
 	env := map[string]string{}
 	for _, kv := range os.Environ() {
 		k, v, _ := strings.Cut(kv, "=")
@@ -59,7 +65,7 @@ func NewServer(log *slog.Logger, reapAll bool) *Server {
 	if env["PATH"] == "" {
 		env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	}
-	return &Server{log: log, procs: newProcTable(reapAll), baseEnv: env}
+	return &Server{log: log, procs: newProcTable(asInit), baseEnv: env, writeIdentity: asInit}
 }
 
 // Serve accepts connections from ln, each carrying a yamux session, until
@@ -150,7 +156,34 @@ func (s *Server) handle(st net.Conn) {
 		_ = fw.json(api.FrameJSON, Reply{Hostname: host, Kernel: utsString(uts.Release[:]), Version: Version})
 	case OpExec:
 		s.exec(st, fr, fw, req.Exec)
+	case OpConfigure:
+		if err := s.configure(req.Configure); err != nil {
+			fw.fail(CodeInternal, "configure: %v", err)
+			return
+		}
+		_ = fw.json(api.FrameJSON, Reply{})
 	}
+}
+
+func (s *Server) configure(c *ConfigureRequest) error {
+	s.mu.Lock()
+	for k, v := range c.Env {
+		s.baseEnv[k] = v
+	}
+	s.mu.Unlock()
+	if !s.writeIdentity {
+		return nil
+	}
+	if cur, _ := os.Hostname(); cur != c.Hostname {
+		if err := syscall.Sethostname([]byte(c.Hostname)); err != nil {
+			return fmt.Errorf("set hostname: %w", err)
+		}
+	}
+	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n", c.Hostname)
+	if err := os.WriteFile("/etc/hosts", []byte(hosts), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile("/etc/hostname", []byte(c.Hostname+"\n"), 0o644)
 }
 
 func utsString(b []int8) string {
@@ -236,9 +269,11 @@ func (s *Server) exec(st net.Conn, fr *api.FrameReader, fw *frameWriter, req *Ex
 		return
 	}
 	env := make(map[string]string, len(s.baseEnv)+len(req.Env)+3)
+	s.mu.Lock()
 	for k, v := range s.baseEnv {
 		env[k] = v
 	}
+	s.mu.Unlock()
 	env["HOME"], env["USER"], env["LOGNAME"] = id.home, id.name, id.name
 	for k, v := range req.Env {
 		env[k] = v

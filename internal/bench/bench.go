@@ -172,31 +172,32 @@ func (f *firstWrite) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// bareRunc times `runc run` of the template's rootfs (read-only, as a
-// lower layer is) to the first byte of `echo hi`, with the same
-// namespaces a sandbox has.
+// bareRunc times `runc run` to the first byte of `echo hi`, with runc's
+// own default spec (`runc spec`) pointed at the template's rootfs,
+// read-only as a lower layer is.
 func bareRunc(ctx context.Context, root, rootfs string, n int) ([]time.Duration, error) {
 	bundle := filepath.Join(root, "bare")
 	if err := os.MkdirAll(bundle, 0o755); err != nil {
 		return nil, err
 	}
-	spec := &specs.Spec{
-		Version: specs.Version,
-		Process: &specs.Process{Args: []string{"echo", "hi"}, Env: []string{"PATH=/usr/bin:/bin"}, Cwd: "/",
-			Capabilities: &specs.LinuxCapabilities{Bounding: []string{"CAP_KILL"}, Effective: []string{"CAP_KILL"}, Permitted: []string{"CAP_KILL"}}},
-		Root:     &specs.Root{Path: rootfs, Readonly: true},
-		Hostname: "bare",
-		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc"},
-			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-		},
-		Linux: &specs.Linux{
-			CgroupsPath: "/nook-bench-bare/c",
-			Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
-				{Type: specs.MountNamespace}, {Type: specs.NetworkNamespace}},
-		},
+	if out, err := exec.CommandContext(ctx, "runc", "spec", "--bundle", bundle).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("runc spec: %v: %s", err, out)
 	}
-	b, _ := json.Marshal(spec)
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return nil, err
+	}
+	spec.Root = &specs.Root{Path: rootfs, Readonly: true}
+	spec.Process.Terminal = false
+	spec.Process.Args = []string{"echo", "hi"}
+	spec.Linux.CgroupsPath = "/nook-bench-bare/c"
+	if b, err = json.Marshal(&spec); err != nil {
+		return nil, err
+	}
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o644); err != nil {
 		return nil, err
 	}

@@ -122,6 +122,7 @@ func serveCmd() *cobra.Command {
 	c.Flags().StringVar(&cfg.Daemon.TemplatesDir, "templates-dir", "", "template store (default DATA-DIR/templates)")
 	c.Flags().StringVar(&cfg.Daemon.CgroupParent, "cgroup-parent", "nook", "parent cgroup of sandboxes")
 	c.Flags().DurationVar(&cfg.Daemon.ReapInterval, "reap-interval", 5*time.Second, "how often expired sandboxes are looked for")
+	c.Flags().IntVar(&cfg.Daemon.WarmPool, "warm-pool", 2, "started containers kept ready per template in use (negative: none)")
 	c.Flags().BoolVar(&debug, "debug", false, "log every API request")
 	return c
 }

@@ -73,3 +73,21 @@ func (s RuntimeState) String() string {
 		return "absent"
 	}
 }
+
+// WarmPool is an optional Backend feature: sandboxes started ahead of
+// demand, so that a create only has to claim one and give it its identity
+// (limits, hostname; the manager then configures it through its agent).
+// Warm sandboxes have no database record: after a crash they are orphans,
+// and the manager's reconcile removes them.
+type WarmPool interface {
+	// TakeWarm reserves a warm sandbox of a template build and returns its
+	// ID; the manager records the sandbox under that ID and calls Create,
+	// which claims it. ok is false when none is ready.
+	TakeWarm(templateID string) (id string, ok bool)
+	// Prewarm asks for warm sandboxes of a template build, in the background.
+	Prewarm(templateID string)
+	// Drain destroys the warm sandboxes of every build of a template.
+	Drain(ctx context.Context, template string) error
+	// Shutdown stops refilling and destroys every warm sandbox.
+	Shutdown(ctx context.Context) error
+}

@@ -44,6 +44,7 @@ type Config struct {
 	AgentBinary  string        // default: nook-agent beside the running executable
 	CgroupParent string        // default "nook"
 	ReapInterval time.Duration // how often expired and dead sandboxes are looked for; default 5s
+	WarmPool     int           // started containers kept ready per template in use; default 2, negative: none
 	Log          *slog.Logger
 }
 
@@ -68,6 +69,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CgroupParent == "" {
 		c.CgroupParent = "nook"
+	}
+	if c.WarmPool == 0 {
+		c.WarmPool = 2
 	}
 	if c.ReapInterval == 0 {
 		c.ReapInterval = 5 * time.Second
@@ -127,17 +131,31 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	ctr := container.New(container.Config{
 		RuncRoot: filepath.Join(cfg.RunDir, "runc"), StateDir: filepath.Join(cfg.DataDir, "sandboxes"),
 		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, Log: cfg.Log,
+		WarmPool: max(cfg.WarmPool, 0),
 	})
 	m.backends = map[string]core.Backend{ctr.Isolation(): ctr}
 	if err := m.reconcile(ctx); err != nil {
 		st.Close()
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
+	// Keep the default template warm from the start.
+	if t, err := m.templates.Get("base"); err == nil {
+		if ok, _, _ := ctr.Available(ctx); ok {
+			ctr.Prewarm(t.ID)
+		}
+	}
 	return m, nil
 }
 
 // Close releases the Manager. Sandboxes keep running; a new Manager re-adopts them.
 func (m *Manager) Close() error {
+	for _, b := range m.backends {
+		if wp, ok := b.(core.WarmPool); ok {
+			if err := wp.Shutdown(context.Background()); err != nil {
+				m.log.Error("destroy warm pool", "err", err)
+			}
+		}
+	}
 	m.mu.Lock()
 	for id, c := range m.agents {
 		c.Close()
@@ -315,26 +333,44 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	// Insert first, as creating: a daemon killed from here on finds the
 	// record on restart and removes whatever was half made.
+	// Take the name first, then (if the backend keeps any) a warm sandbox,
+	// then record the sandbox as creating: a daemon killed from here on finds
+	// the record on restart and removes whatever was half made.
 	var unlock func()
 	for attempt := 0; ; attempt++ {
 		if req.Name == "" {
 			sb.Name = generateName()
 		}
 		unlock = m.lockName(sb.Name)
-		err = m.store.InsertSandbox(ctx, sb)
-		if err == nil {
+		_, err := m.store.GetSandbox(ctx, sb.Name)
+		if errors.Is(err, errdefs.ErrNotFound) {
 			break
 		}
 		unlock()
-		if !errors.Is(err, errdefs.ErrAlreadyExists) || req.Name != "" || attempt > 5 {
+		if err != nil {
 			return nil, err
+		}
+		if req.Name != "" || attempt > 5 {
+			return nil, store.ErrNameTaken(sb.Name)
 		}
 	}
 	defer unlock()
+	if wp, ok := b.(core.WarmPool); ok {
+		if id, ok := wp.TakeWarm(sb.TemplateID); ok {
+			sb.ID = id
+		}
+	}
+	if err := m.store.InsertSandbox(ctx, sb); err != nil {
+		if derr := b.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
+			m.log.Error("release sandbox resources after failed insert", "sandbox", sb.ID, "err", derr)
+		}
+		return nil, err
+	}
 	// Finish even if the client goes away: a create is never left half done.
 	cctx := context.WithoutCancel(ctx)
 	start := time.Now()
 	err = b.Create(cctx, sb)
+	backendDone := time.Now()
 	if err == nil {
 		err = m.waitAgent(cctx, sb)
 		if err != nil {
@@ -354,11 +390,12 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err := m.store.UpdateSandbox(cctx, sb); err != nil {
 		return nil, err
 	}
-	m.log.Info("sandbox created", "sandbox", sb.Name, "id", sb.ID, "template", sb.TemplateID, "duration", time.Since(start))
+	m.log.Info("sandbox created", "sandbox", sb.Name, "id", sb.ID, "template", sb.TemplateID, "duration", time.Since(start),
+		"backend", backendDone.Sub(start), "agent", time.Since(backendDone))
 	return sb, nil
 }
 
-// waitAgent waits until the sandbox's agent answers.
+// waitAgent waits until the sandbox's agent answers, and gives the sandbox its identity.
 func (m *Manager) waitAgent(ctx context.Context, sb *core.Sandbox) error {
 	c, err := m.agentFor(sb)
 	if err != nil {
@@ -366,7 +403,7 @@ func (m *Manager) waitAgent(ctx context.Context, sb *core.Sandbox) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	if _, err := c.Ping(ctx); err != nil {
+	if err := c.Configure(ctx, &agent.ConfigureRequest{Hostname: sb.Name, Env: sb.Env}); err != nil {
 		return fmt.Errorf("the sandbox's agent did not answer: %w", err)
 	}
 	return nil
@@ -710,6 +747,13 @@ func (m *Manager) BuildTemplate(ctx context.Context, name string, w io.Writer) (
 	if err != nil {
 		return t, err
 	}
+	// Warm sandboxes of the old build would pin it: start over with the new one.
+	m.drainPools(ctx, name)
+	for _, b := range m.backends {
+		if wp, ok := b.(core.WarmPool); ok {
+			wp.Prewarm(t.ID)
+		}
+	}
 	if err := m.templates.GC(ctx, name, m.inUse(ctx)); err != nil {
 		m.log.Warn("remove unused template builds", "template", name, "err", err)
 	}
@@ -718,7 +762,22 @@ func (m *Manager) BuildTemplate(ctx context.Context, name string, w io.Writer) (
 
 // RemoveTemplate removes a template nothing uses.
 func (m *Manager) RemoveTemplate(ctx context.Context, name string) error {
+	if t, err := m.templates.Get(name); err == nil {
+		if n, err := m.store.CountByTemplate(ctx, t.ID); err == nil && n == 0 {
+			m.drainPools(ctx, name)
+		}
+	}
 	return m.templates.Remove(ctx, name, m.inUse(ctx))
+}
+
+func (m *Manager) drainPools(ctx context.Context, template string) {
+	for _, b := range m.backends {
+		if wp, ok := b.(core.WarmPool); ok {
+			if err := wp.Drain(ctx, template); err != nil {
+				m.log.Warn("drain warm pool", "template", template, "err", err)
+			}
+		}
+	}
 }
 
 func (m *Manager) inUse(ctx context.Context) func(string) (int, error) {

@@ -258,10 +258,13 @@ func TestBadInput(t *testing.T) {
 	if len(sbs) != 1 {
 		t.Fatalf("bad input left sandboxes: %+v", sbs)
 	}
+	// Stopped, the daemon has destroyed its warm pool: what is left on disk is the one sandbox.
+	d.stop(syscall.SIGTERM)
 	entries, _ := os.ReadDir(filepath.Join(d.data, "sandboxes"))
-	if len(entries) != 1 {
+	if len(entries) != 1 || entries[0].Name() != sbs[0].ID {
 		t.Fatalf("bad input left %d sandbox directories", len(entries))
 	}
+	d.start()
 
 	// The raw API answers with a stable code and a message.
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -327,39 +330,47 @@ func TestKill9AndRestart(t *testing.T) {
 	}
 }
 
-// kill -9 in the middle of creates and destroys: after a restart every
-// sandbox is either whole and working or gone without a trace.
+// kill -9 in the middle of creates: after a restart every sandbox is
+// either whole and working or gone without a trace, with and without a
+// warm pool.
 func TestKill9DuringCreate(t *testing.T) {
-	d := newDaemon(t)
-	for i, delay := range []time.Duration{5, 15, 30, 45, 60, 90} {
-		name := fmt.Sprintf("crash-%d", i)
-		done := make(chan struct{})
-		go func() { d.nook("create", "--name", name); close(done) }()
-		time.Sleep(delay * time.Millisecond)
-		d.stop(syscall.SIGKILL)
-		<-done
-		d.start()
+	for _, pool := range []string{"-1", "2"} {
+		t.Run("warm-pool="+pool, func(t *testing.T) {
+			d := newDaemon(t, "--warm-pool", pool)
+			for i, delay := range []time.Duration{5, 15, 30, 45, 60, 90} {
+				name := fmt.Sprintf("crash-%d", i)
+				done := make(chan struct{})
+				go func() { d.nook("create", "--name", name); close(done) }()
+				time.Sleep(delay * time.Millisecond)
+				d.stop(syscall.SIGKILL)
+				<-done
+				d.start()
+			}
+			var sbs []api.Sandbox
+			json.Unmarshal([]byte(d.must("ls", "--json")), &sbs)
+			ids := map[string]bool{}
+			for _, sb := range sbs {
+				ids[sb.ID] = true
+				if sb.State != api.StateRunning {
+					t.Errorf("%s is %s after restart (%s)", sb.Name, sb.State, sb.Reason)
+					continue
+				}
+				if got := d.must("exec", sb.Name, "--", "hostname"); got != sb.Name+"\n" {
+					t.Errorf("%s: hostname %q", sb.Name, got)
+				}
+			}
+			// A graceful stop destroys the warm pool: then only recorded sandboxes remain.
+			d.stop(syscall.SIGTERM)
+			entries, _ := os.ReadDir(filepath.Join(d.data, "sandboxes"))
+			for _, e := range entries {
+				if !ids[e.Name()] {
+					t.Errorf("half-created sandbox %s left on disk: %v", e.Name(), d.resources().Leaks(e.Name()))
+				}
+			}
+			d.start()
+			t.Logf("%d of 6 interrupted creates had completed", len(sbs))
+		})
 	}
-	var sbs []api.Sandbox
-	json.Unmarshal([]byte(d.must("ls", "--json")), &sbs)
-	ids := map[string]bool{}
-	for _, sb := range sbs {
-		ids[sb.ID] = true
-		if sb.State != api.StateRunning {
-			t.Errorf("%s is %s after restart (%s)", sb.Name, sb.State, sb.Reason)
-			continue
-		}
-		if got := d.must("exec", sb.Name, "--", "hostname"); got != sb.Name+"\n" {
-			t.Errorf("%s: hostname %q", sb.Name, got)
-		}
-	}
-	entries, _ := os.ReadDir(filepath.Join(d.data, "sandboxes"))
-	for _, e := range entries {
-		if !ids[e.Name()] {
-			t.Errorf("half-created sandbox %s left on disk: %v", e.Name(), d.resources().Leaks(e.Name()))
-		}
-	}
-	t.Logf("%d of 6 interrupted creates had completed", len(sbs))
 }
 
 // A sandbox whose processes die outside nook is marked failed with a reason, and rm cleans it up.

@@ -122,9 +122,14 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *core.Sandbox) error {
 		sb.ID, sb.Name, sb.Template, sb.TemplateID, sb.Isolation, string(sb.State), sb.Reason, sb.CPUs,
 		sb.MemoryBytes, sb.DiskBytes, sb.PidsLimit, string(env), sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.BackendState)
 	if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed: sandboxes.name") {
-		return errdefs.Exists("a sandbox named %q already exists: pick another name or remove it with `nook rm %s`", sb.Name, sb.Name)
+		return ErrNameTaken(sb.Name)
 	}
 	return err
+}
+
+// ErrNameTaken is the ErrAlreadyExists for a sandbox name in use.
+func ErrNameTaken(name string) error {
+	return errdefs.Exists("a sandbox named %q already exists: pick another name or remove it with `nook rm %s`", name, name)
 }
 
 // UpdateSandbox writes a sandbox's mutable fields: state, reason, expiry and backend state.

@@ -36,12 +36,16 @@ type Config struct {
 	CgroupParent string // sandboxes' cgroups go under /<CgroupParent>/<id> in every hierarchy
 	// TemplateRootfs returns the read-only root filesystem of a template build.
 	TemplateRootfs func(templateID string) (string, error)
-	Log            *slog.Logger
+	// WarmPool is how many started containers to keep ready per template
+	// build in use (0: none; every create starts a container).
+	WarmPool int
+	Log      *slog.Logger
 }
 
 // Backend runs container sandboxes.
 type Backend struct {
-	cfg Config
+	cfg  Config
+	pool *pool
 }
 
 var _ core.Backend = (*Backend)(nil)
@@ -57,7 +61,7 @@ func New(cfg Config) *Backend {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Backend{cfg: cfg}
+	return &Backend{cfg: cfg, pool: newPool(cfg.WarmPool)}
 }
 
 // Isolation implements core.Backend.
@@ -100,8 +104,31 @@ type state struct {
 	StartTime uint64 `json:"start_time"` // /proc/PID/stat field 22, to tell a reused PID apart
 }
 
-// Create implements core.Backend.
-func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) (err error) {
+// Create implements core.Backend: it claims the warm container TakeWarm
+// reserved under sb.ID if there is one, and starts a new container otherwise.
+func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) error {
+	b.pool.mu.Lock()
+	w, ok := b.pool.claimed[sb.ID]
+	delete(b.pool.claimed, sb.ID)
+	b.pool.mu.Unlock()
+	if ok {
+		err := b.claim(w, sb)
+		if err == nil {
+			return nil
+		}
+		b.cfg.Log.Warn("warm container unusable; starting a new one", "sandbox", sb.ID, "err", err)
+		if err := b.Destroy(ctx, sb.ID); err != nil {
+			return err
+		}
+	}
+	if err := b.createCold(ctx, sb); err != nil {
+		return err
+	}
+	b.Prewarm(sb.TemplateID)
+	return nil
+}
+
+func (b *Backend) createCold(ctx context.Context, sb *core.Sandbox) (err error) {
 	lower, err := b.cfg.TemplateRootfs(sb.TemplateID)
 	if err != nil {
 		return err
@@ -115,19 +142,10 @@ func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) (err error) {
 	}()
 	dir := b.dir(sb.ID)
 	upper, work, rootfs := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), b.rootfs(sb.ID)
-	for _, d := range []string{upper, work, rootfs, filepath.Join(upper, "etc")} {
+	for _, d := range []string{upper, work, rootfs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
-	}
-	// The sandbox's identity goes into the fresh upper layer, never through
-	// the merged view (whose symlinks the host must not follow).
-	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n", sb.Name)
-	if err := os.WriteFile(filepath.Join(upper, "etc", "hosts"), []byte(hosts), 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(upper, "etc", "hostname"), []byte(sb.Name+"\n"), 0o644); err != nil {
-		return err
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
 	if err := unix.Mount("overlay", rootfs, "overlay", unix.MS_NODEV, opts); err != nil {
@@ -173,9 +191,11 @@ func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) (err error) {
 	cmd.ExtraFiles = []*os.File{lnFile}
 	// Its own process group: a Ctrl-C aimed at the daemon's terminal must not reach sandboxes.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	runcStart := time.Now()
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("runc run: %w: %s", err, tail(filepath.Join(dir, "agent.log")))
 	}
+	b.cfg.Log.Debug("runc run", "sandbox", sb.ID, "duration", time.Since(runcStart))
 	pidBytes, err := os.ReadFile(pidFile)
 	if err != nil {
 		return fmt.Errorf("read container pid: %w", err)

@@ -3,6 +3,7 @@ package container
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -21,6 +22,10 @@ import (
 func TestMain(m *testing.M) { testutil.Main(m) }
 
 func newTestBackend(t *testing.T) (*Backend, conformance.Harness) {
+	return newTestBackendPool(t, 0)
+}
+
+func newTestBackendPool(t *testing.T, warm int) (*Backend, conformance.Harness) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequireCommand(t, "runc", "runc")
@@ -34,7 +39,15 @@ func newTestBackend(t *testing.T) (*Backend, conformance.Harness) {
 	testutil.CleanupCgroupParent(t, res.CgroupParent)
 	b := New(Config{
 		RuncRoot: res.RuncRoot, StateDir: res.StateDir, AgentBinary: testutil.AgentBinary(t),
-		CgroupParent: res.CgroupParent, TemplateRootfs: tpls.Rootfs, Log: slog.New(slog.DiscardHandler),
+		CgroupParent: res.CgroupParent, TemplateRootfs: tpls.Rootfs, Log: slog.New(slog.DiscardHandler), WarmPool: warm,
+	})
+	t.Cleanup(func() {
+		if err := b.Shutdown(context.Background()); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		if entries, _ := os.ReadDir(res.StateDir); len(entries) > 0 {
+			t.Errorf("%d sandbox directories left after shutdown", len(entries))
+		}
 	})
 	if ok, why, _ := b.Available(context.Background()); !ok {
 		t.Fatalf("container backend unavailable: %s", why)
@@ -45,6 +58,66 @@ func newTestBackend(t *testing.T) (*Backend, conformance.Harness) {
 func TestConformance(t *testing.T) {
 	_, h := newTestBackend(t)
 	conformance.Run(t, h)
+}
+
+// The whole suite again with a warm pool: claimed containers behave like fresh ones.
+func TestConformanceWarmPool(t *testing.T) {
+	b, h := newTestBackendPool(t, 2)
+	b.Prewarm(h.TemplateID)
+	waitWarm(t, b, h.TemplateID, 2)
+	conformance.Run(t, h)
+}
+
+func waitWarm(t *testing.T, b *Backend, templateID string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b.pool.mu.Lock()
+		got := len(b.pool.ready[templateID])
+		b.pool.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("warm pool has %d of %d containers", got, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A claimed warm container gets the sandbox's own limits and hostname.
+func TestWarmClaimAppliesIdentity(t *testing.T) {
+	b, h := newTestBackendPool(t, 1)
+	b.Prewarm(h.TemplateID)
+	waitWarm(t, b, h.TemplateID, 1)
+	id, ok := b.TakeWarm(h.TemplateID)
+	if !ok {
+		t.Fatal("no warm container")
+	}
+	// conformance.Create takes the next one; this one must be claimed by ID.
+	sb := conformance.NewSandbox("claimed", h.TemplateID)
+	sb.ID = id
+	sb.MemoryBytes, sb.PidsLimit, sb.CPUs = 256<<20, 77, 0.5
+	if err := b.Create(context.Background(), sb); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Destroy(context.Background(), sb.ID)
+	mem, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", b.cfg.CgroupParent, id, "memory.limit_in_bytes"))
+	pids, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", b.cfg.CgroupParent, id, "pids.max"))
+	quota, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", b.cfg.CgroupParent, id, "cpu.cfs_quota_us"))
+	if strings.TrimSpace(string(mem)) != "268435456" || strings.TrimSpace(string(pids)) != "77" || strings.TrimSpace(string(quota)) != "50000" {
+		t.Fatalf("limits after claim: memory %s pids %s quota %s", mem, pids, quota)
+	}
+	var st state
+	json.Unmarshal(sb.BackendState, &st)
+	uts, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/uts", st.PID))
+	self, _ := os.Readlink("/proc/self/ns/uts")
+	if uts == self {
+		t.Fatal("container shares the host's UTS namespace")
+	}
+	if h, _ := os.Hostname(); h == "claimed" {
+		t.Fatal("setting the sandbox's hostname changed the host's")
+	}
 }
 
 // The cgroup limits a sandbox was created with are the ones it lives under.

@@ -102,6 +102,10 @@ func generateSpec(sb *core.Sandbox, agentBinary, cgroupParent string) (*specs.Sp
 	if err != nil {
 		return nil, fmt.Errorf("default seccomp profile: %w", err)
 	}
+	// Native syscalls only: a 32-bit (i386, x32) syscall kills the process.
+	// The 32-bit ABIs are a classic way around a filter, and leaving them out
+	// makes runc compile the filter in half the time.
+	sc.Architectures = []specs.Arch{specs.ArchX86_64}
 	s.Linux.Seccomp = sc
 	return s, nil
 }

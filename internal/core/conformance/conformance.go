@@ -41,7 +41,8 @@ func Run(t *testing.T, h Harness) {
 	t.Run("ParallelCreate", func(t *testing.T) { testParallel(t, h) })
 }
 
-// NewSandbox returns a sandbox record with small, valid defaults.
+// NewSandbox returns a sandbox record with small, valid defaults. If the
+// backend keeps warm sandboxes, Create claims one when one is ready.
 func NewSandbox(name, templateID string) *core.Sandbox {
 	b := make([]byte, 8)
 	rand.Read(b)
@@ -65,13 +66,19 @@ func Create(t *testing.T, h Harness, name string) *Sandbox {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	sb := NewSandbox(name, h.TemplateID)
+	if wp, ok := h.Backend.(core.WarmPool); ok {
+		if id, ok := wp.TakeWarm(h.TemplateID); ok {
+			sb.ID = id
+		}
+	}
 	if err := h.Backend.Create(ctx, sb); err != nil {
 		t.Fatalf("create %s: %v", name, err)
 	}
 	s := &Sandbox{Sandbox: sb, h: h}
 	s.Agent = agent.NewClient(func(ctx context.Context) (net.Conn, error) { return h.Backend.DialAgent(ctx, sb) })
 	t.Cleanup(func() { s.Destroy(t) })
-	if _, err := s.Agent.Ping(ctx); err != nil {
+	// As the daemon does: the agent gives the sandbox its identity.
+	if err := s.Agent.Configure(ctx, &agent.ConfigureRequest{Hostname: sb.Name, Env: sb.Env}); err != nil {
 		t.Fatalf("agent of %s does not answer: %v", name, err)
 	}
 	return s
