@@ -51,8 +51,7 @@ func pct(ds []time.Duration, p float64) time.Duration {
 
 // Run runs the benchmarks.
 func Run(ctx context.Context, cfg Config) error {
-	log := slog.New(slog.DiscardHandler)
-	tpls := template.NewStore(cfg.TemplatesDir, log)
+	tpls := template.NewStore(cfg.TemplatesDir, slog.New(slog.DiscardHandler))
 	fmt.Fprintln(cfg.Out, "preparing the base template (built on first use)...")
 	tpl, err := tpls.EnsureBuilt(ctx, "base", os.Stderr)
 	if err != nil {
@@ -74,73 +73,21 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("bare runc baseline: %w", err)
 	}
 
-	// A daemon on its own data dir and socket, driven through the SDK like any client.
-	sock := filepath.Join(root, "nook.sock")
-	ready := make(chan struct{})
-	sctx, stop := context.WithCancel(ctx)
-	defer stop()
-	errc := make(chan error, 1)
-	go func() {
-		errc <- server.Serve(sctx, server.Config{
-			Socket: sock, Ready: func() { close(ready) },
-			Daemon: daemon.Config{DataDir: filepath.Join(root, "data"), RunDir: filepath.Join(root, "run"), TemplatesDir: cfg.TemplatesDir,
-				AgentBinary: cfg.AgentBinary, CgroupParent: "nook-bench", Log: log},
-		})
-	}()
-	select {
-	case <-ready:
-	case err := <-errc:
+	fmt.Fprintf(cfg.Out, "nook: create to first exec output, %d sandboxes, warm pool of 2; exec round trips...\n", cfg.Creates)
+	create, rt, err := measure(ctx, cfg, filepath.Join(root, "warm"), 2)
+	if err != nil {
 		return err
 	}
-	defer func() {
-		stop()
-		<-errc
-		os.Remove("/sys/fs/cgroup/memory/nook-bench")
-		for _, c := range []string{"cpu", "cpuacct", "cpuset", "pids", "memory", "blkio", "devices", "freezer", "systemd", "unified"} {
-			os.Remove(filepath.Join("/sys/fs/cgroup", c, "nook-bench"))
-		}
-	}()
-	cl, err := sdk.New("unix://"+sock, "")
+	fmt.Fprintf(cfg.Out, "nook: create to first exec output, %d sandboxes, no warm pool...\n", cfg.Creates)
+	cold, _, err := measure(ctx, Config{Creates: cfg.Creates, AgentBinary: cfg.AgentBinary, TemplatesDir: cfg.TemplatesDir}, filepath.Join(root, "cold"), -1)
 	if err != nil {
 		return err
 	}
 
-	fmt.Fprintf(cfg.Out, "nook: create to first exec output, %d sandboxes...\n", cfg.Creates)
-	var create []time.Duration
-	for i := 0; i < cfg.Creates; i++ {
-		name := fmt.Sprintf("bench-%d", i)
-		start := time.Now()
-		if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: name}); err != nil {
-			return err
-		}
-		fw := &firstWrite{start: start}
-		if _, err := cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"echo", "hi"}}, fw, io.Discard); err != nil {
-			return err
-		}
-		create = append(create, fw.at)
-		if i > 0 { // keep the first for the exec benchmark
-			if err := cl.DeleteSandbox(ctx, name); err != nil {
-				return err
-			}
-		}
-	}
-
-	fmt.Fprintf(cfg.Out, "nook: exec round trip of `true`, %d times...\n", cfg.Execs)
-	var rt []time.Duration
-	for i := 0; i < cfg.Execs; i++ {
-		start := time.Now()
-		st, err := cl.Exec(ctx, "bench-0", api.ExecRequest{Cmd: []string{"true"}}, io.Discard, io.Discard)
-		if err != nil || st.ExitCode != 0 {
-			return fmt.Errorf("exec true: %v %+v", err, st)
-		}
-		rt = append(rt, time.Since(start))
-	}
-	if err := cl.DeleteSandbox(ctx, "bench-0"); err != nil {
-		return err
-	}
-
 	rows := []row{
-		{name: "create -> first exec output", p50: pct(create, .5), p99: pct(create, .99), base: "bare runc run -> first output", baseP50: pct(bare, .5), target: "<= 1.5x baseline",
+		{name: "create (cold, no pool) -> first exec output", p50: pct(cold, .5), p99: pct(cold, .99), base: "bare runc run -> first output", baseP50: pct(bare, .5), target: "-",
+			ratio: fmt.Sprintf("%.2fx", float64(pct(cold, .5))/float64(pct(bare, .5)))},
+		{name: "create (warm pool) -> first exec output", p50: pct(create, .5), p99: pct(create, .99), base: "bare runc run -> first output", baseP50: pct(bare, .5), target: "<= 1.5x baseline",
 			ratio: fmt.Sprintf("%.2fx", float64(pct(create, .5))/float64(pct(bare, .5)))},
 		{name: "exec round trip (true)", p50: pct(rt, .5), p99: pct(rt, .99), base: "-", target: "p50 <= 3ms", ratio: "-"},
 	}
@@ -155,6 +102,69 @@ func Run(ctx context.Context, cfg Config) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.name, ms(r.p50), ms(r.p99), r.base, bp50, bp99, r.ratio, r.target)
 	}
 	return tw.Flush()
+}
+
+// measure runs a daemon on its own data dir and socket, driven through the
+// SDK like any client: creates to first exec output, then exec round trips.
+func measure(ctx context.Context, cfg Config, root string, pool int) (create, rt []time.Duration, err error) {
+	log := slog.New(slog.DiscardHandler)
+	sock := filepath.Join(root, "nook.sock")
+	ready := make(chan struct{})
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() {
+		errc <- server.Serve(sctx, server.Config{
+			Socket: sock, Ready: func() { close(ready) },
+			Daemon: daemon.Config{DataDir: filepath.Join(root, "data"), RunDir: filepath.Join(root, "run"), TemplatesDir: cfg.TemplatesDir,
+				AgentBinary: cfg.AgentBinary, CgroupParent: "nook-bench", WarmPool: pool, Log: log},
+		})
+	}()
+	select {
+	case <-ready:
+	case err := <-errc:
+		return nil, nil, err
+	}
+	defer func() {
+		stop()
+		<-errc
+		for _, c := range []string{"cpu", "cpuacct", "cpuset", "pids", "memory", "blkio", "devices", "freezer", "systemd", "unified"} {
+			os.Remove(filepath.Join("/sys/fs/cgroup", c, "nook-bench"))
+		}
+	}()
+	cl, err := sdk.New("unix://"+sock, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	if pool > 0 {
+		time.Sleep(2 * time.Second) // let the pool fill, as on a daemon that has been up a while
+	}
+	for i := 0; i < cfg.Creates; i++ {
+		name := fmt.Sprintf("bench-%d", i)
+		start := time.Now()
+		if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: name}); err != nil {
+			return nil, nil, err
+		}
+		fw := &firstWrite{start: start}
+		if _, err := cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"echo", "hi"}}, fw, io.Discard); err != nil {
+			return nil, nil, err
+		}
+		create = append(create, fw.at)
+		if i > 0 { // keep the first for the exec benchmark
+			if err := cl.DeleteSandbox(ctx, name); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	for i := 0; i < cfg.Execs; i++ {
+		start := time.Now()
+		st, err := cl.Exec(ctx, "bench-0", api.ExecRequest{Cmd: []string{"true"}}, io.Discard, io.Discard)
+		if err != nil || st.ExitCode != 0 {
+			return nil, nil, fmt.Errorf("exec true: %v %+v", err, st)
+		}
+		rt = append(rt, time.Since(start))
+	}
+	return create, rt, cl.DeleteSandbox(ctx, "bench-0")
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }
