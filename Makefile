@@ -22,9 +22,12 @@ build:
 run: deps build
 	@scripts/run.sh
 
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 lint:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
 
 # Unit tests and the privileged integration tests (root, runc, mounts,
 # cgroups), with the race detector. The base template is built on first use.

@@ -45,7 +45,6 @@ type daemon struct {
 	data   string
 	run    string
 	cgroup string
-	listen string
 	cmd    *exec.Cmd
 	log    *bytes.Buffer
 }
