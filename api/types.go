@@ -155,6 +155,7 @@ const (
 	CodeResourceExhausted  = "resource_exhausted"
 	CodeUnavailable        = "unavailable"
 	CodeUnauthorized       = "unauthorized"
+	CodePermissionDenied   = "permission_denied"
 	CodeInternal           = "internal"
 )
 

@@ -17,6 +17,7 @@ var (
 	ErrFailedPrecondition = errors.New("failed precondition")
 	ErrResourceExhausted  = errors.New("resource exhausted")
 	ErrUnavailable        = errors.New("unavailable")
+	ErrPermissionDenied   = errors.New("permission denied")
 )
 
 // categorized carries a user-facing message and a category; Error returns
@@ -52,3 +53,6 @@ func Exhausted(format string, args ...any) error { return newf(ErrResourceExhaus
 
 // Unavailable returns an ErrUnavailable with a user-facing message.
 func Unavailable(format string, args ...any) error { return newf(ErrUnavailable, format, args...) }
+
+// Denied returns an ErrPermissionDenied with a user-facing message.
+func Denied(format string, args ...any) error { return newf(ErrPermissionDenied, format, args...) }

@@ -140,6 +140,8 @@ func errorStatus(err error) (int, string) {
 		return http.StatusBadRequest, api.CodeInvalidArgument
 	case errors.Is(err, errdefs.ErrNotFound):
 		return http.StatusNotFound, api.CodeNotFound
+	case errors.Is(err, errdefs.ErrPermissionDenied):
+		return http.StatusForbidden, api.CodePermissionDenied
 	case errors.Is(err, errdefs.ErrAlreadyExists):
 		return http.StatusConflict, api.CodeAlreadyExists
 	case errors.Is(err, errdefs.ErrFailedPrecondition):
