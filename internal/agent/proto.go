@@ -69,8 +69,10 @@ type Reply struct {
 // Error codes the agent sends in a FrameError.
 const (
 	CodeCommandNotFound  = "command_not_found"
+	CodeNotFound         = api.CodeNotFound
+	CodeAlreadyExists    = api.CodeAlreadyExists
 	CodeInvalidArgument  = api.CodeInvalidArgument
-	CodePermissionDenied = "permission_denied"
+	CodePermissionDenied = api.CodePermissionDenied
 	CodeInternal         = api.CodeInternal
 )
 

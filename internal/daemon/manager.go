@@ -516,24 +516,39 @@ func (m *Manager) Exec(ctx context.Context, name string, req api.ExecRequest) (*
 		return nil, err
 	}
 	p, err := c.Exec(ctx, &agent.ExecRequest{Argv: req.Cmd, Env: req.Env, Cwd: req.Cwd, User: req.User, TimeoutMS: timeout.Milliseconds()})
+	if err != nil {
+		return nil, m.agentError(ctx, sb, err)
+	}
+	return p, nil
+}
+
+// agentError turns an error from a sandbox's agent into an error category:
+// what the agent refused keeps its meaning; an agent that cannot be reached
+// makes the manager check whether the sandbox died.
+func (m *Manager) agentError(ctx context.Context, sb *core.Sandbox, err error) error {
 	var ae *agent.AgentError
 	switch {
-	case err == nil:
-		return p, nil
 	case errors.As(err, &ae):
-		if ae.Code == agent.CodeInternal {
-			return nil, fmt.Errorf("sandbox %s: %s", name, ae.Message)
+		switch ae.Code {
+		case agent.CodeNotFound:
+			return errdefs.NotFound("sandbox %s: %s", sb.Name, ae.Message)
+		case agent.CodePermissionDenied:
+			return errdefs.Denied("sandbox %s: %s", sb.Name, ae.Message)
+		case agent.CodeAlreadyExists:
+			return errdefs.Exists("sandbox %s: %s", sb.Name, ae.Message)
+		case agent.CodeInternal:
+			return fmt.Errorf("sandbox %s: %s", sb.Name, ae.Message)
+		default: // invalid_argument, command_not_found
+			return errdefs.Invalid("sandbox %s: %s", sb.Name, ae.Message)
 		}
-		return nil, errdefs.Invalid("sandbox %s: %s", name, ae.Message)
 	case ctx.Err() != nil:
-		return nil, ctx.Err()
+		return ctx.Err()
 	default:
-		// The agent is unreachable: find out whether the sandbox died.
 		m.dropAgent(sb.ID)
 		if m.checkHealth(context.WithoutCancel(ctx), sb) {
-			return nil, errdefs.Unavailable("sandbox %s did not answer: %v; try again", name, err)
+			return errdefs.Unavailable("sandbox %s did not answer: %v; try again", sb.Name, err)
 		}
-		return nil, errdefs.Precondition("sandbox %s has stopped: %s; remove it with `nook rm %s`", name, sb.Reason, name)
+		return errdefs.Precondition("sandbox %s has stopped: %s; remove it with `nook rm %s`", sb.Name, sb.Reason, sb.Name)
 	}
 }
 
