@@ -500,18 +500,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req api.ExecRequest) (*
 			return nil, fmt.Errorf("timeout: %w", err)
 		}
 	}
-	sb, err := m.Get(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	if sb.State != core.StateRunning {
-		msg := fmt.Sprintf("sandbox %s is %s", name, sb.State)
-		if sb.Reason != "" {
-			msg += ": " + sb.Reason
-		}
-		return nil, errdefs.Precondition("%s; remove it with `nook rm %s`", msg, name)
-	}
-	c, err := m.agentFor(sb)
+	sb, c, err := m.runningAgent(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -520,6 +509,27 @@ func (m *Manager) Exec(ctx context.Context, name string, req api.ExecRequest) (*
 		return nil, m.agentError(ctx, sb, err)
 	}
 	return p, nil
+}
+
+// runningAgent returns a running sandbox and the client of its agent, or
+// an error that says why the sandbox cannot serve requests.
+func (m *Manager) runningAgent(ctx context.Context, name string) (*core.Sandbox, *agent.Client, error) {
+	sb, err := m.Get(ctx, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if sb.State != core.StateRunning {
+		msg := fmt.Sprintf("sandbox %s is %s", name, sb.State)
+		if sb.Reason != "" {
+			msg += ": " + sb.Reason
+		}
+		return nil, nil, errdefs.Precondition("%s; remove it with `nook rm %s`", msg, name)
+	}
+	c, err := m.agentFor(sb)
+	if err != nil {
+		return nil, nil, err
+	}
+	return sb, c, nil
 }
 
 // agentError turns an error from a sandbox's agent into an error category:
