@@ -759,6 +759,9 @@ func (m *Manager) Templates(ctx context.Context) (api.TemplateList, error) {
 	if err != nil {
 		return api.TemplateList{}, err
 	}
+	if ts == nil {
+		ts = []api.Template{}
+	}
 	for i := range ts {
 		ts[i].InUseBy, _ = m.store.CountByTemplate(ctx, ts[i].ID)
 	}
