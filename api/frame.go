@@ -19,7 +19,14 @@ const (
 	FrameEOF    byte = 6 // payload: empty; closes the process's stdin
 	FrameSignal byte = 7 // payload: signal name, e.g. "TERM"
 	FrameJSON   byte = 8 // payload: a JSON control message (requests and replies of the agent protocol)
+	FrameResize byte = 9 // payload: JSON WindowSize; resizes a process's terminal (client to sandbox)
 )
+
+// WindowSize is the payload of a FrameResize.
+type WindowSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
 
 // MaxFramePayload bounds one frame so that a peer cannot make the reader
 // allocate without limit.
@@ -69,7 +76,7 @@ func (fr *FrameReader) Next() (kind byte, payload []byte, err error) {
 		return 0, nil, err
 	}
 	kind = fr.hdr[0]
-	if kind < FrameStdout || kind > FrameJSON {
+	if kind < FrameStdout || kind > FrameResize {
 		return 0, nil, fmt.Errorf("unknown frame kind %d", kind)
 	}
 	n := binary.BigEndian.Uint32(fr.hdr[1:])

@@ -62,7 +62,7 @@ func FuzzFrameReader(f *testing.F) {
 			if err != nil {
 				return
 			}
-			if len(p) > MaxFramePayload || k < FrameStdout || k > FrameJSON {
+			if len(p) > MaxFramePayload || k < FrameStdout || k > FrameResize {
 				t.Fatalf("decoder accepted an invalid frame: kind %d len %d", k, len(p))
 			}
 			total += FrameHeaderSize + len(p)

@@ -70,6 +70,38 @@ type ExecRequest struct {
 	Cwd     string            `json:"cwd,omitempty"`
 	User    string            `json:"user,omitempty"`
 	Timeout string            `json:"timeout,omitempty"` // e.g. "30s"; empty: no timeout
+	// Background starts the command detached: the answer is its PID, it
+	// survives the client, and its output is kept (the last 1 MiB) for
+	// GET .../processes/{pid}/output and attach.
+	Background bool `json:"background,omitempty"`
+	// Stdin keeps the command's stdin open for input frames (WebSocket only).
+	Stdin bool `json:"stdin,omitempty"`
+	// TTY runs the command on a terminal of Rows x Cols (WebSocket, or with Background).
+	TTY  bool   `json:"tty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
+}
+
+// StartedProcess answers an exec with background set.
+type StartedProcess struct {
+	PID int `json:"pid"`
+}
+
+// Process is a command started through nook in a sandbox.
+type Process struct {
+	PID        int         `json:"pid"`
+	Cmd        []string    `json:"cmd"`
+	TTY        bool        `json:"tty,omitempty"`
+	Running    bool        `json:"running"`
+	StartedAt  time.Time   `json:"started_at"`
+	Exit       *ExitStatus `json:"exit,omitempty"`
+	OutputFrom int64       `json:"output_from"` // oldest output offset still kept
+	OutputTo   int64       `json:"output_to"`   // bytes of output so far
+}
+
+// SignalRequest is the body of POST /v1/sandboxes/{name}/processes/{pid}/signal.
+type SignalRequest struct {
+	Signal string `json:"signal"` // e.g. TERM, KILL, INT, or a number
 }
 
 // ExitStatus is the payload of the final FrameExit of an exec stream.

@@ -211,40 +211,7 @@ func (c *Client) Exec(ctx context.Context, name string, req api.ExecRequest, std
 		return nil, err
 	}
 	defer resp.Body.Close()
-	fr := api.NewFrameReader(resp.Body)
-	for {
-		kind, p, err := fr.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			return nil, fmt.Errorf("exec in %s: output stream cut: %w", name, err)
-		}
-		switch kind {
-		case api.FrameStdout:
-			if stdout != nil {
-				if _, err := stdout.Write(p); err != nil {
-					return nil, err
-				}
-			}
-		case api.FrameStderr:
-			if stderr != nil {
-				if _, err := stderr.Write(p); err != nil {
-					return nil, err
-				}
-			}
-		case api.FrameExit:
-			var st api.ExitStatus
-			if err := json.Unmarshal(p, &st); err != nil {
-				return nil, fmt.Errorf("exec in %s: bad exit status: %w", name, err)
-			}
-			return &st, nil
-		case api.FrameError:
-			var e api.Error
-			json.Unmarshal(p, &e)
-			return nil, &Error{Status: http.StatusOK, Code: e.Code, Message: e.Message}
-		}
-	}
+	return readStream(ctx, "exec in "+name, resp.Body, stdout, stderr)
 }
 
 // ListTemplates lists built templates and the ones nook can build.

@@ -269,3 +269,144 @@ func FuzzDecodeRequest(f *testing.F) {
 		}
 	})
 }
+
+func TestBackgroundSessionOutliveClientAndReattach(t *testing.T) {
+	c := startAgent(t)
+	ctx := context.Background()
+	pid, err := c.Start(ctx, &ExecRequest{Argv: []string{"sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.1; done; echo err >&2; exit 4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Re-attach from offset 6 (after "line1\n") and follow to the exit.
+	p, err := c.Attach(ctx, &AttachRequest{PID: pid, Offset: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	var st api.ExitStatus
+	for {
+		k, b, err := p.Next()
+		if err != nil {
+			t.Fatalf("attach stream: %v", err)
+		}
+		if k == api.FrameStdout || k == api.FrameStderr {
+			out.Write(b)
+		}
+		if k == api.FrameExit {
+			json.Unmarshal(b, &st)
+			break
+		}
+	}
+	p.Close()
+	if out.String() != "line2\nline3\nerr\n" || st.ExitCode != 4 {
+		t.Fatalf("attach from offset 6: %q %+v", out.String(), st)
+	}
+	procs, err := c.Processes(ctx)
+	if err != nil || len(procs) != 1 || procs[0].Running || procs[0].Exit.ExitCode != 4 || procs[0].OutputTo != 22 {
+		t.Fatalf("processes: %+v %v", procs, err)
+	}
+	// A finished process can still be read from the start, and cannot be signalled.
+	p, err = c.Attach(ctx, &AttachRequest{PID: pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, b, _ := p.Next()
+	if k != api.FrameStdout || !strings.HasPrefix(string(b), "line1") {
+		t.Fatalf("replay: %d %q", k, b)
+	}
+	p.Close()
+	var ae *AgentError
+	if err := c.SignalProcess(ctx, pid, "TERM"); !errors.As(err, &ae) || !strings.Contains(ae.Message, "already exited") {
+		t.Fatalf("signal a finished process: %v", err)
+	}
+	if _, err := c.Attach(ctx, &AttachRequest{PID: 999999}); !errors.As(err, &ae) || ae.Code != CodeNotFound {
+		t.Fatalf("attach to an unknown pid: %v", err)
+	}
+	if _, err := c.Attach(ctx, &AttachRequest{PID: pid, Offset: 1 << 40}); !errors.As(err, &ae) || ae.Code != CodeInvalidArgument {
+		t.Fatalf("attach past the end: %v", err)
+	}
+}
+
+func TestBackgroundSignalAndDetach(t *testing.T) {
+	c := startAgent(t)
+	ctx := context.Background()
+	pid, err := c.Start(ctx, &ExecRequest{Argv: []string{"sleep", "60"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Attaching and detaching leaves it running.
+	p, err := c.Attach(ctx, &AttachRequest{PID: pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	time.Sleep(100 * time.Millisecond)
+	if syscall.Kill(pid, 0) != nil {
+		t.Fatal("detaching killed a background process")
+	}
+	if err := c.SignalProcess(ctx, pid, "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	p, _ = c.Attach(ctx, &AttachRequest{PID: pid})
+	defer p.Close()
+	for {
+		k, b, err := p.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k == api.FrameExit {
+			var st api.ExitStatus
+			json.Unmarshal(b, &st)
+			if st.Signal != "KILL" {
+				t.Fatalf("exit %+v", st)
+			}
+			return
+		}
+	}
+}
+
+func TestTerminalSession(t *testing.T) {
+	c := startAgent(t)
+	ctx := context.Background()
+	p, err := c.Exec(ctx, &ExecRequest{Argv: []string{"sh", "-c", `stty size; read line; echo "got:$line"; tty >/dev/null && echo is-a-tty`}, TTY: true, Rows: 30, Cols: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Write([]byte("hello\n"))
+	var out bytes.Buffer
+	for {
+		k, b, err := p.Next()
+		if err != nil {
+			t.Fatalf("terminal stream: %v (output %q)", err, out.String())
+		}
+		if k == api.FrameStdout {
+			out.Write(b)
+		}
+		if k == api.FrameExit {
+			break
+		}
+	}
+	for _, want := range []string{"30 100", "got:hello", "is-a-tty"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("terminal output %q lacks %q", out.String(), want)
+		}
+	}
+}
+
+func TestRingBounded(t *testing.T) {
+	r := newRing()
+	chunk := bytes.Repeat([]byte("x"), 1000)
+	for i := 0; i < 3000; i++ {
+		r.write(api.FrameStdout, chunk)
+	}
+	from, to := r.bounds()
+	if to != 3000000 || to-from > ringSize+1000 || to-from < ringSize-1000 {
+		t.Fatalf("ring keeps [%d, %d)", from, to)
+	}
+	stop := false
+	_, data, next, ok := r.next(0, &stop) // an offset that was dropped starts at the oldest kept
+	if !ok || next-int64(len(data)) != from {
+		t.Fatalf("read from a dropped offset: next %d len %d from %d", next, len(data), from)
+	}
+}

@@ -78,7 +78,7 @@ func (c *Client) open(ctx context.Context) (net.Conn, error) {
 }
 
 // request opens a stream, sends req and reads the first reply frame into reply.
-func (c *Client) request(ctx context.Context, req Request, reply *Reply) (net.Conn, *api.FrameReader, error) {
+func (c *Client) request(ctx context.Context, req Request, reply any) (net.Conn, *api.FrameReader, error) {
 	st, err := c.open(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -141,13 +141,60 @@ func (c *Client) Configure(ctx context.Context, req *ConfigureRequest) error {
 	return st.Close()
 }
 
+// Start starts a background session and returns its PID.
+func (c *Client) Start(ctx context.Context, req *ExecRequest) (int, error) {
+	r := *req
+	r.Background = true
+	var reply Reply
+	st, _, err := c.request(ctx, Request{Op: OpExec, Exec: &r}, &reply)
+	if err != nil {
+		return 0, err
+	}
+	st.Close()
+	return reply.PID, nil
+}
+
+// Processes lists the sessions started through nook (running and recently finished).
+func (c *Client) Processes(ctx context.Context) ([]ProcessInfo, error) {
+	var out []ProcessInfo
+	st, _, err := c.request(ctx, Request{Op: OpProcesses}, &out)
+	if err != nil {
+		return nil, err
+	}
+	st.Close()
+	return out, nil
+}
+
+// Attach follows a session's output from an offset; read it with Next to
+// its FrameExit. With Input, Write, CloseStdin, Signal and Resize reach the
+// session. Closing detaches; the session goes on.
+func (c *Client) Attach(ctx context.Context, req *AttachRequest) (*Process, error) {
+	var r Reply
+	st, fr, err := c.request(ctx, Request{Op: OpAttach, Attach: req}, &r)
+	if err != nil {
+		return nil, err
+	}
+	return &Process{PID: r.PID, OutputFrom: r.OutputFrom, st: st, fr: fr}, nil
+}
+
+// SignalProcess sends a signal (e.g. "TERM") to a session's process group.
+func (c *Client) SignalProcess(ctx context.Context, pid int, sig string) error {
+	var r Reply
+	st, _, err := c.request(ctx, Request{Op: OpSignal, Signal: &SignalRequest{PID: pid, Signal: sig}}, &r)
+	if err != nil {
+		return err
+	}
+	return st.Close()
+}
+
 // Process is a running exec. Read its output with Next until a FrameExit
 // (or an error); Close kills it if it has not exited.
 type Process struct {
-	PID int
-	st  net.Conn
-	fr  *api.FrameReader
-	wmu sync.Mutex
+	PID        int
+	OutputFrom int64 // attach: the oldest output offset still kept
+	st         net.Conn
+	fr         *api.FrameReader
+	wmu        sync.Mutex
 }
 
 // Exec starts a process. An *AgentError reports why the agent refused.
@@ -185,6 +232,21 @@ func (p *Process) CloseStdin() error { return p.send(api.FrameEOF, nil) }
 
 // Signal sends a signal (e.g. "TERM") to the process's group.
 func (p *Process) Signal(name string) error { return p.send(api.FrameSignal, []byte(name)) }
+
+// Resize changes the size of the process's terminal.
+func (p *Process) Resize(rows, cols uint16) error {
+	b, _ := json.Marshal(api.WindowSize{Rows: rows, Cols: cols})
+	return p.send(api.FrameResize, b)
+}
+
+// Send forwards one client frame (stdin, eof, signal, resize) as is.
+func (p *Process) Send(kind byte, b []byte) error {
+	switch kind {
+	case api.FrameStdin, api.FrameEOF, api.FrameSignal, api.FrameResize:
+		return p.send(kind, b)
+	}
+	return fmt.Errorf("frame kind %d cannot be sent to a process", kind)
+}
 
 // Close ends the stream; a process still running is killed by the agent.
 func (p *Process) Close() error { return p.st.Close() }

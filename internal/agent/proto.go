@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/nookhq/nook/api"
@@ -27,6 +28,9 @@ const (
 	OpPing      = "ping"
 	OpExec      = "exec"
 	OpConfigure = "configure"
+	OpAttach    = "attach"
+	OpProcesses = "processes"
+	OpSignal    = "signal"
 )
 
 // Request is the first frame of every stream.
@@ -34,6 +38,35 @@ type Request struct {
 	Op        string            `json:"op"`
 	Exec      *ExecRequest      `json:"exec,omitempty"`
 	Configure *ConfigureRequest `json:"configure,omitempty"`
+	Attach    *AttachRequest    `json:"attach,omitempty"`
+	Signal    *SignalRequest    `json:"signal,omitempty"`
+}
+
+// AttachRequest streams a session's output from a byte offset (of its
+// combined stdout and stderr), following it until the process exits.
+// With Input, frames from the client go to its stdin or terminal.
+type AttachRequest struct {
+	PID    int   `json:"pid"`
+	Offset int64 `json:"offset,omitempty"`
+	Input  bool  `json:"input,omitempty"`
+}
+
+// SignalRequest sends a signal to a session's process group.
+type SignalRequest struct {
+	PID    int    `json:"pid"`
+	Signal string `json:"signal"`
+}
+
+// ProcessInfo describes a session in the agent's process table.
+type ProcessInfo struct {
+	PID        int             `json:"pid"`
+	Argv       []string        `json:"argv"`
+	TTY        bool            `json:"tty,omitempty"`
+	Running    bool            `json:"running"`
+	StartedAt  time.Time       `json:"started_at"`
+	Exit       *api.ExitStatus `json:"exit,omitempty"`
+	OutputFrom int64           `json:"output_from"` // oldest offset still in the ring
+	OutputTo   int64           `json:"output_to"`   // bytes of output so far
 }
 
 // ConfigureRequest gives a sandbox its identity: the daemon sends it once
@@ -54,6 +87,15 @@ type ExecRequest struct {
 	User      string            `json:"user,omitempty"`
 	Stdin     bool              `json:"stdin,omitempty"`      // keep stdin open for FrameStdin; otherwise /dev/null
 	TimeoutMS int64             `json:"timeout_ms,omitempty"` // kill the process group after this long
+	// Background starts a session that outlives the stream: the reply
+	// carries its PID and the stream ends; attach to read its output.
+	Background bool `json:"background,omitempty"`
+	// TTY runs the process on a terminal of Rows x Cols. A TTY session
+	// is attached by this stream; with Background it survives the
+	// stream, otherwise it is killed when the stream ends.
+	TTY  bool   `json:"tty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
 }
 
 // Reply answers a Request.
@@ -62,8 +104,9 @@ type Reply struct {
 	Hostname string `json:"hostname,omitempty"`
 	Kernel   string `json:"kernel,omitempty"`
 	Version  string `json:"version,omitempty"`
-	// Exec
-	PID int `json:"pid,omitempty"`
+	// Exec, attach
+	PID        int   `json:"pid,omitempty"`
+	OutputFrom int64 `json:"output_from,omitempty"` // attach: the oldest offset still kept
 }
 
 // Error codes the agent sends in a FrameError.
@@ -91,6 +134,21 @@ func DecodeRequest(payload []byte) (*Request, error) {
 	}
 	switch r.Op {
 	case OpPing:
+		return &r, nil
+	case OpProcesses:
+		return &r, nil
+	case OpAttach:
+		if r.Attach == nil || r.Attach.PID <= 0 || r.Attach.Offset < 0 {
+			return nil, fmt.Errorf("attach needs a process id and an offset >= 0")
+		}
+		return &r, nil
+	case OpSignal:
+		if r.Signal == nil || r.Signal.PID <= 0 {
+			return nil, fmt.Errorf("signal needs a process id")
+		}
+		if _, ok := signalByName(r.Signal.Signal); !ok {
+			return nil, fmt.Errorf("signal %q is not valid: use a name like TERM or KILL, or a number", r.Signal.Signal)
+		}
 		return &r, nil
 	case OpConfigure:
 		if r.Configure == nil {

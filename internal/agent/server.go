@@ -45,6 +45,8 @@ type Server struct {
 	// true when the agent is the sandbox's init, false in tests on the host.
 	writeIdentity bool
 
+	sessions sessionTable
+
 	mu sync.Mutex // guards baseEnv
 	// baseEnv is the environment every process starts with (the sandbox's
 	// own, as the backend gave it to the agent), before per-exec variables.
@@ -156,6 +158,12 @@ func (s *Server) handle(st net.Conn) {
 		_ = fw.json(api.FrameJSON, Reply{Hostname: host, Kernel: utsString(uts.Release[:]), Version: Version})
 	case OpExec:
 		s.exec(st, fr, fw, req.Exec)
+	case OpAttach:
+		s.attach(fr, fw, req.Attach)
+	case OpSignal:
+		s.signal(fw, req.Signal)
+	case OpProcesses:
+		s.processes(fw)
 	case OpConfigure:
 		if err := s.configure(req.Configure); err != nil {
 			fw.fail(CodeInternal, "configure: %v", err)
@@ -262,11 +270,19 @@ func lookPath(file, path string) (string, error) {
 	return "", os.ErrNotExist
 }
 
-func (s *Server) exec(st net.Conn, fr *api.FrameReader, fw *frameWriter, req *ExecRequest) {
+// launch is a process ready to start: path, argv and attributes without files.
+type launch struct {
+	path string
+	argv []string
+	attr *os.ProcAttr
+}
+
+// prepare resolves who, where and what a request runs. Its error is an
+// *AgentError the caller sends back as is.
+func (s *Server) prepare(req *ExecRequest) (*launch, error) {
 	id, err := lookupUser(req.User)
 	if err != nil {
-		fw.fail(CodeInvalidArgument, "%v", err)
-		return
+		return nil, &AgentError{Code: CodeInvalidArgument, Message: err.Error()}
 	}
 	env := make(map[string]string, len(s.baseEnv)+len(req.Env)+3)
 	s.mu.Lock()
@@ -290,15 +306,45 @@ func (s *Server) exec(st net.Conn, fr *api.FrameReader, fw *frameWriter, req *Ex
 		}
 	}
 	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
-		fw.fail(CodeInvalidArgument, "working directory %q does not exist in the sandbox", cwd)
-		return
+		return nil, &AgentError{Code: CodeInvalidArgument, Message: fmt.Sprintf("working directory %q does not exist in the sandbox", cwd)}
 	}
 	path, err := lookPath(req.Argv[0], env["PATH"])
 	if err != nil {
-		fw.fail(CodeCommandNotFound, "command %q not found in the sandbox (PATH=%s)", req.Argv[0], env["PATH"])
+		return nil, &AgentError{Code: CodeCommandNotFound, Message: fmt.Sprintf("command %q not found in the sandbox (PATH=%s)", req.Argv[0], env["PATH"])}
+	}
+	attr := &os.ProcAttr{Dir: cwd, Env: envList, Sys: &syscall.SysProcAttr{Setpgid: true, Credential: id.cred}}
+	if id.cred.Uid == uint32(os.Getuid()) && id.cred.Gid == uint32(os.Getgid()) && len(id.cred.Groups) == 0 {
+		attr.Sys.Credential = nil // no setgroups needed, works unprivileged too
+	}
+	return &launch{path: path, argv: req.Argv, attr: attr}, nil
+}
+
+// startError turns a failed start into an *AgentError.
+func startError(argv0 string, err error) *AgentError {
+	code := CodeInternal
+	if errors.Is(err, os.ErrPermission) {
+		code = CodePermissionDenied
+	} else if errors.Is(err, os.ErrNotExist) {
+		code = CodeCommandNotFound
+	}
+	return &AgentError{Code: code, Message: fmt.Sprintf("cannot start %q: %v", argv0, unwrapPathErr(err))}
+}
+
+func (fw *frameWriter) failWith(e *AgentError) {
+	_ = fw.json(api.FrameError, Error{Code: e.Code, Message: e.Message})
+}
+
+func (s *Server) exec(st net.Conn, fr *api.FrameReader, fw *frameWriter, req *ExecRequest) {
+	if req.Background || req.TTY {
+		s.startSession(fr, fw, req)
 		return
 	}
-
+	l, aerr := s.prepare(req)
+	if aerr != nil {
+		fw.failWith(aerr.(*AgentError))
+		return
+	}
+	var err error
 	var stdinR, stdinW *os.File
 	if req.Stdin {
 		if stdinR, stdinW, err = os.Pipe(); err != nil {
@@ -323,16 +369,8 @@ func (s *Server) exec(st net.Conn, fr *api.FrameReader, fw *frameWriter, req *Ex
 		fw.fail(CodeInternal, "pipe: %v", err)
 		return
 	}
-	attr := &os.ProcAttr{
-		Dir:   cwd,
-		Env:   envList,
-		Files: []*os.File{stdinR, outW, errW},
-		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: id.cred},
-	}
-	if id.cred.Uid == uint32(os.Getuid()) && id.cred.Gid == uint32(os.Getgid()) && len(id.cred.Groups) == 0 {
-		attr.Sys.Credential = nil // no setgroups needed, works unprivileged too
-	}
-	pid, done, err := s.procs.start(path, req.Argv, attr)
+	l.attr.Files = []*os.File{stdinR, outW, errW}
+	pid, done, err := s.procs.start(l.path, l.argv, l.attr)
 	stdinR.Close()
 	outW.Close()
 	errW.Close()
@@ -342,13 +380,7 @@ func (s *Server) exec(st net.Conn, fr *api.FrameReader, fw *frameWriter, req *Ex
 		if stdinW != nil {
 			stdinW.Close()
 		}
-		code := CodeInternal
-		if errors.Is(err, os.ErrPermission) {
-			code = CodePermissionDenied
-		} else if errors.Is(err, os.ErrNotExist) {
-			code = CodeCommandNotFound
-		}
-		fw.fail(code, "cannot start %q: %v", req.Argv[0], unwrapPathErr(err))
+		fw.failWith(startError(req.Argv[0], err))
 		return
 	}
 	if err := fw.json(api.FrameJSON, Reply{PID: pid}); err != nil {
@@ -442,11 +474,7 @@ func (s *Server) exec(st net.Conn, fr *api.FrameReader, fw *frameWriter, req *Ex
 	outR.Close()
 	errR.Close()
 
-	status := api.ExitStatus{ExitCode: ws.ExitStatus()}
-	if ws.Signaled() {
-		status.ExitCode = -1
-		status.Signal = signalName(ws.Signal())
-	}
+	status := exitStatus(ws)
 	status.TimedOut = timedOut.Load()
 	_ = fw.json(api.FrameExit, status)
 }

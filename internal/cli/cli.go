@@ -80,7 +80,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(serveCmd(), createCmd(), lsCmd(), inspectCmd(), execCmd(), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd())
+	root.AddCommand(serveCmd(), createCmd(), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd())
 	return root
 }
 
@@ -286,7 +286,7 @@ func execCmd() *cobra.Command {
 	var req api.ExecRequest
 	var env []string
 	c := &cobra.Command{
-		Use:   "exec [--env K=V]... [--cwd DIR] [--user U] [--timeout D] NAME -- CMD [ARG...]",
+		Use:   "exec [-d] [-i] [-t] [--env K=V]... [--cwd DIR] [--user U] [--timeout D] NAME -- CMD [ARG...]",
 		Short: "Run a command in a sandbox, streaming its output; exits with its code",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 2 || (len(args) == 2 && args[1] == "--") {
@@ -308,21 +308,22 @@ func execCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if req.Background {
+				pid, err := cl.Start(cmd.Context(), args[0], req)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), pid)
+				return nil
+			}
+			if req.Stdin || req.TTY {
+				return runInteractive(cmd, cl, args[0], req)
+			}
 			st, err := cl.Exec(cmd.Context(), args[0], req, cmd.OutOrStdout(), cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			switch {
-			case st.TimedOut:
-				fmt.Fprintf(cmd.ErrOrStderr(), "nook: command timed out after %s and was killed\n", req.Timeout)
-				return &exitError{124}
-			case st.Signal != "":
-				fmt.Fprintf(cmd.ErrOrStderr(), "nook: command killed by signal %s\n", st.Signal)
-				return &exitError{128 + signalNumber(st.Signal)}
-			case st.ExitCode != 0:
-				return &exitError{st.ExitCode}
-			}
-			return nil
+			return exitFor(cmd, st, req.Timeout)
 		},
 	}
 	c.Flags().SetInterspersed(false)
@@ -330,7 +331,25 @@ func execCmd() *cobra.Command {
 	c.Flags().StringVarP(&req.Cwd, "cwd", "w", "", "working directory (default: the user's home)")
 	c.Flags().StringVarP(&req.User, "user", "u", "", "user (name or uid[:gid]; default root)")
 	c.Flags().StringVar(&req.Timeout, "timeout", "", "kill the command after this long, e.g. 30s")
+	c.Flags().BoolVarP(&req.Background, "detach", "d", false, "run in the background and print its PID (see nook ps, attach, kill)")
+	c.Flags().BoolVarP(&req.Stdin, "interactive", "i", false, "pass standard input to the command")
+	c.Flags().BoolVarP(&req.TTY, "tty", "t", false, "run the command on a terminal")
 	return c
+}
+
+// exitFor turns a command's exit status into the CLI's exit code.
+func exitFor(cmd *cobra.Command, st *api.ExitStatus, timeout string) error {
+	switch {
+	case st.TimedOut:
+		fmt.Fprintf(cmd.ErrOrStderr(), "nook: command timed out after %s and was killed\n", timeout)
+		return &exitError{124}
+	case st.Signal != "":
+		fmt.Fprintf(cmd.ErrOrStderr(), "nook: command killed by signal %s\n", st.Signal)
+		return &exitError{128 + signalNumber(st.Signal)}
+	case st.ExitCode != 0:
+		return &exitError{st.ExitCode}
+	}
+	return nil
 }
 
 func signalNumber(name string) int {

@@ -485,7 +485,8 @@ func (m *Manager) SetTTL(ctx context.Context, name, ttl string) (*core.Sandbox, 
 }
 
 // Exec starts a command in a sandbox. The caller reads the Process to its
-// FrameExit and closes it; closing early kills the command.
+// FrameExit and closes it; closing early kills the command. A background
+// command returns a Process with only its PID set.
 func (m *Manager) Exec(ctx context.Context, name string, req api.ExecRequest) (*agent.Process, error) {
 	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
 		return nil, errdefs.Invalid("no command given: pass the command after --, e.g. nook exec NAME -- echo hi")
@@ -504,7 +505,16 @@ func (m *Manager) Exec(ctx context.Context, name string, req api.ExecRequest) (*
 	if err != nil {
 		return nil, err
 	}
-	p, err := c.Exec(ctx, &agent.ExecRequest{Argv: req.Cmd, Env: req.Env, Cwd: req.Cwd, User: req.User, TimeoutMS: timeout.Milliseconds()})
+	areq := &agent.ExecRequest{Argv: req.Cmd, Env: req.Env, Cwd: req.Cwd, User: req.User, TimeoutMS: timeout.Milliseconds(),
+		Background: req.Background, Stdin: req.Stdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols}
+	if req.Background {
+		pid, err := c.Start(ctx, areq)
+		if err != nil {
+			return nil, m.agentError(ctx, sb, err)
+		}
+		return &agent.Process{PID: pid}, nil
+	}
+	p, err := c.Exec(ctx, areq)
 	if err != nil {
 		return nil, m.agentError(ctx, sb, err)
 	}

@@ -59,6 +59,11 @@ func (s *Server) routes() []route {
 		{"DELETE /v1/sandboxes/{name}", s.deleteSandbox},
 		{"PUT /v1/sandboxes/{name}/ttl", s.setTTL},
 		{"POST /v1/sandboxes/{name}/exec", s.exec},
+		{"GET /v1/sandboxes/{name}/exec/ws", s.execWebSocket},
+		{"GET /v1/sandboxes/{name}/processes", s.listProcesses},
+		{"GET /v1/sandboxes/{name}/processes/{pid}/output", s.processOutput},
+		{"GET /v1/sandboxes/{name}/processes/{pid}/attach", s.attachWebSocket},
+		{"POST /v1/sandboxes/{name}/processes/{pid}/signal", s.signalProcess},
 		{"GET /v1/templates", s.listTemplates},
 		{"POST /v1/templates/{name}/build", s.buildTemplate},
 		{"DELETE /v1/templates/{name}", s.deleteTemplate},
@@ -262,39 +267,20 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if req.Stdin || req.TTY && !req.Background {
+		s.fail(w, r, errdefs.Invalid("stdin and terminals need the WebSocket endpoint GET /v1/sandboxes/{name}/exec/ws"))
+		return
+	}
 	p, err := s.m.Exec(r.Context(), r.PathValue("name"), req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	defer p.Close()
-	// A client that goes away takes its foreground command with it.
-	stop := context.AfterFunc(r.Context(), func() { p.Close() })
-	defer stop()
-	w.Header().Set("Content-Type", api.StreamContentType)
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	rc.Flush()
-	for {
-		kind, payload, err := p.Next()
-		if err != nil {
-			if r.Context().Err() == nil {
-				b, _ := json.Marshal(api.Error{Code: api.CodeUnavailable, Message: "the connection to the sandbox was lost before the command finished"})
-				api.WriteFrame(w, api.FrameError, b)
-			}
-			return
-		}
-		if err := api.WriteFrame(w, kind, payload); err != nil {
-			return
-		}
-		if kind == api.FrameExit {
-			rc.Flush()
-			return
-		}
-		if err := rc.Flush(); err != nil {
-			return
-		}
+	if req.Background {
+		writeJSON(w, http.StatusCreated, api.StartedProcess{PID: p.PID})
+		return
 	}
+	s.relayStream(w, r, p)
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {

@@ -39,6 +39,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("NoHostNetwork", func(t *testing.T) { testNoHostNetwork(t, h) })
 	t.Run("DestroyIsIdempotent", func(t *testing.T) { testDestroyIdempotent(t, h) })
 	t.Run("ParallelCreate", func(t *testing.T) { testParallel(t, h) })
+	t.Run("Processes", func(t *testing.T) { testProcesses(t, h) })
 }
 
 // NewSandbox returns a sandbox record with small, valid defaults. If the

@@ -1,0 +1,164 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nookhq/nook/api"
+)
+
+// Background processes: started detached, listed, re-attached from an
+// offset, signalled; they survive their client and a daemon restart.
+func TestBackgroundProcesses(t *testing.T) {
+	d := newDaemon(t)
+	d.must("create", "--name", "bg")
+	pid := strings.TrimSpace(d.must("exec", "-d", "bg", "--", "sh", "-c", "echo first; sleep 0.2; echo second >&2; sleep 60"))
+	if pid == "" {
+		t.Fatal("exec -d printed no PID")
+	}
+	// The daemon restarts; the process and its output are still there.
+	d.stop(syscall.SIGKILL)
+	d.start()
+	var ps []api.Process
+	if err := json.Unmarshal([]byte(d.must("ps", "bg", "--json")), &ps); err != nil || len(ps) != 1 || !ps[0].Running {
+		t.Fatalf("ps after a restart: %+v %v", ps, err)
+	}
+	// Follow from offset 6 ("first\n" skipped) and stop following: the process goes on.
+	cmd := exec.Command(d.bin, "attach", "--no-stdin", "--offset", "6", "bg", pid)
+	cmd.Env = append(cmd.Environ(), "NOOK_HOST=unix://"+d.socket())
+	out, _ := cmd.StdoutPipe()
+	errPipe, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	n, _ := errPipe.Read(buf)
+	if string(buf[:n]) != "second\n" {
+		t.Fatalf("attach from offset 6 gave %q on stderr", buf[:n])
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	out.Close()
+	if !strings.Contains(d.must("ps", "bg"), "running") {
+		t.Fatal("detaching stopped the process")
+	}
+	d.must("kill", "bg", pid, "-s", "KILL")
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(d.must("ps", "bg"), "killed KILL") {
+		if time.Now().After(deadline) {
+			t.Fatalf("process not killed: %s", d.must("ps", "bg"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Its kept output can still be read, and ends with its status.
+	r, _ := d.nook("attach", "--no-stdin", "bg", pid)
+	if r.stdout != "first\n" || r.stderr != "second\nnook: command killed by signal KILL\n" || r.code != 137 {
+		t.Fatalf("attach to a finished process: %+v", r)
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"kill", "bg", "99999"}, 1, "no process 99999"},
+		{[]string{"kill", "bg", pid}, 1, "already exited"},
+		{[]string{"kill", "bg", pid, "-s", "BOGUS"}, 1, "not valid"},
+		{[]string{"attach", "bg", "99999"}, 1, "no process 99999"},
+		{[]string{"attach", "--offset", "99999999", "--no-stdin", "bg", pid}, 1, "past the end"},
+		{[]string{"attach", "bg", "abc"}, 2, "not valid"},
+		{[]string{"ps", "ghost"}, 1, "no sandbox"},
+	} {
+		r, _ := d.nook(tc.args...)
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.msg) {
+			t.Errorf("nook %s: %+v; want exit %d and %q", strings.Join(tc.args, " "), r, tc.code, tc.msg)
+		}
+	}
+}
+
+// A foreground command dies with its client; stdin and terminals work.
+func TestInteractiveExec(t *testing.T) {
+	d := newDaemon(t)
+	d.must("create", "--name", "io")
+	cmd := exec.Command(d.bin, "exec", "io", "--", "sleep", "300")
+	cmd.Env = append(cmd.Environ(), "NOOK_HOST=unix://"+d.socket())
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(d.must("exec", "io", "--", "ps", "-eo", "comm"), "sleep") {
+		if time.Now().After(deadline) {
+			t.Fatal("sleep never started")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	for strings.Contains(d.must("exec", "io", "--", "ps", "-eo", "comm"), "sleep") {
+		if time.Now().After(deadline) {
+			t.Fatal("a foreground command outlived its client")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	in := exec.Command(d.bin, "exec", "-i", "io", "--", "sh", "-c", "tr a-z A-Z; exit 3")
+	in.Env = append(in.Environ(), "NOOK_HOST=unix://"+d.socket())
+	in.Stdin = strings.NewReader("hello stdin\n")
+	out, err := in.Output()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 3 || string(out) != "HELLO STDIN\n" {
+		t.Fatalf("exec -i: %q %v", out, err)
+	}
+
+	tty := exec.Command(d.bin, "exec", "-t", "io", "--", "sh", "-c", "tty >/dev/null && echo on-a-tty; stty size")
+	tty.Env = append(tty.Environ(), "NOOK_HOST=unix://"+d.socket())
+	out, err = tty.Output()
+	if err != nil || !strings.Contains(string(out), "on-a-tty") || !strings.Contains(string(out), "24 80") {
+		t.Fatalf("exec -t: %q %v", out, err)
+	}
+
+	// A shell session detaches on Ctrl-] and is still there to re-attach to.
+	sh := exec.Command(d.bin, "shell", "io")
+	sh.Env = append(sh.Environ(), "NOOK_HOST=unix://"+d.socket())
+	shIn, _ := sh.StdinPipe()
+	var shOut strings.Builder
+	sh.Stdout, sh.Stderr = &shOut, &shOut
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	shIn.Write([]byte("echo marker-$((6*7))\n"))
+	for !strings.Contains(d.must("ps", "io"), "(tty)") {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	shIn.Write([]byte{0x1d})
+	if err := sh.Wait(); err != nil {
+		t.Fatalf("shell after detach: %v\n%s", err, shOut.String())
+	}
+	if !strings.Contains(shOut.String(), "marker-42") || !strings.Contains(shOut.String(), "re-attach with: nook attach io") {
+		t.Fatalf("shell output %q", shOut.String())
+	}
+	var ps []api.Process
+	json.Unmarshal([]byte(d.must("ps", "io", "--json")), &ps)
+	var shellPID int
+	for _, p := range ps {
+		if p.TTY && p.Running {
+			shellPID = p.PID
+		}
+	}
+	if shellPID == 0 {
+		t.Fatalf("no running shell session after detach: %+v", ps)
+	}
+	// Re-attach, type exit, and the session ends with the shell's status.
+	re := exec.Command(d.bin, "attach", "io", strings.TrimSpace(jsonInt(shellPID)))
+	re.Env = append(re.Environ(), "NOOK_HOST=unix://"+d.socket())
+	re.Stdin = strings.NewReader("exit 7\n")
+	out, err = re.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 7 {
+		t.Fatalf("re-attach and exit: %v %q", err, out)
+	}
+}
+
+func jsonInt(n int) string { b, _ := json.Marshal(n); return string(b) }
