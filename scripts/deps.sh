@@ -21,3 +21,12 @@ if ! have go && [ ! -x /usr/local/go/bin/go ]; then
 	echo "Go is not installed: nook needs Go >= 1.24 to build" >&2
 	exit 1
 fi
+# The MCP Inspector (a real MCP client nobody here wrote) for the MCP tests, from npm.
+INSPECTOR_VERSION=2.12.0
+dir="$(dirname "$0")/../.cache/mcp-inspector"
+if command -v npm >/dev/null 2>&1 && [ "$(cat "$dir/.version" 2>/dev/null)" != "$INSPECTOR_VERSION" ]; then
+	echo "installing @modelcontextprotocol/inspector@$INSPECTOR_VERSION into .cache/mcp-inspector" >&2
+	mkdir -p "$dir"
+	(cd "$dir" && npm install --silent --no-audit --no-fund --no-save "@modelcontextprotocol/inspector@$INSPECTOR_VERSION" >/dev/null 2>&1) &&
+		echo "$INSPECTOR_VERSION" > "$dir/.version" || { echo "could not install the MCP Inspector from npm" >&2; exit 1; }
+fi

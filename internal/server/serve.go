@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nookhq/nook/internal/daemon"
+	"github.com/nookhq/nook/sdk"
 )
 
 // DefaultSocket is where the daemon listens and the CLI looks by default.
@@ -64,6 +65,11 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	defer m.Close()
 	srv := New(m, log)
+	self, err := sdk.New("unix://"+cfg.Socket, "")
+	if err != nil {
+		return err
+	}
+	srv.EnableMCP(self)
 
 	ul, err := listenUnix(cfg.Socket)
 	if err != nil {

@@ -15,10 +15,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/mcpserver"
 	"github.com/nookhq/nook/internal/template"
+	"github.com/nookhq/nook/sdk"
 )
 
 // maxBody bounds a JSON request body.
@@ -71,6 +75,13 @@ func (s *Server) routes() []route {
 		{"GET /v1/tokens", s.listTokens},
 		{"DELETE /v1/tokens/{id}", s.deleteToken},
 	}
+}
+
+// EnableMCP serves nook's MCP tools over streamable HTTP at /mcp. The
+// tools reach the daemon through c, like any client.
+func (s *Server) EnableMCP(c *sdk.Client) {
+	srv := mcpserver.New(c, daemon.Version)
+	s.mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
 }
 
 // Routes lists the API's route patterns, for the spec coverage test.

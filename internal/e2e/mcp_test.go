@@ -1,0 +1,188 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/nookhq/nook/internal/testutil"
+)
+
+// inspector runs the MCP Inspector's CLI (installed by make deps) and
+// returns its JSON answer.
+func inspector(t *testing.T, args ...string) (map[string]any, string) {
+	t.Helper()
+	out, err := inspectorRun(t, args...)
+	var res map[string]any
+	if jerr := json.Unmarshal(out, &res); jerr != nil {
+		t.Fatalf("inspector %s: %v %v\n%s", strings.Join(args, " "), err, jerr, out)
+	}
+	return res, string(out)
+}
+
+// inspectorRun runs the Inspector's CLI and returns its standard output
+// (or, when it fails, everything it printed).
+func inspectorRun(t *testing.T, args ...string) ([]byte, error) {
+	t.Helper()
+	bin := filepath.Join(testutil.ModuleRoot(t), ".cache", "mcp-inspector", "node_modules", ".bin", "mcp-inspector")
+	if _, err := os.Stat(bin); err != nil {
+		if _, err := exec.LookPath("npm"); err != nil {
+			t.Skip("skipping: npm is not installed, so the MCP Inspector cannot be")
+		}
+		t.Fatalf("the MCP Inspector is not installed at %s: run make deps", bin)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--cli"}, args...)...)
+	cmd.Env = append(os.Environ(), "MCP_CATALOG_PATH="+filepath.Join(t.TempDir(), "mcp.json"))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return append(out, stderr.String()...), err
+	}
+	return out, nil
+}
+
+// A real MCP client nobody here wrote lists nook's tools and drives a
+// sandbox through them: over stdio (`nook mcp`) and over the daemon's
+// streamable HTTP endpoint with a token.
+func TestMCPInspector(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	d := newDaemon(t, "--listen", addr)
+	stdio := []string{"-e", "NOOK_HOST=unix://" + d.socket(), d.bin, "mcp"}
+
+	res, raw := inspector(t, append(stdio, "--method", "tools/list")...)
+	names := map[string]bool{}
+	for _, tool := range res["tools"].([]any) {
+		tm := tool.(map[string]any)
+		names[tm["name"].(string)] = true
+		if len(tm["description"].(string)) < 40 {
+			t.Errorf("tool %s has a thin description", tm["name"])
+		}
+	}
+	for _, want := range []string{"sandbox_create", "sandbox_list", "sandbox_inspect", "sandbox_destroy", "exec", "process_start", "process_output", "process_list", "process_kill", "read_file", "write_file", "list_files", "search_files"} {
+		if !names[want] {
+			t.Errorf("tools/list lacks %s:\n%s", want, raw)
+		}
+	}
+
+	call := func(transport []string, tool string, args ...string) map[string]any {
+		a := append(append([]string{}, transport...), "--method", "tools/call", "--tool-name", tool)
+		for _, kv := range args {
+			a = append(a, "--tool-arg", kv)
+		}
+		res, raw := inspector(t, a...)
+		sc, ok := res["structuredContent"].(map[string]any)
+		if !ok || res["isError"] == true {
+			t.Fatalf("%s: %s", tool, raw)
+		}
+		return sc
+	}
+	sb := call(stdio, "sandbox_create", "name=mcp-box")
+	if sb["state"] != "running" {
+		t.Fatalf("sandbox_create: %+v", sb)
+	}
+	ex := call(stdio, "exec", "sandbox=mcp-box", "command=echo hi; echo oops >&2; exit 3")
+	if ex["stdout"] != "hi\n" || ex["stderr"] != "oops\n" || ex["exit_code"] != float64(3) {
+		t.Fatalf("exec: %+v", ex)
+	}
+	call(stdio, "write_file", "sandbox=mcp-box", "path=/root/dir/notes.txt", "content=written by an agent")
+	rd := call(stdio, "read_file", "sandbox=mcp-box", "path=/root/dir/notes.txt")
+	if rd["content"] != "written by an agent" || rd["size"] != float64(19) {
+		t.Fatalf("read_file: %+v", rd)
+	}
+
+	// The same tools over HTTP need the daemon's token: without one the
+	// daemon answers 401, which the Inspector reports as auth_required.
+	if out, err := inspectorRun(t, "--transport", "http", "--server-url", "http://"+addr+"/mcp", "--method", "tools/list"); err == nil || !(strings.Contains(string(out), "401") || strings.Contains(string(out), "auth_required")) {
+		t.Fatalf("/mcp over TCP without a token answered (%v): %s", err, out)
+	}
+	token := strings.TrimSpace(d.must("token", "create"))
+	http := []string{"--transport", "http", "--server-url", "http://" + addr + "/mcp", "--header", "Authorization: Bearer " + token}
+	ex = call(http, "exec", "sandbox=mcp-box", "command=cat /root/dir/notes.txt")
+	if ex["stdout"] != "written by an agent" {
+		t.Fatalf("exec over HTTP: %+v", ex)
+	}
+	call(http, "sandbox_destroy", "sandbox=mcp-box")
+}
+
+// Driven by the official Go SDK's client: errors come back as tool
+// errors a model can read, huge output is cut with a note, and background
+// processes can be read incrementally.
+func TestMCPTools(t *testing.T) {
+	d := newDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.Command(d.bin, "mcp")
+	cmd.Env = append(os.Environ(), "NOOK_HOST=unix://"+d.socket())
+	cl := mcp.NewClient(&mcp.Implementation{Name: "nook-test", Version: "1"}, nil)
+	cs, err := cl.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	call := func(tool string, args map[string]any) (*mcp.CallToolResult, map[string]any) {
+		t.Helper()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+		if err != nil {
+			t.Fatalf("%s: %v", tool, err)
+		}
+		var sc map[string]any
+		if b, err := json.Marshal(res.StructuredContent); err == nil {
+			json.Unmarshal(b, &sc)
+		}
+		return res, sc
+	}
+	if res, _ := call("sandbox_create", map[string]any{"name": "Bad Name"}); !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "not valid") {
+		t.Fatalf("bad name: %+v", res)
+	}
+	call("sandbox_create", map[string]any{"name": "mcp-tools"})
+	if res, _ := call("exec", map[string]any{"sandbox": "ghost", "command": "true"}); !res.IsError {
+		t.Fatal("exec in a missing sandbox is not a tool error")
+	}
+	_, sc := call("exec", map[string]any{"sandbox": "mcp-tools", "command": "head -c 3000000 /dev/zero | tr '\\0' x"})
+	out := sc["stdout"].(string)
+	if len(out) > 70000 || !strings.Contains(out, "bytes omitted") {
+		t.Fatalf("3 MB of output came back as %d bytes", len(out))
+	}
+	_, sc = call("process_start", map[string]any{"sandbox": "mcp-tools", "command": "echo start; sleep 0.5; echo end"})
+	pid := sc["pid"].(float64)
+	_, sc = call("process_output", map[string]any{"sandbox": "mcp-tools", "pid": pid, "wait_seconds": 0.2})
+	if sc["output"] != "start\n" || sc["running"] != true {
+		t.Fatalf("first read: %+v", sc)
+	}
+	_, sc = call("process_output", map[string]any{"sandbox": "mcp-tools", "pid": pid, "offset": sc["next_offset"], "wait_seconds": 5})
+	if sc["output"] != "end\n" || sc["running"] != false || sc["exit_code"] != float64(0) {
+		t.Fatalf("second read: %+v", sc)
+	}
+	if res, _ := call("read_file", map[string]any{"sandbox": "mcp-tools", "path": "/root"}); !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "not a file") {
+		t.Fatalf("read_file of a directory: %+v", res)
+	}
+	if res, _ := call("read_file", map[string]any{"sandbox": "mcp-tools", "path": "relative.txt"}); !res.IsError {
+		t.Fatal("relative path accepted")
+	}
+	// A path with shell metacharacters is a path, not a command.
+	call("write_file", map[string]any{"sandbox": "mcp-tools", "path": "/tmp/x;touch /tmp/pwned", "content": "y"})
+	_, sc = call("exec", map[string]any{"sandbox": "mcp-tools", "command": "test -e /tmp/pwned && echo pwned || echo safe"})
+	if sc["stdout"] != "safe\n" {
+		t.Fatal("write_file ran part of its path as a command")
+	}
+	_, sc = call("search_files", map[string]any{"sandbox": "mcp-tools", "path": "/tmp", "pattern": "^y$"})
+	if m := sc["matches"].([]any); len(m) != 1 {
+		t.Fatalf("search_files: %+v", sc)
+	}
+}

@@ -1,0 +1,273 @@
+// Package mcpserver exposes nook to agents as MCP tools, built with the
+// official MCP Go SDK. Every tool goes through the nook Go SDK, so `nook mcp`
+// (stdio) and the daemon's /mcp endpoint (streamable HTTP) behave the same.
+package mcpserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/sdk"
+)
+
+// OutputLimit is how much of stdout and of stderr a tool returns; the
+// middle of longer output is cut out, with a note saying so.
+const OutputLimit = 64 << 10
+
+// New returns an MCP server whose tools drive nook through c.
+func New(c *sdk.Client, version string) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: "nook", Title: "nook sandboxes", Version: version}, &mcp.ServerOptions{
+		Instructions: "nook gives you Linux sandboxes (Debian 12, root, apt-get, python3, git, curl). " +
+			"Create one with sandbox_create, run commands with exec, keep long-running servers with process_start, " +
+			"and move files with read_file, write_file, list_files and search_files. Destroy a sandbox when done.",
+	})
+	t := &tools{c: c}
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_create", Description: "Create a new, isolated Linux sandbox (Debian 12 with root, apt-get, python3, git, curl) and return it. " +
+		"Use this before running anything. It starts in well under a second. Returns the sandbox's name, which every other tool takes."}, t.create)
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_list", Description: "List all sandboxes with their state, size and expiry. Use it to find a sandbox you created earlier."}, t.list)
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_inspect", Description: "Show one sandbox: its state (running or failed, with the reason), CPU and memory limits, environment and when it expires."}, t.inspect)
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_destroy", Description: "Destroy a sandbox and everything in it (processes and files). Irreversible. Use it when the work is finished."}, t.destroy)
+	mcp.AddTool(s, &mcp.Tool{Name: "exec", Description: "Run a shell command in a sandbox and wait for it (default timeout 120s). " +
+		"The command runs with /bin/sh -c, as root unless user is set. Returns exit_code, stdout and stderr; output over 64 KiB per stream " +
+		"is cut in the middle with a note. For servers or anything that runs longer, use process_start instead."}, t.exec)
+	mcp.AddTool(s, &mcp.Tool{Name: "process_start", Description: "Start a long-running command (a server, a build, a test run) in the background of a sandbox and return its pid at once. " +
+		"It keeps running after this call. Read its output with process_output; stop it with process_kill."}, t.start)
+	mcp.AddTool(s, &mcp.Tool{Name: "process_output", Description: "Read the output a background process produced since a byte offset (0 for all; pass next_offset from the previous call to get only new output). " +
+		"Waits up to wait_seconds (default 2) for more output if there is none yet. Returns the output, next_offset, and whether it is still running (with its exit code once it has exited)."}, t.output)
+	mcp.AddTool(s, &mcp.Tool{Name: "process_list", Description: "List the processes started with process_start (and exec) in a sandbox, running or recently finished, with their pids and exit codes."}, t.processes)
+	mcp.AddTool(s, &mcp.Tool{Name: "process_kill", Description: "Send a signal (default TERM; KILL to force) to a background process and everything it started."}, t.kill)
+	addFileTools(s, t)
+	return s
+}
+
+type tools struct{ c *sdk.Client }
+
+// fail returns a tool error: the model sees the message and can correct itself.
+func fail(err error) (*mcp.CallToolResult, any, error) {
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: err.Error()}}}, nil, nil
+}
+
+// CreateInput is sandbox_create's input.
+type CreateInput struct {
+	Name     string            `json:"name,omitempty" jsonschema:"a name for the sandbox (lowercase letters, digits, '-'); generated if omitted"`
+	Template string            `json:"template,omitempty" jsonschema:"template to start from; default base"`
+	CPUs     float64           `json:"cpus,omitempty" jsonschema:"CPU limit in cores; default 2"`
+	Memory   string            `json:"memory,omitempty" jsonschema:"memory limit such as 1G or 512M; default 2G"`
+	TTL      string            `json:"ttl,omitempty" jsonschema:"how long it lives before it is destroyed, e.g. 90m, 2h, 3d; default 1h"`
+	Env      map[string]string `json:"env,omitempty" jsonschema:"environment variables for every command"`
+}
+
+func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, any, error) {
+	sb, err := t.c.CreateSandbox(ctx, api.CreateSandboxRequest{Name: in.Name, Template: in.Template, CPUs: in.CPUs, Memory: in.Memory, TTL: in.TTL, Env: in.Env})
+	if err != nil {
+		return fail(err)
+	}
+	return nil, sb, nil
+}
+
+// ListOutput is sandbox_list's output.
+type ListOutput struct {
+	Sandboxes []api.Sandbox `json:"sandboxes"`
+}
+
+func (t *tools) list(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+	sbs, err := t.c.ListSandboxes(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	if sbs == nil {
+		sbs = []api.Sandbox{}
+	}
+	return nil, ListOutput{Sandboxes: sbs}, nil
+}
+
+// NameInput names a sandbox.
+type NameInput struct {
+	Sandbox string `json:"sandbox" jsonschema:"the sandbox's name"`
+}
+
+func (t *tools) inspect(ctx context.Context, _ *mcp.CallToolRequest, in NameInput) (*mcp.CallToolResult, any, error) {
+	sb, err := t.c.GetSandbox(ctx, in.Sandbox)
+	if err != nil {
+		return fail(err)
+	}
+	return nil, sb, nil
+}
+
+func (t *tools) destroy(ctx context.Context, _ *mcp.CallToolRequest, in NameInput) (*mcp.CallToolResult, any, error) {
+	if err := t.c.DeleteSandbox(ctx, in.Sandbox); err != nil {
+		return fail(err)
+	}
+	return nil, DoneOutput{Done: fmt.Sprintf("sandbox %s destroyed", in.Sandbox)}, nil
+}
+
+// DoneOutput reports what a tool did.
+type DoneOutput struct {
+	Done string `json:"done"`
+}
+
+// ExecInput is exec's input.
+type ExecInput struct {
+	Sandbox string            `json:"sandbox" jsonschema:"the sandbox's name"`
+	Command string            `json:"command" jsonschema:"shell command, run with /bin/sh -c"`
+	Cwd     string            `json:"cwd,omitempty" jsonschema:"working directory; default the user's home"`
+	User    string            `json:"user,omitempty" jsonschema:"user to run as; default root"`
+	Env     map[string]string `json:"env,omitempty" jsonschema:"extra environment variables"`
+	Timeout string            `json:"timeout,omitempty" jsonschema:"kill the command after this long, e.g. 30s or 10m; default 120s"`
+}
+
+// ExecOutput is exec's output.
+type ExecOutput struct {
+	ExitCode int    `json:"exit_code"`
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+}
+
+func (t *tools) exec(ctx context.Context, _ *mcp.CallToolRequest, in ExecInput) (*mcp.CallToolResult, any, error) {
+	if in.Command == "" {
+		return fail(errors.New("command is empty: give a shell command such as `ls -la`"))
+	}
+	if in.Timeout == "" {
+		in.Timeout = "120s"
+	}
+	var out, errb limitedBuffer
+	st, err := t.c.Exec(ctx, in.Sandbox, api.ExecRequest{Cmd: []string{"/bin/sh", "-c", in.Command}, Cwd: in.Cwd, User: in.User, Env: in.Env, Timeout: in.Timeout}, &out, &errb)
+	if err != nil {
+		return fail(err)
+	}
+	return nil, ExecOutput{ExitCode: st.ExitCode, Signal: st.Signal, TimedOut: st.TimedOut, Stdout: out.String(), Stderr: errb.String()}, nil
+}
+
+// limitedBuffer keeps the first and last OutputLimit/2 bytes of what is
+// written to it, so that memory stays bounded whatever a command prints.
+type limitedBuffer struct {
+	head, tail []byte
+	total      int64
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	b.total += int64(len(p))
+	half := OutputLimit / 2
+	if room := half - len(b.head); room > 0 {
+		n := min(room, len(p))
+		b.head = append(b.head, p[:n]...)
+		p = p[n:]
+	}
+	if len(p) > 0 {
+		b.tail = append(b.tail, p...)
+		if len(b.tail) > half {
+			b.tail = append(b.tail[:0], b.tail[len(b.tail)-half:]...)
+		}
+	}
+	return len(p), nil
+}
+
+func (b *limitedBuffer) String() string {
+	kept := int64(len(b.head) + len(b.tail))
+	if kept == b.total {
+		return string(b.head) + string(b.tail)
+	}
+	return fmt.Sprintf("%s\n[... %d bytes omitted: redirect the output to a file and read the part you need ...]\n%s", b.head, b.total-kept, b.tail)
+}
+
+// StartInput is process_start's input.
+type StartInput struct {
+	Sandbox string            `json:"sandbox" jsonschema:"the sandbox's name"`
+	Command string            `json:"command" jsonschema:"shell command, run with /bin/sh -c"`
+	Cwd     string            `json:"cwd,omitempty" jsonschema:"working directory; default the user's home"`
+	User    string            `json:"user,omitempty" jsonschema:"user to run as; default root"`
+	Env     map[string]string `json:"env,omitempty" jsonschema:"extra environment variables"`
+}
+
+// StartOutput is process_start's output.
+type StartOutput struct {
+	PID int `json:"pid"`
+}
+
+func (t *tools) start(ctx context.Context, _ *mcp.CallToolRequest, in StartInput) (*mcp.CallToolResult, any, error) {
+	if in.Command == "" {
+		return fail(errors.New("command is empty: give a shell command such as `python3 -m http.server 8000`"))
+	}
+	pid, err := t.c.Start(ctx, in.Sandbox, api.ExecRequest{Cmd: []string{"/bin/sh", "-c", in.Command}, Cwd: in.Cwd, User: in.User, Env: in.Env})
+	if err != nil {
+		return fail(err)
+	}
+	return nil, StartOutput{PID: pid}, nil
+}
+
+// OutputInput is process_output's input.
+type OutputInput struct {
+	Sandbox     string  `json:"sandbox" jsonschema:"the sandbox's name"`
+	PID         int     `json:"pid" jsonschema:"the process id process_start returned"`
+	Offset      int64   `json:"offset,omitempty" jsonschema:"byte offset to read from; 0 for everything kept (the last 1 MiB)"`
+	WaitSeconds float64 `json:"wait_seconds,omitempty" jsonschema:"how long to wait for output if there is none yet; default 2, at most 60"`
+}
+
+// OutputOutput is process_output's output.
+type OutputOutput struct {
+	Output     string `json:"output"`
+	NextOffset int64  `json:"next_offset"`
+	Running    bool   `json:"running"`
+	ExitCode   *int   `json:"exit_code,omitempty"`
+	Signal     string `json:"signal,omitempty"`
+}
+
+func (t *tools) output(ctx context.Context, _ *mcp.CallToolRequest, in OutputInput) (*mcp.CallToolResult, any, error) {
+	wait := 2 * time.Second
+	if in.WaitSeconds > 0 {
+		wait = time.Duration(min(in.WaitSeconds, 60) * float64(time.Second))
+	}
+	rctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	var buf limitedBuffer
+	st, err := t.c.Output(rctx, in.Sandbox, in.PID, in.Offset, &buf, &buf)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fail(err)
+	}
+	out := OutputOutput{Output: buf.String(), NextOffset: in.Offset + buf.total, Running: st == nil}
+	if st != nil {
+		code := st.ExitCode
+		out.ExitCode, out.Signal = &code, st.Signal
+	}
+	return nil, out, nil
+}
+
+// ProcessesOutput is process_list's output.
+type ProcessesOutput struct {
+	Processes []api.Process `json:"processes"`
+}
+
+func (t *tools) processes(ctx context.Context, _ *mcp.CallToolRequest, in NameInput) (*mcp.CallToolResult, any, error) {
+	ps, err := t.c.Processes(ctx, in.Sandbox)
+	if err != nil {
+		return fail(err)
+	}
+	if ps == nil {
+		ps = []api.Process{}
+	}
+	return nil, ProcessesOutput{Processes: ps}, nil
+}
+
+// KillInput is process_kill's input.
+type KillInput struct {
+	Sandbox string `json:"sandbox" jsonschema:"the sandbox's name"`
+	PID     int    `json:"pid" jsonschema:"the process id"`
+	Signal  string `json:"signal,omitempty" jsonschema:"TERM (default), KILL, INT, HUP..."`
+}
+
+func (t *tools) kill(ctx context.Context, _ *mcp.CallToolRequest, in KillInput) (*mcp.CallToolResult, any, error) {
+	if in.Signal == "" {
+		in.Signal = "TERM"
+	}
+	if err := t.c.Signal(ctx, in.Sandbox, in.PID, in.Signal); err != nil {
+		return fail(err)
+	}
+	return nil, DoneOutput{Done: fmt.Sprintf("sent %s to process %d", in.Signal, in.PID)}, nil
+}
