@@ -50,11 +50,19 @@ func WriteFrame(w io.Writer, kind byte, payload []byte) error {
 		_, err := w.Write(hdr[:])
 		return err
 	}
+	if len(payload) > 4096 {
+		// Large payloads are not worth a copy: two writes.
+		if _, err := w.Write(hdr[:]); err != nil {
+			return err
+		}
+		_, err := w.Write(payload)
+		return err
+	}
 	// One write for header and payload keeps small frames in one packet.
-	buf := make([]byte, FrameHeaderSize+len(payload))
-	copy(buf, hdr[:])
-	copy(buf[FrameHeaderSize:], payload)
-	_, err := w.Write(buf)
+	var small [FrameHeaderSize + 4096]byte
+	copy(small[:], hdr[:])
+	n := copy(small[FrameHeaderSize:], payload)
+	_, err := w.Write(small[:FrameHeaderSize+n])
 	return err
 }
 
@@ -67,6 +75,9 @@ type FrameReader struct {
 
 // NewFrameReader returns a FrameReader reading from r.
 func NewFrameReader(r io.Reader) *FrameReader { return &FrameReader{r: r} }
+
+// Reset makes the reader read from r, keeping its buffer.
+func (fr *FrameReader) Reset(r io.Reader) { fr.r = r }
 
 // Next returns the next frame. The payload is valid until the next call.
 // At a clean end of stream it returns io.EOF; a stream cut inside a frame

@@ -201,3 +201,71 @@ type Error struct {
 type ErrorBody struct {
 	Error Error `json:"error"`
 }
+
+// File types in a FileInfo.
+const (
+	FileTypeFile    = "file"
+	FileTypeDir     = "dir"
+	FileTypeSymlink = "symlink"
+	FileTypeOther   = "other" // fifo, socket or device
+)
+
+// FileInfo describes a file in a sandbox. A symlink is described itself
+// (with its target), not the file it points to.
+type FileInfo struct {
+	Path       string    `json:"path"`
+	Name       string    `json:"name"`
+	Type       string    `json:"type"` // file, dir, symlink or other
+	Size       int64     `json:"size"`
+	Mode       string    `json:"mode"` // permission bits in octal, e.g. "0644" or "4755"
+	ModTime    time.Time `json:"mod_time"`
+	UID        int       `json:"uid"`
+	GID        int       `json:"gid"`
+	LinkTarget string    `json:"link_target,omitempty"`
+}
+
+// FileList is the body of GET /v1/sandboxes/{name}/files/list. Truncated
+// says that more entries exist than max_entries allowed.
+type FileList struct {
+	Path      string     `json:"path"`
+	Entries   []FileInfo `json:"entries"`
+	Truncated bool       `json:"truncated"`
+}
+
+// File event types in a FileEvent. Overflow means events were lost
+// because the watcher fell behind.
+const (
+	FileEventCreate   = "create"
+	FileEventWrite    = "write"
+	FileEventRemove   = "remove"
+	FileEventRename   = "rename"
+	FileEventChmod    = "chmod"
+	FileEventOverflow = "overflow"
+)
+
+// FileEvent is one line of GET /v1/sandboxes/{name}/files/watch (NDJSON).
+type FileEvent struct {
+	Type string    `json:"type"`
+	Path string    `json:"path"`
+	Time time.Time `json:"time"`
+}
+
+// MkdirRequest is the body of POST /v1/sandboxes/{name}/files/mkdir.
+type MkdirRequest struct {
+	Path    string `json:"path"`
+	Parents bool   `json:"parents,omitempty"` // create missing parents; an existing directory is not an error
+	Mode    string `json:"mode,omitempty"`    // octal, default "0755"
+}
+
+// MoveRequest is the body of POST /v1/sandboxes/{name}/files/move.
+type MoveRequest struct {
+	From      string `json:"from"`
+	To        string `json:"to"`
+	Overwrite bool   `json:"overwrite,omitempty"` // replace an existing file (never a non-empty directory)
+}
+
+// ChmodRequest is the body of POST /v1/sandboxes/{name}/files/chmod.
+type ChmodRequest struct {
+	Path string `json:"path"`
+	Mode string `json:"mode"` // octal, e.g. "0755"
+}

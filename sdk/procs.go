@@ -128,10 +128,14 @@ func (s *Session) send(kind byte, p []byte) error {
 	return s.conn.Write(s.ctx, websocket.MessageBinary, s.buf.Bytes())
 }
 
+// stdinChunk is the largest stdin frame sent: small enough that several
+// are in flight within the daemon's flow-control window.
+const stdinChunk = 256 << 10
+
 // Write sends bytes to the command's stdin or terminal.
 func (s *Session) Write(p []byte) (int, error) {
-	for off := 0; off < len(p); off += api.MaxFramePayload {
-		end := min(off+api.MaxFramePayload, len(p))
+	for off := 0; off < len(p); off += stdinChunk {
+		end := min(off+stdinChunk, len(p))
 		if err := s.send(api.FrameStdin, p[off:end]); err != nil {
 			return off, err
 		}

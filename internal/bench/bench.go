@@ -13,6 +13,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -74,15 +76,17 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	fmt.Fprintf(cfg.Out, "nook: create to first exec output, %d sandboxes, warm pool of 2; exec round trips...\n", cfg.Creates)
-	create, rt, err := measure(ctx, cfg, filepath.Join(root, "warm"), 2)
+	warm, err := measure(ctx, cfg, filepath.Join(root, "warm"), 2, true)
 	if err != nil {
 		return err
 	}
+	create, rt := warm.create, warm.rt
 	fmt.Fprintf(cfg.Out, "nook: create to first exec output, %d sandboxes, no warm pool...\n", cfg.Creates)
-	cold, _, err := measure(ctx, Config{Creates: cfg.Creates, AgentBinary: cfg.AgentBinary, TemplatesDir: cfg.TemplatesDir}, filepath.Join(root, "cold"), -1)
+	coldRes, err := measure(ctx, Config{Creates: cfg.Creates, AgentBinary: cfg.AgentBinary, TemplatesDir: cfg.TemplatesDir}, filepath.Join(root, "cold"), -1, false)
 	if err != nil {
 		return err
 	}
+	cold := coldRes.create
 
 	rows := []row{
 		{name: "create (cold, no pool) -> first exec output", p50: pct(cold, .5), p99: pct(cold, .99), base: "bare runc run -> first output", baseP50: pct(bare, .5), target: "-",
@@ -90,6 +94,7 @@ func Run(ctx context.Context, cfg Config) error {
 		{name: "create (warm pool) -> first exec output", p50: pct(create, .5), p99: pct(create, .99), base: "bare runc run -> first output", baseP50: pct(bare, .5), target: "<= 1.5x baseline",
 			ratio: fmt.Sprintf("%.2fx", float64(pct(create, .5))/float64(pct(bare, .5)))},
 		{name: "exec round trip (true)", p50: pct(rt, .5), p99: pct(rt, .99), base: "-", target: "p50 <= 3ms", ratio: "-"},
+		{name: "exec first byte of output (echo)", p50: pct(warm.firstByte, .5), p99: pct(warm.firstByte, .99), base: "-", target: "p50 <= 5ms", ratio: "-"},
 	}
 	fmt.Fprintln(cfg.Out)
 	tw := tabwriter.NewWriter(cfg.Out, 0, 4, 2, ' ', 0)
@@ -101,12 +106,27 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.name, ms(r.p50), ms(r.p99), r.base, bp50, bp99, r.ratio, r.target)
 	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(cfg.Out)
+	tw = tabwriter.NewWriter(cfg.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "stream (1 GiB)\tthroughput\tbaseline\tbaseline throughput\ttarget")
+	fmt.Fprintf(tw, "cat in sandbox -> client (exec stream)\t%.0f MB/s\tcat on the host -> pipe\t%.0f MB/s\t>= 300 MB/s\n", warm.catMBs, warm.hostCatMBs)
+	fmt.Fprintf(tw, "client -> stdin of cat > file (WebSocket)\t%.0f MB/s\t-\t-\t>= 300 MB/s\n", warm.uploadMBs)
+	fmt.Fprintf(tw, "peak RSS while streaming: agent\t%d MiB\tdaemon+client process\t%d MiB\tbounded\n", warm.agentRSS>>20, warm.selfRSS>>20)
 	return tw.Flush()
 }
 
 // measure runs a daemon on its own data dir and socket, driven through the
 // SDK like any client: creates to first exec output, then exec round trips.
-func measure(ctx context.Context, cfg Config, root string, pool int) (create, rt []time.Duration, err error) {
+type results struct {
+	create, rt, firstByte         []time.Duration
+	catMBs, hostCatMBs, uploadMBs float64
+	agentRSS, selfRSS             int64 // peak, bytes
+}
+
+func measure(ctx context.Context, cfg Config, root string, pool int, streams bool) (res results, err error) {
 	log := slog.New(slog.DiscardHandler)
 	sock := filepath.Join(root, "nook.sock")
 	ready := make(chan struct{})
@@ -123,7 +143,7 @@ func measure(ctx context.Context, cfg Config, root string, pool int) (create, rt
 	select {
 	case <-ready:
 	case err := <-errc:
-		return nil, nil, err
+		return res, err
 	}
 	defer func() {
 		stop()
@@ -134,7 +154,7 @@ func measure(ctx context.Context, cfg Config, root string, pool int) (create, rt
 	}()
 	cl, err := sdk.New("unix://"+sock, "")
 	if err != nil {
-		return nil, nil, err
+		return res, err
 	}
 	if pool > 0 {
 		time.Sleep(2 * time.Second) // let the pool fill, as on a daemon that has been up a while
@@ -143,16 +163,16 @@ func measure(ctx context.Context, cfg Config, root string, pool int) (create, rt
 		name := fmt.Sprintf("bench-%d", i)
 		start := time.Now()
 		if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: name}); err != nil {
-			return nil, nil, err
+			return res, err
 		}
 		fw := &firstWrite{start: start}
 		if _, err := cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"echo", "hi"}}, fw, io.Discard); err != nil {
-			return nil, nil, err
+			return res, err
 		}
-		create = append(create, fw.at)
-		if i > 0 { // keep the first for the exec benchmark
+		res.create = append(res.create, fw.at)
+		if i > 0 { // keep the first for the exec benchmarks
 			if err := cl.DeleteSandbox(ctx, name); err != nil {
-				return nil, nil, err
+				return res, err
 			}
 		}
 	}
@@ -160,12 +180,104 @@ func measure(ctx context.Context, cfg Config, root string, pool int) (create, rt
 		start := time.Now()
 		st, err := cl.Exec(ctx, "bench-0", api.ExecRequest{Cmd: []string{"true"}}, io.Discard, io.Discard)
 		if err != nil || st.ExitCode != 0 {
-			return nil, nil, fmt.Errorf("exec true: %v %+v", err, st)
+			return res, fmt.Errorf("exec true: %v %+v", err, st)
 		}
-		rt = append(rt, time.Since(start))
+		res.rt = append(res.rt, time.Since(start))
+		fw := &firstWrite{start: time.Now()}
+		if _, err := cl.Exec(ctx, "bench-0", api.ExecRequest{Cmd: []string{"echo", "hi"}}, fw, io.Discard); err != nil {
+			return res, err
+		}
+		res.firstByte = append(res.firstByte, fw.at)
 	}
-	return create, rt, cl.DeleteSandbox(ctx, "bench-0")
+	if streams {
+		if err := measureStreams(ctx, cl, root, &res); err != nil {
+			return res, err
+		}
+	}
+	return res, cl.DeleteSandbox(ctx, "bench-0")
 }
+
+const streamBytes = 1 << 30
+
+// measureStreams times `cat` of a 1 GiB file from a sandbox to the client
+// and a 1 GiB upload through stdin, beside `cat` of the same file on the
+// host, and records peak memory of the agent and of this process (daemon
+// and client).
+func measureStreams(ctx context.Context, cl *sdk.Client, root string, res *results) error {
+	if _, err := cl.Exec(ctx, "bench-0", api.ExecRequest{Cmd: []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/urandom > /tmp/big", streamBytes)}}, io.Discard, os.Stderr); err != nil {
+		return err
+	}
+	var cnt countWriter
+	start := time.Now()
+	if _, err := cl.Exec(ctx, "bench-0", api.ExecRequest{Cmd: []string{"cat", "/tmp/big"}}, &cnt, io.Discard); err != nil {
+		return err
+	}
+	if cnt.n != streamBytes {
+		return fmt.Errorf("cat streamed %d bytes, want %d", cnt.n, streamBytes)
+	}
+	res.catMBs = float64(streamBytes) / 1e6 / time.Since(start).Seconds()
+
+	// The same file, on the host: it is in the sandbox's upper layer.
+	sbs, err := cl.ListSandboxes(ctx)
+	if err != nil || len(sbs) == 0 {
+		return fmt.Errorf("list sandboxes: %v", err)
+	}
+	host := filepath.Join(root, "data", "sandboxes", sbs[0].ID, "upper", "tmp", "big")
+	hc := exec.CommandContext(ctx, "cat", host)
+	out, _ := hc.StdoutPipe()
+	start = time.Now()
+	if err := hc.Start(); err != nil {
+		return err
+	}
+	n, _ := io.Copy(io.Discard, out)
+	if err := hc.Wait(); err != nil || n != streamBytes {
+		return fmt.Errorf("host cat: %v (%d bytes)", err, n)
+	}
+	res.hostCatMBs = float64(streamBytes) / 1e6 / time.Since(start).Seconds()
+
+	s, err := cl.ExecInteractive(ctx, "bench-0", api.ExecRequest{Cmd: []string{"sh", "-c", "cat > /tmp/up"}})
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	start = time.Now()
+	for sent := 0; sent < streamBytes; sent += len(buf) {
+		if _, err := s.Write(buf); err != nil {
+			return err
+		}
+	}
+	s.CloseStdin()
+	st, err := s.Wait(io.Discard, os.Stderr)
+	if err != nil || st.ExitCode != 0 {
+		return fmt.Errorf("upload: %v %+v", err, st)
+	}
+	res.uploadMBs = float64(streamBytes) / 1e6 / time.Since(start).Seconds()
+	s.Close()
+
+	pidOut := &strings.Builder{}
+	cl.Exec(ctx, "bench-0", api.ExecRequest{Cmd: []string{"sh", "-c", "grep VmHWM /proc/1/status; rm -f /tmp/big /tmp/up"}}, pidOut, io.Discard)
+	res.agentRSS = parseKB(pidOut.String())
+	self, _ := os.ReadFile("/proc/self/status")
+	for _, line := range strings.Split(string(self), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			res.selfRSS = parseKB(line)
+		}
+	}
+	return nil
+}
+
+func parseKB(s string) int64 {
+	var kb int64
+	f := strings.Fields(s)
+	if len(f) >= 2 {
+		kb, _ = strconv.ParseInt(f[1], 10, 64)
+	}
+	return kb << 10
+}
+
+type countWriter struct{ n int64 }
+
+func (c *countWriter) Write(p []byte) (int, error) { c.n += int64(len(p)); return len(p), nil }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }
 

@@ -161,15 +161,17 @@ func (s *Server) relayWebSocket(ctx context.Context, c *websocket.Conn, p *agent
 	defer cancel()
 	go func() {
 		defer cancel()
+		fr := api.NewFrameReader(nil)
 		for {
-			typ, msg, err := c.Read(ctx)
+			typ, r, err := c.Reader(ctx)
 			if err != nil {
 				return
 			}
 			if typ != websocket.MessageBinary {
 				continue
 			}
-			kind, payload, err := api.NewFrameReader(bytesReader(msg)).Next()
+			fr.Reset(r)
+			kind, payload, err := fr.Next()
 			if err != nil {
 				return
 			}
