@@ -2,7 +2,12 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -162,3 +167,67 @@ func TestInteractiveExec(t *testing.T) {
 }
 
 func jsonInt(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// vmHWM is a process's peak resident memory, in bytes.
+func vmHWM(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kb int64
+			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &kb)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmHWM")
+	return 0
+}
+
+// A command that floods 1 GiB of output streams through with the
+// daemon's and the agent's memory bounded.
+func TestFloodKeepsMemoryBounded(t *testing.T) {
+	d := newDaemon(t)
+	d.must("create", "--name", "flood")
+	cmd := exec.Command(d.bin, "exec", "flood", "--", "head", "-c", "1073741824", "/dev/zero")
+	cmd.Env = append(cmd.Environ(), "NOOK_HOST=unix://"+d.socket())
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	n, _ := io.Copy(io.Discard, out)
+	if err := cmd.Wait(); err != nil || n != 1<<30 {
+		t.Fatalf("streamed %d bytes: %v", n, err)
+	}
+	var sb api.Sandbox
+	json.Unmarshal([]byte(d.must("inspect", "flood", "--json")), &sb)
+	pidb, _ := os.ReadFile(filepath.Join(d.data, "sandboxes", sb.ID, "init.pid"))
+	agentPID, _ := strconv.Atoi(strings.TrimSpace(string(pidb)))
+	if hwm := vmHWM(t, d.cmd.Process.Pid); hwm > 150<<20 {
+		t.Errorf("daemon peaked at %d MiB while streaming 1 GiB", hwm>>20)
+	}
+	if hwm := vmHWM(t, agentPID); hwm > 64<<20 {
+		t.Errorf("agent peaked at %d MiB while streaming 1 GiB", hwm>>20)
+	}
+	// A background flood keeps only its ring.
+	pid := strings.TrimSpace(d.must("exec", "-d", "flood", "--", "head", "-c", "300000000", "/dev/zero"))
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(d.must("ps", "flood"), "exited 0") {
+		if time.Now().After(deadline) {
+			t.Fatal("background flood did not finish")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var ps []api.Process
+	json.Unmarshal([]byte(d.must("ps", "flood", "--json")), &ps)
+	for _, p := range ps {
+		if strconv.Itoa(p.PID) == pid && (p.OutputTo != 300000000 || p.OutputTo-p.OutputFrom > 2<<20) {
+			t.Errorf("background flood: kept [%d, %d)", p.OutputFrom, p.OutputTo)
+		}
+	}
+	if hwm := vmHWM(t, agentPID); hwm > 64<<20 {
+		t.Errorf("agent peaked at %d MiB after a background flood", hwm>>20)
+	}
+}
