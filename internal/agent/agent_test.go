@@ -256,6 +256,15 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add([]byte(`{"op":"ping"}`))
 	f.Add([]byte(`{"op":"exec"}`))
 	f.Add([]byte(`{"op":"configure","configure":{"hostname":"a","env":{"K":"v"}}}`))
+	f.Add([]byte(`{"op":"stat","files":{"path":"/etc/../etc/passwd"}}`))
+	f.Add([]byte(`{"op":"read","files":{"path":"/root/f","offset":10,"length":5}}`))
+	f.Add([]byte(`{"op":"write","files":{"path":"/root/f","mode":493,"parents":true}}`))
+	f.Add([]byte(`{"op":"move","files":{"path":"/a","dest":"b"}}`))
+	f.Add([]byte(`{"op":"chmod","files":{"path":"/a","mode":4095}}`))
+	f.Add([]byte(`{"op":"watch","files":{"path":"/tmp","recursive":true}}`))
+	f.Add([]byte(`{"op":"attach","attach":{"pid":12,"offset":4,"input":true}}`))
+	f.Add([]byte(`{"op":"signal","signal":{"pid":12,"signal":"TERM"}}`))
+	f.Add([]byte(`{"op":"exec","exec":{"argv":["sh"],"tty":true,"rows":24,"cols":80,"background":true}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r, err := DecodeRequest(data)
 		if err != nil {
@@ -264,8 +273,17 @@ func FuzzDecodeRequest(f *testing.F) {
 		if r.Op == OpExec && (r.Exec == nil || len(r.Exec.Argv) == 0 || r.Exec.Argv[0] == "") {
 			t.Fatalf("accepted an exec with no command: %s", data)
 		}
+		if r.Op == OpAttach && (r.Attach == nil || r.Attach.PID <= 0 || r.Attach.Offset < 0) {
+			t.Fatalf("accepted a bad attach: %s", data)
+		}
+		if r.Op == OpSignal && (r.Signal == nil || r.Signal.PID <= 0) {
+			t.Fatalf("accepted a bad signal: %s", data)
+		}
 		if r.Op == OpConfigure && (r.Configure == nil || !hostnameRE.MatchString(r.Configure.Hostname)) {
 			t.Fatalf("accepted a configure with a bad hostname: %s", data)
+		}
+		if r.Files != nil && (r.Op == OpStat || r.Op == OpMove || r.Op == OpWrite) && CheckPath(r.Files.Path) != nil {
+			t.Fatalf("accepted a file op with a bad path: %s", data)
 		}
 	})
 }

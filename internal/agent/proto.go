@@ -40,6 +40,7 @@ type Request struct {
 	Configure *ConfigureRequest `json:"configure,omitempty"`
 	Attach    *AttachRequest    `json:"attach,omitempty"`
 	Signal    *SignalRequest    `json:"signal,omitempty"`
+	Files     *FileRequest      `json:"files,omitempty"` // the file ops (files.go)
 }
 
 // AttachRequest streams a session's output from a byte offset (of its
@@ -160,6 +161,11 @@ func DecodeRequest(payload []byte) (*Request, error) {
 			return nil, fmt.Errorf("exec request without exec body")
 		}
 		return &r, r.Exec.validate()
+	case OpStat, OpList, OpRead, OpWrite, OpMkdir, OpRemove, OpMove, OpChmod, OpTarGet, OpTarPut, OpWatch:
+		if r.Files == nil {
+			return nil, fmt.Errorf("%s request without files body", r.Op)
+		}
+		return &r, r.Files.validate(r.Op)
 	default:
 		return nil, fmt.Errorf("unknown op %q", r.Op)
 	}

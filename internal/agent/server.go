@@ -165,6 +165,8 @@ func (s *Server) handle(st net.Conn) {
 		s.signal(fw, req.Signal)
 	case OpProcesses:
 		s.processes(fw)
+	case OpStat, OpList, OpRead, OpWrite, OpMkdir, OpRemove, OpMove, OpChmod, OpTarGet, OpTarPut, OpWatch:
+		s.files(st, fr, fw, req.Op, req.Files)
 	case OpConfigure:
 		if err := s.configure(req.Configure); err != nil {
 			fw.fail(CodeInternal, "configure: %v", err)

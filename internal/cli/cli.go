@@ -80,7 +80,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(serveCmd(), createCmd(), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd())
+	root.AddCommand(serveCmd(), createCmd(), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd())
 	return root
 }
 

@@ -556,6 +556,8 @@ func (m *Manager) agentError(ctx context.Context, sb *core.Sandbox, err error) e
 			return errdefs.Denied("sandbox %s: %s", sb.Name, ae.Message)
 		case agent.CodeAlreadyExists:
 			return errdefs.Exists("sandbox %s: %s", sb.Name, ae.Message)
+		case agent.CodeResourceExhausted:
+			return errdefs.Exhausted("sandbox %s: %s", sb.Name, ae.Message)
 		case agent.CodeInternal:
 			return fmt.Errorf("sandbox %s: %s", sb.Name, ae.Message)
 		default: // invalid_argument, command_not_found

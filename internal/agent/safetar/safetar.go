@@ -116,7 +116,13 @@ func Extract(r io.Reader, dir string, opt Options) error {
 			if err := root.Chmod(name, mode); err != nil {
 				return err
 			}
-		case tar.TypeReg, tar.TypeGNUSparse:
+		case tar.TypeGNUSparse:
+			return invalidf("tar entry %q: sparse files are not supported", hdr.Name)
+		case tar.TypeReg:
+			if isSparse(hdr) {
+				// A few bytes could stand for terabytes of holes.
+				return invalidf("tar entry %q: sparse files are not supported", hdr.Name)
+			}
 			if err := fileEntry(root, name, hdr, mode, tr, src); err != nil {
 				return err
 			}
@@ -148,6 +154,15 @@ func Extract(r io.Reader, dir string, opt Options) error {
 			// Devices, fifos and other special files are not carried.
 		}
 	}
+}
+
+func isSparse(hdr *tar.Header) bool {
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
 }
 
 // entryName turns a tar entry name into a path relative to the target

@@ -1,0 +1,264 @@
+package safetar
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+type entry struct {
+	name, link string
+	typ        byte
+	mode       int64
+	body       string
+}
+
+func mkTar(t testing.TB, entries ...entry) []byte {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Linkname: e.link, Typeflag: e.typ, Mode: e.mode, Size: int64(len(e.body))}
+		if h.Mode == 0 {
+			h.Mode = 0o644
+		}
+		if e.typ != tar.TypeReg {
+			h.Size = 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if e.typ == tar.TypeReg {
+			tw.Write([]byte(e.body))
+		}
+	}
+	tw.Close()
+	return buf.Bytes()
+}
+
+// sandbox is a target directory inside a parent that must stay untouched.
+func sandbox(t testing.TB) (parent, dir string) {
+	parent = t.TempDir()
+	dir = filepath.Join(parent, "target")
+	os.Mkdir(dir, 0o755)
+	os.WriteFile(filepath.Join(parent, "secret"), []byte("host secret"), 0o600)
+	return parent, dir
+}
+
+// outside lists what is in parent besides the target and the secret.
+func outside(t testing.TB, parent string) []string {
+	var extra []string
+	entries, _ := os.ReadDir(parent)
+	for _, e := range entries {
+		if e.Name() != "target" && e.Name() != "secret" {
+			extra = append(extra, e.Name())
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(parent, "secret")); string(b) != "host secret" {
+		extra = append(extra, "secret was modified")
+	}
+	return extra
+}
+
+func TestRoundTrip(t *testing.T) {
+	src := t.TempDir()
+	os.MkdirAll(src+"/top/sub", 0o755)
+	os.WriteFile(src+"/top/f", []byte("file"), 0o640)
+	os.WriteFile(src+"/top/sub/suid", []byte("x"), 0o755)
+	os.Chmod(src+"/top/sub/suid", 0o755|os.ModeSetuid)
+	os.Symlink("../f", src+"/top/sub/link")
+	os.Mkdir(src+"/top/locked", 0o500)
+	os.WriteFile(src+"/top/empty", nil, 0o644)
+	os.Chmod(src+"/top/locked", 0o500)
+	var buf bytes.Buffer
+	if err := Write(&buf, src+"/top", "top"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		top, root string
+		noSetID   bool
+	}{{"", "top", false}, {"renamed", "renamed", true}, {".", ".", false}} {
+		_, dir := sandbox(t)
+		if err := Extract(bytes.NewReader(buf.Bytes()), dir, Options{Top: tc.top, NoSetID: tc.noSetID}); err != nil {
+			t.Fatalf("top %q: %v", tc.top, err)
+		}
+		out := filepath.Join(dir, tc.root)
+		if b, _ := os.ReadFile(out + "/sub/link"); string(b) != "file" {
+			t.Errorf("top %q: link reads %q", tc.top, b)
+		}
+		fi, err := os.Stat(out + "/sub/suid")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := tc.noSetID; (fi.Mode()&os.ModeSetuid == 0) != want {
+			t.Errorf("top %q: suid file mode %v", tc.top, fi.Mode())
+		}
+		if fi, _ := os.Stat(out + "/locked"); fi == nil || fi.Mode().Perm() != 0o500 {
+			t.Errorf("top %q: locked dir %v", tc.top, fi)
+		}
+		if fi, _ := os.Stat(out + "/empty"); fi == nil || fi.Size() != 0 {
+			t.Errorf("top %q: empty file %v", tc.top, fi)
+		}
+		os.Chmod(out+"/locked", 0o700)
+	}
+	os.Chmod(src+"/top/locked", 0o700)
+}
+
+func TestExtractRefusesEscapes(t *testing.T) {
+	cases := map[string][]entry{
+		"dotdot":        {{name: "../escaped", typ: tar.TypeReg, body: "x"}},
+		"dotdot inside": {{name: "a/../../escaped", typ: tar.TypeReg, body: "x"}},
+		"absolute":      {{name: "/escaped", typ: tar.TypeReg, body: "x"}},
+		"abs symlink, then through it": {
+			{name: "link", link: filepath.Dir(os.TempDir()), typ: tar.TypeSymlink},
+			{name: "link/escaped", typ: tar.TypeReg, body: "x"},
+		},
+		"relative symlink up, then through it": {
+			{name: "link", link: "..", typ: tar.TypeSymlink},
+			{name: "link/escaped", typ: tar.TypeReg, body: "x"},
+		},
+		"symlink up, then a dir through it": {
+			{name: "link", link: "..", typ: tar.TypeSymlink},
+			{name: "link/escaped/", typ: tar.TypeDir},
+		},
+		"symlink up, then a symlink through it": {
+			{name: "link", link: "..", typ: tar.TypeSymlink},
+			{name: "link/escaped", link: "x", typ: tar.TypeSymlink},
+		},
+		"overwrite outside through symlink": {
+			{name: "link", link: "../secret", typ: tar.TypeSymlink},
+			{name: "link/x", typ: tar.TypeReg, body: "pwned"},
+		},
+		"hard link up": {{name: "h", link: "../secret", typ: tar.TypeLink}},
+		"hard link through a symlink": {
+			{name: "link", link: "..", typ: tar.TypeSymlink},
+			{name: "h", link: "link/secret", typ: tar.TypeLink},
+		},
+	}
+	for name, entries := range cases {
+		t.Run(name, func(t *testing.T) {
+			parent, dir := sandbox(t)
+			err := Extract(bytes.NewReader(mkTar(t, entries...)), dir, Options{})
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %v, want ErrInvalid", err)
+			}
+			if extra := outside(t, parent); len(extra) > 0 {
+				t.Errorf("escaped: %v", extra)
+			}
+			// A symlink that only points out may exist, but nothing was written through it.
+			if b, err := os.ReadFile(filepath.Join(dir, "h")); err == nil && string(b) == "host secret" {
+				t.Error("hard link to a file outside")
+			}
+		})
+	}
+}
+
+func TestExtractInsideSymlinksAndReplacements(t *testing.T) {
+	parent, dir := sandbox(t)
+	err := Extract(bytes.NewReader(mkTar(t,
+		entry{name: "real/", typ: tar.TypeDir, mode: 0o755},
+		entry{name: "alias", link: "real", typ: tar.TypeSymlink},
+		entry{name: "alias/f", typ: tar.TypeReg, body: "through an inside link"},
+		entry{name: "f", typ: tar.TypeReg, body: "one"},
+		entry{name: "f", typ: tar.TypeReg, body: "two"},
+		entry{name: "./g", typ: tar.TypeReg, body: "dot"},
+		entry{name: "noparents/a/b", typ: tar.TypeReg, body: "deep"},
+		entry{name: "dev", typ: tar.TypeChar},
+	)), dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{"real/f": "through an inside link", "f": "two", "g": "dot", "noparents/a/b": "deep"} {
+		if b, _ := os.ReadFile(filepath.Join(dir, p)); string(b) != want {
+			t.Errorf("%s: %q", p, b)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "dev")); err == nil {
+		t.Error("a device entry was created")
+	}
+	if extra := outside(t, parent); len(extra) > 0 {
+		t.Errorf("escaped: %v", extra)
+	}
+	// A file cannot replace a directory; a directory replaces a file.
+	err = Extract(bytes.NewReader(mkTar(t, entry{name: "real", typ: tar.TypeReg, body: "x"})), dir, Options{})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "directory") {
+		t.Fatalf("file over a directory: %v", err)
+	}
+	if err := Extract(bytes.NewReader(mkTar(t, entry{name: "f/", typ: tar.TypeDir})), dir, Options{}); err != nil {
+		t.Fatalf("directory over a file: %v", err)
+	}
+	if fi, _ := os.Stat(filepath.Join(dir, "f")); fi == nil || !fi.IsDir() {
+		t.Fatal("f is not a directory")
+	}
+	// No temporary files stay behind.
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if strings.Contains(p, ".nook-tmp-") {
+			t.Errorf("temporary file left: %s", p)
+		}
+		return nil
+	})
+}
+
+func TestExtractBadStreams(t *testing.T) {
+	_, dir := sandbox(t)
+	good := mkTar(t, entry{name: "f", typ: tar.TypeReg, body: strings.Repeat("x", 10000)})
+	for name, data := range map[string][]byte{
+		"garbage":   bytes.Repeat([]byte("garbage!"), 200),
+		"truncated": good[:1000],
+	} {
+		if err := Extract(bytes.NewReader(data), dir, Options{}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if err := Extract(bytes.NewReader(nil), dir, Options{}); err != nil {
+		t.Errorf("empty stream: %v", err)
+	}
+	// The source's own error is reported as such.
+	srcErr := errors.New("client went away")
+	r := &failingReader{data: good[:3000], err: srcErr}
+	if err := Extract(r, dir, Options{}); !errors.Is(err, srcErr) {
+		t.Errorf("source failure: %v", err)
+	}
+}
+
+type failingReader struct {
+	data []byte
+	err  error
+}
+
+func (f *failingReader) Read(p []byte) (int, error) {
+	if len(f.data) == 0 {
+		return 0, f.err
+	}
+	n := copy(p, f.data)
+	f.data = f.data[n:]
+	return n, nil
+}
+
+// FuzzExtract: whatever the archive, nothing is created or changed
+// outside the target directory, and Extract does not panic.
+func FuzzExtract(f *testing.F) {
+	f.Add(mkTar(f, entry{name: "a/b", typ: tar.TypeReg, body: "x"}))
+	f.Add(mkTar(f, entry{name: "link", link: "..", typ: tar.TypeSymlink}, entry{name: "link/x", typ: tar.TypeReg, body: "x"}))
+	f.Add(mkTar(f, entry{name: "link", link: "/", typ: tar.TypeSymlink}, entry{name: "link/x/", typ: tar.TypeDir}))
+	f.Add(mkTar(f, entry{name: "h", link: "../secret", typ: tar.TypeLink}))
+	f.Add(mkTar(f, entry{name: "d/", typ: tar.TypeDir, mode: 0o000}, entry{name: "d/f", typ: tar.TypeReg, body: "x"}))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		parent, dir := sandbox(t)
+		for _, top := range []string{"", "x"} {
+			err := Extract(bytes.NewReader(data), dir, Options{Top: top})
+			if extra := outside(t, parent); len(extra) > 0 {
+				t.Fatalf("top %q: extraction escaped (%v): %v", top, err, extra)
+			}
+		}
+		filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.IsDir() {
+				os.Chmod(p, 0o755) // let TempDir's cleanup remove it
+			}
+			return nil
+		})
+	})
+}
