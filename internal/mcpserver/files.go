@@ -4,31 +4,35 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path"
-	"strconv"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/sdk"
 )
 
-// The file tools run small, fixed programs in the sandbox (cat, find,
-// grep) with the path passed as an argument, never through a shell, so a
-// path cannot inject commands.
+// The file tools use the API's file operations; search_files runs grep
+// with the pattern and path as arguments, never through a shell, so they
+// cannot inject commands.
 
 func addFileTools(s *mcp.Server, t *tools) {
 	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: "Read a text file from a sandbox. Returns its content (up to 256 KiB from offset; " +
 		"for bigger files read in parts with offset, or search_files). Use an absolute path."}, t.readFile)
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Write a text file in a sandbox, creating parent directories, replacing any file at that path. " +
 		"Use it to create source files, configs and scripts. Returns the number of bytes written."}, t.writeFile)
-	mcp.AddTool(s, &mcp.Tool{Name: "list_files", Description: "List a directory in a sandbox: each entry's type (f file, d directory, l link), size in bytes and path. " +
-		"depth 1 (default) lists the directory itself; larger depths recurse. At most 1000 entries are returned."}, t.listFiles)
+	mcp.AddTool(s, &mcp.Tool{Name: "list_files", Description: "List a directory in a sandbox: each entry's path, type (file, dir, symlink) and size in bytes. " +
+		"With recursive, the whole tree below it. At most 1000 entries are returned."}, t.listFiles)
 	mcp.AddTool(s, &mcp.Tool{Name: "search_files", Description: "Search file contents under a directory in a sandbox for a regular expression (grep -E), " +
 		"returning matching lines as path:line:text (at most 200 matches). Use it to find where something is defined or used."}, t.searchFiles)
 }
 
-const readLimit = 256 << 10
+const (
+	readLimit = 256 << 10
+	listLimit = 1000
+)
 
 func checkPath(p string) error {
 	if !path.IsAbs(p) || strings.IndexByte(p, 0) >= 0 {
@@ -71,27 +75,23 @@ func (t *tools) readFile(ctx context.Context, _ *mcp.CallToolRequest, in ReadFil
 	if in.Offset < 0 {
 		return fail(errors.New("offset must be 0 or more"))
 	}
-	sizeOut, _, err := t.run(ctx, in.Sandbox, []string{"stat", "-L", "-c", "%s %F", "--", in.Path})
+	fi, err := t.c.StatFile(ctx, in.Sandbox, in.Path)
 	if err != nil {
 		return fail(err)
 	}
-	sizeStr, kind, _ := strings.Cut(strings.TrimSpace(sizeOut), " ")
-	if !strings.Contains(kind, "regular") {
-		return fail(fmt.Errorf("%s is a %s, not a file: use list_files for directories", in.Path, kind))
+	if fi.Type != "file" {
+		return fail(fmt.Errorf("%s is a %s, not a file: use list_files for directories", in.Path, fi.Type))
 	}
-	size, _ := strconv.ParseInt(sizeStr, 10, 64)
-	content, _, err := t.run(ctx, in.Sandbox, []string{"tail", "-c", "+" + strconv.FormatInt(in.Offset+1, 10), "--", in.Path})
+	r, err := t.c.ReadFile(ctx, in.Sandbox, in.Path, &sdk.ReadOptions{Offset: in.Offset, Length: readLimit})
 	if err != nil {
 		return fail(err)
 	}
-	out := ReadFileOutput{Content: content, Size: size}
-	if int64(len(content)) > readLimit {
-		out.Content, out.Truncated = content[:readLimit], true
+	defer r.Close()
+	b, err := io.ReadAll(io.LimitReader(r, readLimit))
+	if err != nil {
+		return fail(err)
 	}
-	if in.Offset+int64(len(out.Content)) < size {
-		out.Truncated = true
-	}
-	return nil, out, nil
+	return nil, ReadFileOutput{Content: string(b), Size: fi.Size, Truncated: in.Offset+int64(len(b)) < fi.Size}, nil
 }
 
 // WriteFileInput is write_file's input.
@@ -104,41 +104,25 @@ type WriteFileInput struct {
 // WriteFileOutput is write_file's output.
 type WriteFileOutput struct {
 	Path  string `json:"path"`
-	Bytes int    `json:"bytes"`
+	Bytes int64  `json:"bytes"`
 }
 
 func (t *tools) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in WriteFileInput) (*mcp.CallToolResult, any, error) {
 	if err := checkPath(in.Path); err != nil {
 		return fail(err)
 	}
-	// mkdir and cat get the path as an argument ($1), never as shell text.
-	s, err := t.c.ExecInteractive(ctx, in.Sandbox, api.ExecRequest{
-		Cmd: []string{"/bin/sh", "-c", `mkdir -p -- "$(dirname -- "$1")" && cat > "$1"`, "write_file", in.Path},
-	})
+	fi, err := t.c.WriteFile(ctx, in.Sandbox, in.Path, strings.NewReader(in.Content), &sdk.WriteOptions{Parents: true})
 	if err != nil {
 		return fail(err)
 	}
-	defer s.Close()
-	if _, err := s.Write([]byte(in.Content)); err != nil {
-		return fail(err)
-	}
-	s.CloseStdin()
-	var errb limitedBuffer
-	st, err := s.Wait(nil, &errb)
-	if err != nil {
-		return fail(err)
-	}
-	if st.ExitCode != 0 {
-		return fail(fmt.Errorf("cannot write %s: %s", in.Path, strings.TrimSpace(errb.String())))
-	}
-	return nil, WriteFileOutput{Path: in.Path, Bytes: len(in.Content)}, nil
+	return nil, WriteFileOutput{Path: fi.Path, Bytes: fi.Size}, nil
 }
 
 // ListFilesInput is list_files' input.
 type ListFilesInput struct {
-	Sandbox string `json:"sandbox" jsonschema:"the sandbox's name"`
-	Path    string `json:"path" jsonschema:"absolute path of a directory"`
-	Depth   int    `json:"depth,omitempty" jsonschema:"1 (default) for the directory's entries, more to recurse"`
+	Sandbox   string `json:"sandbox" jsonschema:"the sandbox's name"`
+	Path      string `json:"path" jsonschema:"absolute path of a directory"`
+	Recursive bool   `json:"recursive,omitempty" jsonschema:"list the whole tree below path, not just its entries"`
 }
 
 // ListFilesOutput is list_files' output.
@@ -150,7 +134,7 @@ type ListFilesOutput struct {
 // FileEntry is one entry of list_files.
 type FileEntry struct {
 	Path string `json:"path"`
-	Type string `json:"type"` // f, d, l, or another find %y letter
+	Type string `json:"type"` // file, dir, symlink or other
 	Size int64  `json:"size"`
 }
 
@@ -158,23 +142,13 @@ func (t *tools) listFiles(ctx context.Context, _ *mcp.CallToolRequest, in ListFi
 	if err := checkPath(in.Path); err != nil {
 		return fail(err)
 	}
-	depth := max(in.Depth, 1)
-	out, _, err := t.run(ctx, in.Sandbox, []string{"find", in.Path, "-mindepth", "1", "-maxdepth", strconv.Itoa(depth), "-printf", `%y\t%s\t%p\n`})
+	l, err := t.c.ListFiles(ctx, in.Sandbox, in.Path, sdk.ListOptions{Recursive: in.Recursive, MaxEntries: listLimit})
 	if err != nil {
 		return fail(err)
 	}
-	res := ListFilesOutput{Entries: []FileEntry{}}
-	for _, line := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
-		parts := strings.SplitN(line, "\t", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if len(res.Entries) == 1000 {
-			res.Truncated = true
-			break
-		}
-		size, _ := strconv.ParseInt(parts[1], 10, 64)
-		res.Entries = append(res.Entries, FileEntry{Type: parts[0], Size: size, Path: parts[2]})
+	res := ListFilesOutput{Entries: make([]FileEntry, 0, len(l.Entries)), Truncated: l.Truncated}
+	for _, e := range l.Entries {
+		res.Entries = append(res.Entries, FileEntry{Path: e.Path, Type: e.Type, Size: e.Size})
 	}
 	return nil, res, nil
 }
