@@ -114,6 +114,8 @@ func Run(ctx context.Context, cfg Config) error {
 	fmt.Fprintln(tw, "stream (1 GiB)\tthroughput\tbaseline\tbaseline throughput\ttarget")
 	fmt.Fprintf(tw, "cat in sandbox -> client (exec stream)\t%.0f MB/s\tcat on the host -> pipe\t%.0f MB/s\t>= 300 MB/s\n", warm.catMBs, warm.hostCatMBs)
 	fmt.Fprintf(tw, "client -> stdin of cat > file (WebSocket)\t%.0f MB/s\t-\t-\t>= 300 MB/s\n", warm.uploadMBs)
+	fmt.Fprintf(tw, "file download (GET .../files/content)\t%.0f MB/s\tcat on the host -> pipe\t%.0f MB/s\t>= 300 MB/s\n", warm.fileDownMBs, warm.hostCatMBs)
+	fmt.Fprintf(tw, "file upload (PUT .../files/content)\t%.0f MB/s\t-\t-\t>= 300 MB/s\n", warm.fileUpMBs)
 	fmt.Fprintf(tw, "peak RSS while streaming: agent\t%d MiB\tdaemon+client process\t%d MiB\tbounded\n", warm.agentRSS>>20, warm.selfRSS>>20)
 	return tw.Flush()
 }
@@ -123,6 +125,7 @@ func Run(ctx context.Context, cfg Config) error {
 type results struct {
 	create, rt, firstByte         []time.Duration
 	catMBs, hostCatMBs, uploadMBs float64
+	fileDownMBs, fileUpMBs        float64
 	agentRSS, selfRSS             int64 // peak, bytes
 }
 
@@ -254,8 +257,26 @@ func measureStreams(ctx context.Context, cl *sdk.Client, root string, res *resul
 	res.uploadMBs = float64(streamBytes) / 1e6 / time.Since(start).Seconds()
 	s.Close()
 
+	// The file API: download the file, and upload 1 GiB to a new one.
+	start = time.Now()
+	rd, err := cl.ReadFile(ctx, "bench-0", "/tmp/big", nil)
+	if err != nil {
+		return err
+	}
+	n, err = io.Copy(io.Discard, rd)
+	rd.Close()
+	if err != nil || n != streamBytes {
+		return fmt.Errorf("file download: %v (%d bytes)", err, n)
+	}
+	res.fileDownMBs = float64(streamBytes) / 1e6 / time.Since(start).Seconds()
+	start = time.Now()
+	if _, err := cl.WriteFile(ctx, "bench-0", "/tmp/up2", io.LimitReader(zeroReader{}, streamBytes), nil); err != nil {
+		return fmt.Errorf("file upload: %w", err)
+	}
+	res.fileUpMBs = float64(streamBytes) / 1e6 / time.Since(start).Seconds()
+
 	pidOut := &strings.Builder{}
-	cl.Exec(ctx, "bench-0", api.ExecRequest{Cmd: []string{"sh", "-c", "grep VmHWM /proc/1/status; rm -f /tmp/big /tmp/up"}}, pidOut, io.Discard)
+	cl.Exec(ctx, "bench-0", api.ExecRequest{Cmd: []string{"sh", "-c", "grep VmHWM /proc/1/status; rm -f /tmp/big /tmp/up /tmp/up2"}}, pidOut, io.Discard)
 	res.agentRSS = parseKB(pidOut.String())
 	self, _ := os.ReadFile("/proc/self/status")
 	for _, line := range strings.Split(string(self), "\n") {
@@ -274,6 +295,10 @@ func parseKB(s string) int64 {
 	}
 	return kb << 10
 }
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }
 
 type countWriter struct{ n int64 }
 
