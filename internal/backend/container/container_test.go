@@ -111,9 +111,16 @@ func TestWarmClaimAppliesIdentity(t *testing.T) {
 	var st state
 	json.Unmarshal(sb.BackendState, &st)
 	uts, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/uts", st.PID))
-	self, _ := os.Readlink("/proc/self/ns/uts")
-	if uts == self {
-		t.Fatal("container shares the host's UTS namespace")
+	host, _ := os.Readlink("/proc/1/ns/uts")
+	if uts == "" || uts == host {
+		t.Fatalf("container's UTS namespace %q is the host's (%q)", uts, host)
+	}
+	// No thread of this process was left in the container's namespace.
+	threads, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/ns/uts", os.Getpid()))
+	for _, th := range threads {
+		if ns, _ := os.Readlink(th); ns == uts {
+			t.Fatalf("thread %s stayed in the sandbox's UTS namespace", th)
+		}
 	}
 	if h, _ := os.Hostname(); h == "claimed" {
 		t.Fatal("setting the sandbox's hostname changed the host's")

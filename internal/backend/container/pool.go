@@ -183,23 +183,36 @@ func (b *Backend) applyLimits(sb *core.Sandbox) error {
 }
 
 // setHostname sets the hostname inside a container's UTS namespace from a
-// thread that joins it. The thread stays locked and is discarded when the
-// goroutine ends, so no other goroutine ever runs in that namespace.
+// thread that joins it and then returns to its own namespace. If the way
+// back fails, the thread stays locked and Go discards it with the
+// goroutine, so no other goroutine ever runs in the container's namespace.
 func setHostname(pid int, name string) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		orig, err := unix.Open("/proc/thread-self/ns/uts", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer unix.Close(orig)
 		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/uts", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
+			runtime.UnlockOSThread()
 			errc <- err
 			return
 		}
 		defer unix.Close(fd)
 		if err := unix.Setns(fd, unix.CLONE_NEWUTS); err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("join uts namespace: %w", err)
 			return
 		}
 		errc <- unix.Sethostname([]byte(name))
+		if unix.Setns(orig, unix.CLONE_NEWUTS) == nil {
+			runtime.UnlockOSThread()
+		}
 	}()
 	return <-errc
 }
