@@ -12,12 +12,14 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
@@ -61,8 +63,13 @@ func Main(args []string, stdout, stderr io.Writer) int {
 }
 
 func isCobraUsage(err error) bool {
+	var apiErr *sdk.Error
+	var unreachable *sdk.UnreachableError
+	if errors.As(err, &apiErr) || errors.As(err, &unreachable) {
+		return false // the daemon's answer, not a mistake in the command line
+	}
 	s := err.Error()
-	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand", "flag needs an argument", "invalid argument", "accepts ", "requires at least", "requires exactly"} {
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand", "flag needs an argument", "accepts ", "requires at least", "requires exactly"} {
 		if strings.Contains(s, p) {
 			return true
 		}
@@ -353,10 +360,10 @@ func exitFor(cmd *cobra.Command, st *api.ExitStatus, timeout string) error {
 }
 
 func signalNumber(name string) int {
-	n := map[string]int{"HUP": 1, "INT": 2, "QUIT": 3, "ABRT": 6, "KILL": 9, "SEGV": 11, "PIPE": 13, "ALRM": 14, "TERM": 15}[name]
-	if n == 0 {
-		fmt.Sscanf(name, "%d", &n)
+	if n := unix.SignalNum("SIG" + name); n != 0 {
+		return int(n)
 	}
+	n, _ := strconv.Atoi(name)
 	return n
 }
 

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nookhq/nook/internal/errdefs"
@@ -182,4 +184,14 @@ func clip(s string) string {
 		return s[:77] + "..."
 	}
 	return s
+}
+
+// HostSize returns the host's CPU count and total memory in bytes.
+func HostSize() (int, int64) {
+	var si syscall.Sysinfo_t
+	var mem int64
+	if syscall.Sysinfo(&si) == nil {
+		mem = int64(si.Totalram) * int64(si.Unit)
+	}
+	return runtime.NumCPU(), mem
 }

@@ -17,7 +17,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -101,6 +100,10 @@ type Manager struct {
 	templates *template.Store
 	backends  map[string]core.Backend
 
+	// tplMu is held for reading by creates while they pick a template
+	// build, and for writing while builds nothing records are removed.
+	tplMu sync.RWMutex
+
 	mu     sync.Mutex
 	locks  map[string]*nameLock     // serializes lifecycle operations per sandbox name
 	agents map[string]*agent.Client // by sandbox ID
@@ -114,9 +117,15 @@ type nameLock struct {
 // New opens the data directory, reconciles the database with the host and returns a Manager.
 func New(ctx context.Context, cfg Config) (*Manager, error) {
 	cfg = cfg.withDefaults()
+	// Sandboxes' files belong to root inside them, which is root on the
+	// host: nobody else on the host may walk into them (a setuid binary a
+	// sandbox made would be a way to root).
 	for _, d := range []string{cfg.DataDir, cfg.RunDir, filepath.Join(cfg.DataDir, "sandboxes")} {
-		if err := os.MkdirAll(d, 0o711); err != nil {
+		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("create %s: %w", d, err)
+		}
+		if err := os.Chmod(d, 0o700); err != nil {
+			return nil, err
 		}
 	}
 	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "nook.db"))
@@ -239,16 +248,6 @@ func generateName() string {
 	return fmt.Sprintf("%s-%s-%s", adjectives[int(b[0])%len(adjectives)], nouns[int(b[1])%len(nouns)], hex.EncodeToString(b[2:]))
 }
 
-// hostResources returns the host's CPU count and memory.
-func hostResources() (int, int64) {
-	var si syscall.Sysinfo_t
-	mem := int64(0)
-	if syscall.Sysinfo(&si) == nil {
-		mem = int64(si.Totalram) * int64(si.Unit)
-	}
-	return runtime.NumCPU(), mem
-}
-
 // Create validates a request, makes the sandbox and returns it running.
 // progress receives template build output when the template must be built first.
 func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, progress io.Writer) (*core.Sandbox, error) {
@@ -272,7 +271,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err != nil {
 		return nil, err
 	}
-	hostCPUs, hostMem := hostResources()
+	hostCPUs, hostMem := core.HostSize()
 	cpus := req.CPUs
 	switch {
 	case cpus == 0:
@@ -317,6 +316,15 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if tplName == "" {
 		tplName = "base"
 	}
+	// From choosing the template build until the sandbox's record names it,
+	// no rebuild or removal may delete that build (they count records).
+	m.tplMu.RLock()
+	tplLocked := true
+	defer func() {
+		if tplLocked {
+			m.tplMu.RUnlock()
+		}
+	}()
 	tpl, err := m.templates.EnsureBuilt(ctx, tplName, progress)
 	if err != nil {
 		return nil, err
@@ -366,6 +374,8 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 		}
 		return nil, err
 	}
+	m.tplMu.RUnlock()
+	tplLocked = false
 	// Finish even if the client goes away: a create is never left half done.
 	cctx := context.WithoutCancel(ctx)
 	start := time.Now()
@@ -373,26 +383,36 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	backendDone := time.Now()
 	if err == nil {
 		err = m.waitAgent(cctx, sb)
-		if err != nil {
-			m.dropAgent(sb.ID)
-			if derr := b.Destroy(cctx, sb.ID); derr != nil {
-				m.log.Error("clean up sandbox whose agent did not start", "sandbox", sb.ID, "err", derr)
-			}
-		}
+	}
+	if err == nil {
+		sb.State = core.StateRunning
+		err = m.store.UpdateSandbox(cctx, sb)
 	}
 	if err != nil {
-		if derr := m.store.DeleteSandbox(cctx, sb.ID); derr != nil {
-			m.log.Error("delete record of failed sandbox", "sandbox", sb.ID, "err", derr)
-		}
+		m.abandonCreate(cctx, b, sb)
 		return nil, fmt.Errorf("create sandbox %s: %w", sb.Name, err)
-	}
-	sb.State = core.StateRunning
-	if err := m.store.UpdateSandbox(cctx, sb); err != nil {
-		return nil, err
 	}
 	m.log.Info("sandbox created", "sandbox", sb.Name, "id", sb.ID, "template", sb.TemplateID, "duration", time.Since(start),
 		"backend", backendDone.Sub(start), "agent", time.Since(backendDone))
 	return sb, nil
+}
+
+// abandonCreate releases what a failed create made. If the backend cannot
+// release everything, the record stays as destroying so that the reaper
+// retries; it is deleted only once nothing is left on the host.
+func (m *Manager) abandonCreate(ctx context.Context, b core.Backend, sb *core.Sandbox) {
+	m.dropAgent(sb.ID)
+	if err := b.Destroy(ctx, sb.ID); err != nil {
+		m.log.Error("clean up failed create; the reaper will retry", "sandbox", sb.ID, "err", err)
+		sb.State, sb.Reason = core.StateDestroying, "create failed"
+		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+			m.log.Error("mark failed create for cleanup", "sandbox", sb.ID, "err", err)
+		}
+		return
+	}
+	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
+		m.log.Error("delete record of failed sandbox", "sandbox", sb.ID, "err", err)
+	}
 }
 
 // waitAgent waits until the sandbox's agent answers, and gives the sandbox its identity.
@@ -403,7 +423,11 @@ func (m *Manager) waitAgent(ctx context.Context, sb *core.Sandbox) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	if err := c.Configure(ctx, &agent.ConfigureRequest{Hostname: sb.Name, Env: sb.Env}); err != nil {
+	env := map[string]string{"NOOK_SANDBOX": sb.Name}
+	for k, v := range sb.Env {
+		env[k] = v
+	}
+	if err := c.Configure(ctx, &agent.ConfigureRequest{Hostname: sb.Name, Env: env}); err != nil {
 		return fmt.Errorf("the sandbox's agent did not answer: %w", err)
 	}
 	return nil
@@ -570,7 +594,11 @@ func (m *Manager) agentError(ctx context.Context, sb *core.Sandbox, err error) e
 		if m.checkHealth(context.WithoutCancel(ctx), sb) {
 			return errdefs.Unavailable("sandbox %s did not answer: %v; try again", sb.Name, err)
 		}
-		return errdefs.Precondition("sandbox %s has stopped: %s; remove it with `nook rm %s`", sb.Name, sb.Reason, sb.Name)
+		reason := sb.Reason
+		if reason == "" {
+			reason = "it is no longer running"
+		}
+		return errdefs.Precondition("sandbox %s has stopped (%s): remove it with `nook rm %s`", sb.Name, reason, sb.Name)
 	}
 }
 
@@ -704,7 +732,7 @@ func (m *Manager) reapOnce(ctx context.Context) {
 
 // Info describes the host and the backends.
 func (m *Manager) Info(ctx context.Context) api.Info {
-	cpus, mem := hostResources()
+	cpus, mem := core.HostSize()
 	var uts syscall.Utsname
 	syscall.Uname(&uts)
 	info := api.Info{
@@ -787,6 +815,8 @@ func (m *Manager) BuildTemplate(ctx context.Context, name string, w io.Writer) (
 	if err != nil {
 		return t, err
 	}
+	m.tplMu.Lock()
+	defer m.tplMu.Unlock()
 	// Warm sandboxes of the old build would pin it: start over with the new one.
 	m.drainPools(ctx, name)
 	for _, b := range m.backends {
@@ -802,6 +832,8 @@ func (m *Manager) BuildTemplate(ctx context.Context, name string, w io.Writer) (
 
 // RemoveTemplate removes a template nothing uses.
 func (m *Manager) RemoveTemplate(ctx context.Context, name string) error {
+	m.tplMu.Lock()
+	defer m.tplMu.Unlock()
 	if t, err := m.templates.Get(name); err == nil {
 		if n, err := m.store.CountByTemplate(ctx, t.ID); err == nil && n == 0 {
 			m.drainPools(ctx, name)

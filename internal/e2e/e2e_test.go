@@ -168,6 +168,15 @@ func TestCreateExecRemove(t *testing.T) {
 	if got := d.must("exec", "e2e-one", "--", "echo", "hi"); got != "hi\n" {
 		t.Fatalf("exec printed %q", got)
 	}
+	if got := d.must("exec", "e2e-one", "--", "sh", "-c", "echo $NOOK_SANDBOX $(hostname)"); got != "e2e-one e2e-one\n" {
+		t.Fatalf("the sandbox does not know its name: %q", got)
+	}
+	// Nobody but root on the host may enter the sandboxes' files.
+	for _, dir := range []string{filepath.Join(d.data, "sandboxes"), filepath.Join(d.data, "sandboxes", mustID(t, d, "e2e-one"))} {
+		if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Fatalf("%s: mode %v %v, want 0700", dir, fi.Mode(), err)
+		}
+	}
 	r, _ := d.nook("exec", "--env", "X=1", "--cwd", "/tmp", "e2e-one", "--", "sh", "-c", `echo "$GREETING $X $(pwd)"; echo err >&2; exit 42`)
 	if r.stdout != "hello 1 /tmp\n" || r.stderr != "err\n" || r.code != 42 {
 		t.Fatalf("exec: %+v", r)
@@ -435,6 +444,13 @@ func TestTokenAuth(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("ls over TCP with a token: %+v", r)
 	}
+	// A token cannot mint more tokens or revoke others: only the host can.
+	for _, args := range [][]string{{"token", "create"}, {"token", "ls"}} {
+		r, _ = d.nookEnv(append(tcp, "NOOK_TOKEN="+token), args...)
+		if r.code != 1 || !strings.Contains(r.stderr, "managed on the host") {
+			t.Fatalf("nook %v over TCP: %+v", args, r)
+		}
+	}
 	// Only a hash of the token is stored.
 	db, _ := os.ReadFile(filepath.Join(d.data, "nook.db"))
 	wal, _ := os.ReadFile(filepath.Join(d.data, "nook.db-wal"))
@@ -447,4 +463,13 @@ func TestTokenAuth(t *testing.T) {
 	if r.code != 1 {
 		t.Fatalf("revoked token still works: %+v", r)
 	}
+}
+
+func mustID(t *testing.T, d *daemon, name string) string {
+	t.Helper()
+	var sb api.Sandbox
+	if err := json.Unmarshal([]byte(d.must("inspect", name, "--json")), &sb); err != nil {
+		t.Fatal(err)
+	}
+	return sb.ID
 }

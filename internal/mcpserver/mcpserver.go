@@ -153,7 +153,8 @@ type limitedBuffer struct {
 }
 
 func (b *limitedBuffer) Write(p []byte) (int, error) {
-	b.total += int64(len(p))
+	n := len(p)
+	b.total += int64(n)
 	half := OutputLimit / 2
 	if room := half - len(b.head); room > 0 {
 		n := min(room, len(p))
@@ -166,7 +167,7 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 			b.tail = append(b.tail[:0], b.tail[len(b.tail)-half:]...)
 		}
 	}
-	return len(p), nil
+	return n, nil
 }
 
 func (b *limitedBuffer) String() string {
@@ -224,14 +225,23 @@ func (t *tools) output(ctx context.Context, _ *mcp.CallToolRequest, in OutputInp
 	if in.WaitSeconds > 0 {
 		wait = time.Duration(min(in.WaitSeconds, 60) * float64(time.Second))
 	}
+	// Output older than the kept 1 MiB is gone: reading starts at the oldest kept byte.
+	from := in.Offset
+	if ps, err := t.c.Processes(ctx, in.Sandbox); err == nil {
+		for _, p := range ps {
+			if p.PID == in.PID && p.OutputFrom > from {
+				from = p.OutputFrom
+			}
+		}
+	}
 	rctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var buf limitedBuffer
-	st, err := t.c.Output(rctx, in.Sandbox, in.PID, in.Offset, &buf, &buf)
+	st, err := t.c.Output(rctx, in.Sandbox, in.PID, from, &buf, &buf)
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return fail(err)
 	}
-	out := OutputOutput{Output: buf.String(), NextOffset: in.Offset + buf.total, Running: st == nil}
+	out := OutputOutput{Output: buf.String(), NextOffset: from + buf.total, Running: st == nil}
 	if st != nil {
 		code := st.ExitCode
 		out.ExitCode, out.Signal = &code, st.Signal

@@ -42,6 +42,9 @@ func Serve(ctx context.Context, cfg Config) error {
 			cfg.Socket = filepath.Join(cfg.Daemon.RunDir, "nook.sock")
 		}
 	}
+	if abs, err := filepath.Abs(cfg.Socket); err == nil {
+		cfg.Socket = abs
+	}
 	dataDir := cfg.Daemon.DataDir
 	if dataDir == "" {
 		dataDir = "/var/lib/nook"
@@ -126,11 +129,14 @@ func listenUnix(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("another nook daemon is already serving at %s", path)
 	}
 	os.Remove(path)
-	old := syscall.Umask(0o177)
 	l, err := net.Listen("unix", path)
-	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	// Root only. Until the chmod, the directory (root's) keeps others out.
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, err
 	}
 	return l, nil
 }

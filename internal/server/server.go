@@ -127,6 +127,12 @@ func (s *Server) auth(next http.Handler) http.Handler {
 			writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "the token is not valid (revoked or mistyped): create one with `nook token create`")
 			return
 		}
+		// A token must not mint or revoke tokens: a leaked one could
+		// otherwise outlive its revocation.
+		if strings.HasPrefix(r.URL.Path, "/v1/tokens") {
+			writeError(w, http.StatusForbidden, api.CodePermissionDenied, "tokens are managed on the host only, over the unix socket: run `nook token` there")
+			return
+		}
 		next.ServeHTTP(w, r)
 	})
 }
@@ -290,7 +296,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Stdin || req.TTY && !req.Background {
-		s.fail(w, r, errdefs.Invalid("stdin and terminals need the WebSocket endpoint GET /v1/sandboxes/{name}/exec/ws"))
+		s.fail(w, r, errdefs.Invalid("a foreground command with stdin or a terminal needs the WebSocket endpoint GET /v1/sandboxes/{name}/exec/ws; a background command takes no stdin (attach to it for input)"))
 		return
 	}
 	p, err := s.m.Exec(r.Context(), r.PathValue("name"), req)

@@ -85,6 +85,7 @@ func Extract(r io.Reader, dir string, opt Options) error {
 		}
 		return nil
 	}
+	extracted := map[string]bool{} // regular files this archive created
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
@@ -126,6 +127,7 @@ func Extract(r io.Reader, dir string, opt Options) error {
 			if err := fileEntry(root, name, hdr, mode, tr, src); err != nil {
 				return err
 			}
+			extracted[name] = true
 		case tar.TypeSymlink:
 			if err := replaceable(root, name); err != nil {
 				return err
@@ -137,9 +139,12 @@ func Extract(r io.Reader, dir string, opt Options) error {
 				return escapes(hdr.Name, err)
 			}
 		case tar.TypeLink:
+			// Only to a file this archive brought: a link to a file that was
+			// already in the target directory would let the archive's sender
+			// read it back later through the link.
 			target, err := entryName(hdr.Linkname, opt.Top)
-			if err != nil {
-				return invalidf("tar entry %q: hard link target %q is not inside the archive", hdr.Name, hdr.Linkname)
+			if err != nil || !extracted[target] {
+				return invalidf("tar entry %q: hard link target %q is not a file earlier in the archive", hdr.Name, hdr.Linkname)
 			}
 			if err := replaceable(root, name); err != nil {
 				return err
@@ -150,6 +155,7 @@ func Extract(r io.Reader, dir string, opt Options) error {
 			if err := root.Link(target, name); err != nil {
 				return escapes(hdr.Name, err)
 			}
+			extracted[name] = true
 		default:
 			// Devices, fifos and other special files are not carried.
 		}

@@ -262,3 +262,25 @@ func FuzzExtract(f *testing.F) {
 		})
 	})
 }
+
+// A hard link may only point at a file the same archive brought: a link
+// to a file already in the target (a secret) would let whoever sent the
+// archive read it back later through the link.
+func TestExtractRefusesLinksToExistingFiles(t *testing.T) {
+	_, dir := sandbox(t)
+	if err := os.WriteFile(filepath.Join(dir, "secret"), []byte("key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := Extract(bytes.NewReader(mkTar(t, entry{name: "planted", typ: tar.TypeLink, link: "secret"})), dir, Options{})
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("hard link to an existing file: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "planted")); err == nil {
+		t.Fatal("the link was made")
+	}
+	// A link to a file earlier in the same archive is fine.
+	err = Extract(bytes.NewReader(mkTar(t, entry{name: "a", typ: tar.TypeReg, body: "x"}, entry{name: "b", typ: tar.TypeLink, link: "a"})), dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

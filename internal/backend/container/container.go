@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -142,6 +143,13 @@ func (b *Backend) createCold(ctx context.Context, sb *core.Sandbox) (err error) 
 	}()
 	dir := b.dir(sb.ID)
 	upper, work, rootfs := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), b.rootfs(sb.ID)
+	// Only root on the host may enter a sandbox's files.
+	if err := os.MkdirAll(b.cfg.StateDir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !os.IsExist(err) {
+		return err
+	}
 	for _, d := range []string{upper, work, rootfs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
@@ -210,13 +218,19 @@ func (b *Backend) createCold(ctx context.Context, sb *core.Sandbox) (err error) 
 }
 
 // tail returns the last lines of a log file, for error messages.
+// A sandbox can write to its log (it is the agent's stderr), so only its
+// end is ever read.
 func tail(path string) string {
-	b, _ := os.ReadFile(path)
-	b = bytes.TrimSpace(b)
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
 	}
-	return string(b)
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > 2000 {
+		f.Seek(fi.Size()-2000, io.SeekStart)
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, 2000))
+	return string(bytes.TrimSpace(b))
 }
 
 // procStartTime reads a process's start time in clock ticks (0 if it is gone or dead).

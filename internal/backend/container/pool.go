@@ -117,7 +117,7 @@ func (b *Backend) fillLocked(templateID string) {
 func (b *Backend) startWarm(ctx context.Context, templateID string) (warm, error) {
 	rnd := make([]byte, 8)
 	rand.Read(rnd)
-	cpus, mem := hostSize()
+	cpus, mem := core.HostSize()
 	sb := &core.Sandbox{ID: hex.EncodeToString(rnd), Name: "nook-warm", TemplateID: templateID, CPUs: float64(cpus), MemoryBytes: mem, PidsLimit: 4096}
 	if err := b.createCold(ctx, sb); err != nil {
 		return warm{}, err
@@ -125,12 +125,6 @@ func (b *Backend) startWarm(ctx context.Context, templateID string) (warm, error
 	var st state
 	json.Unmarshal(sb.BackendState, &st)
 	return warm{id: sb.ID, templateID: templateID, st: st}, nil
-}
-
-func hostSize() (int, int64) {
-	var si unix.Sysinfo_t
-	unix.Sysinfo(&si)
-	return runtime.NumCPU(), int64(si.Totalram) * int64(si.Unit)
 }
 
 // claim gives a warm container a sandbox's limits and hostname.
@@ -222,11 +216,17 @@ func (b *Backend) Drain(ctx context.Context, template string) error {
 	p := b.pool
 	p.mu.Lock()
 	var victims []warm
+	// A build may be wanted with its first container still starting:
+	// unwanted, that container is destroyed when it is ready.
+	for id := range p.wanted {
+		if strings.HasPrefix(id, template+"/") {
+			delete(p.wanted, id)
+		}
+	}
 	for id, ws := range p.ready {
 		if strings.HasPrefix(id, template+"/") {
 			victims = append(victims, ws...)
 			delete(p.ready, id)
-			delete(p.wanted, id)
 		}
 	}
 	p.mu.Unlock()
