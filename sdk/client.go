@@ -113,20 +113,25 @@ func rootCause(err error) error {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body any) (*http.Response, error) {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return nil, err
-		}
-		rd = bytes.NewReader(b)
+	if body == nil {
+		return c.send(ctx, method, path, "", nil)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	b, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+	return c.send(ctx, method, path, "application/json", bytes.NewReader(b))
+}
+
+// send makes a request; a 4xx or 5xx answer becomes an *Error, a daemon
+// that cannot be reached an *UnreachableError.
+func (c *Client) send(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
@@ -135,6 +140,10 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (*http.R
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		var be *bodyError
+		if errors.As(err, &be) {
+			return nil, fmt.Errorf("reading the upload: %w", be.err)
 		}
 		return nil, &UnreachableError{Host: c.host, Err: err}
 	}

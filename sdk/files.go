@@ -2,14 +2,11 @@ package sdk
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"net/http"
 	"net/url"
 	"strconv"
 
@@ -44,39 +41,6 @@ func filesPath(name, op string, q url.Values) string {
 		p += "?" + q.Encode()
 	}
 	return p
-}
-
-// doBody sends a request with a raw body (streamed as it is read).
-func (c *Client) doBody(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", contentType)
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		var be *bodyError
-		if errors.As(err, &be) {
-			return nil, fmt.Errorf("reading the upload: %w", be.err)
-		}
-		return nil, &UnreachableError{Host: c.host, Err: err}
-	}
-	if resp.StatusCode >= 400 {
-		defer resp.Body.Close()
-		var eb api.ErrorBody
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if json.Unmarshal(b, &eb) != nil || eb.Error.Code == "" {
-			return nil, &Error{Status: resp.StatusCode, Code: api.CodeInternal, Message: fmt.Sprintf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(b))}
-		}
-		return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
-	}
-	return resp, nil
 }
 
 // bodyError is an error reading the caller's upload; it is reported as is.
@@ -178,7 +142,7 @@ func (c *Client) WriteFile(ctx context.Context, name, path string, r io.Reader, 
 	if opt != nil && opt.Parents {
 		q.Set("parents", "true")
 	}
-	resp, err := c.doBody(ctx, "PUT", filesPath(name, "content", q), "application/octet-stream", bodyReader{r})
+	resp, err := c.send(ctx, "PUT", filesPath(name, "content", q), "application/octet-stream", bodyReader{r})
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +206,7 @@ func (c *Client) UploadArchive(ctx context.Context, name, dir string, r io.Reade
 	if parents {
 		q.Set("parents", "true")
 	}
-	resp, err := c.doBody(ctx, "PUT", filesPath(name, "archive", q), "application/x-tar", bodyReader{r})
+	resp, err := c.send(ctx, "PUT", filesPath(name, "archive", q), "application/x-tar", bodyReader{r})
 	if err != nil {
 		return nil, err
 	}

@@ -392,14 +392,8 @@ func (s *Server) exec(st net.Conn, fr *api.FrameReader, fw *frameWriter, req *Ex
 	}
 
 	killGroup := func(sig syscall.Signal) { _ = syscall.Kill(-pid, sig) }
-	var timedOut atomic.Bool
-	if req.TimeoutMS > 0 {
-		t := time.AfterFunc(time.Duration(req.TimeoutMS)*time.Millisecond, func() {
-			timedOut.Store(true)
-			killGroup(syscall.SIGKILL)
-		})
-		defer t.Stop()
-	}
+	deadline := killAfter(req.TimeoutMS, pid)
+	defer deadline.stop()
 
 	// Input from the daemon: stdin, EOF, signals. When the daemon side goes
 	// away (client disconnect), a foreground process dies with it.
@@ -464,23 +458,53 @@ func (s *Server) exec(st net.Conn, fr *api.FrameReader, fw *frameWriter, req *Ex
 
 	ws := <-done
 	close(exited)
-	// Output written before exit is still in the pipes; children that
-	// outlive the process may hold them open, so wait only briefly.
+	drain(&outputs, outR, errR)
+
+	status := exitStatus(ws)
+	status.TimedOut = deadline.fired.Load()
+	_ = fw.json(api.FrameExit, status)
+}
+
+// timeout kills a process group when its time is up.
+type timeout struct {
+	t     *time.Timer
+	fired atomic.Bool
+}
+
+// killAfter arms a timeout of ms milliseconds for process group pid (none if ms <= 0).
+func killAfter(ms int64, pid int) *timeout {
+	to := &timeout{}
+	if ms > 0 {
+		to.t = time.AfterFunc(time.Duration(ms)*time.Millisecond, func() {
+			to.fired.Store(true)
+			syscall.Kill(-pid, syscall.SIGKILL)
+		})
+	}
+	return to
+}
+
+func (to *timeout) stop() {
+	if to.t != nil {
+		to.t.Stop()
+	}
+}
+
+// drain waits for the pumps reading a process's outputs after it exited,
+// then closes them. Output written before the exit is still in the pipes,
+// but children that outlive the process may hold them open, so it waits
+// only briefly before cutting the reads short.
+func drain(pumps *sync.WaitGroup, outputs ...*os.File) {
 	drained := make(chan struct{})
-	go func() { outputs.Wait(); close(drained) }()
+	go func() { pumps.Wait(); close(drained) }()
 	select {
 	case <-drained:
 	case <-time.After(250 * time.Millisecond):
-		outR.SetReadDeadline(time.Now())
-		errR.SetReadDeadline(time.Now())
+		for _, f := range outputs {
+			f.SetReadDeadline(time.Now())
+		}
 		<-drained
 	}
-	outR.Close()
-	errR.Close()
-
-	status := exitStatus(ws)
-	status.TimedOut = timedOut.Load()
-	_ = fw.json(api.FrameExit, status)
+	closeAll(outputs)
 }
 
 // growPipe raises a pipe's buffer to 1 MiB (from 64 KiB) so bulk input

@@ -7,7 +7,6 @@ import (
 	"os"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -289,30 +288,11 @@ func (s *Server) startSession(fr *api.FrameReader, fw *frameWriter, req *ExecReq
 			}
 		}(f, kind)
 	}
-	var timer *time.Timer
-	var timedOut atomic.Bool
-	if req.TimeoutMS > 0 {
-		timer = time.AfterFunc(time.Duration(req.TimeoutMS)*time.Millisecond, func() {
-			timedOut.Store(true)
-			syscall.Kill(-pid, syscall.SIGKILL)
-		})
-	}
+	deadline := killAfter(req.TimeoutMS, pid)
 	go func() {
 		ws := <-done
-		if timer != nil {
-			timer.Stop()
-		}
-		drained := make(chan struct{})
-		go func() { pumps.Wait(); close(drained) }()
-		select {
-		case <-drained:
-		case <-time.After(250 * time.Millisecond):
-			for _, f := range outputs {
-				f.SetReadDeadline(time.Now())
-			}
-			<-drained
-		}
-		closeAll(outputs)
+		deadline.stop()
+		drain(&pumps, outputs...)
 		ss.inMu.Lock()
 		if ss.stdin != nil {
 			ss.stdin.Close()
@@ -320,7 +300,7 @@ func (s *Server) startSession(fr *api.FrameReader, fw *frameWriter, req *ExecReq
 		}
 		ss.inMu.Unlock()
 		ss.status = exitStatus(ws)
-		ss.status.TimedOut = timedOut.Load()
+		ss.status.TimedOut = deadline.fired.Load()
 		close(ss.done)
 		ss.ring.close()
 		s.sessions.finish(pid)

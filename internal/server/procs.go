@@ -22,16 +22,21 @@ func pathPID(r *http.Request) (int, error) {
 	return pid, nil
 }
 
-func queryOffset(r *http.Request) (int64, error) {
+// pidOffset reads the {pid} of the path and the offset query parameter.
+func pidOffset(r *http.Request) (int, int64, error) {
+	pid, err := pathPID(r)
+	if err != nil {
+		return 0, 0, err
+	}
 	s := r.URL.Query().Get("offset")
 	if s == "" {
-		return 0, nil
+		return pid, 0, nil
 	}
 	off, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || off < 0 {
-		return 0, errdefs.Invalid("offset %q is not valid: give a byte offset >= 0", s)
+		return 0, 0, errdefs.Invalid("offset %q is not valid: give a byte offset >= 0", s)
 	}
-	return off, nil
+	return pid, off, nil
 }
 
 func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) {
@@ -64,12 +69,7 @@ func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request) {
 // processOutput streams a process's output from an offset until it
 // exits, in the exec stream format. Disconnecting detaches.
 func (s *Server) processOutput(w http.ResponseWriter, r *http.Request) {
-	pid, err := pathPID(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	off, err := queryOffset(r)
+	pid, off, err := pidOffset(r)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -120,12 +120,7 @@ func (s *Server) execWebSocket(w http.ResponseWriter, r *http.Request) {
 
 // attachWebSocket attaches to a process with input; closing detaches.
 func (s *Server) attachWebSocket(w http.ResponseWriter, r *http.Request) {
-	pid, err := pathPID(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	off, err := queryOffset(r)
+	pid, off, err := pidOffset(r)
 	if err != nil {
 		s.fail(w, r, err)
 		return
