@@ -18,19 +18,7 @@ import (
 
 // FileMode formats an fs.FileMode's permission, setuid, setgid and sticky
 // bits as the API's octal mode string (e.g. "0755", "4755").
-func FileMode(m fs.FileMode) string {
-	b := uint32(m.Perm())
-	if m&fs.ModeSetuid != 0 {
-		b |= 0o4000
-	}
-	if m&fs.ModeSetgid != 0 {
-		b |= 0o2000
-	}
-	if m&fs.ModeSticky != 0 {
-		b |= 0o1000
-	}
-	return fmt.Sprintf("%04o", b)
-}
+func FileMode(m fs.FileMode) string { return fmt.Sprintf("%04o", api.ModeBits(m)) }
 
 func filesPath(name, op string, q url.Values) string {
 	p := "/v1/sandboxes/" + esc(name) + "/files"

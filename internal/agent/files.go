@@ -172,41 +172,11 @@ func fileErrorf(code, format string, args ...any) *AgentError {
 	return &AgentError{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
-// modeBits is an os.FileMode's permission, setuid, setgid and sticky bits as in chmod(2).
-func modeBits(m os.FileMode) uint32 {
-	b := uint32(m.Perm())
-	if m&os.ModeSetuid != 0 {
-		b |= 0o4000
-	}
-	if m&os.ModeSetgid != 0 {
-		b |= 0o2000
-	}
-	if m&os.ModeSticky != 0 {
-		b |= 0o1000
-	}
-	return b
-}
-
-// fsMode is the inverse of modeBits.
-func fsMode(b uint32) os.FileMode {
-	m := os.FileMode(b & 0o777)
-	if b&0o4000 != 0 {
-		m |= os.ModeSetuid
-	}
-	if b&0o2000 != 0 {
-		m |= os.ModeSetgid
-	}
-	if b&0o1000 != 0 {
-		m |= os.ModeSticky
-	}
-	return m
-}
-
 // FileInfoOf describes fi, found at p.
 func FileInfoOf(p string, fi os.FileInfo) api.FileInfo {
 	info := api.FileInfo{
 		Path: p, Name: filepath.Base(p), Size: fi.Size(),
-		Mode: fmt.Sprintf("%04o", modeBits(fi.Mode())), ModTime: fi.ModTime().UTC(),
+		Mode: fmt.Sprintf("%04o", api.ModeBits(fi.Mode())), ModTime: fi.ModTime().UTC(),
 	}
 	switch {
 	case fi.Mode().IsRegular():
@@ -257,7 +227,7 @@ func (s *Server) files(st net.Conn, fr *api.FrameReader, fw *frameWriter, op str
 	case OpMove:
 		fw.replyInfo(fileMove(p, filepath.Clean(r.Dest), r.Overwrite))
 	case OpChmod:
-		if err := os.Chmod(p, fsMode(*r.Mode)); err != nil {
+		if err := os.Chmod(p, api.FileModeOf(*r.Mode)); err != nil {
 			fw.failWith(fileError(p, err))
 			return
 		}
@@ -435,7 +405,7 @@ func (s *Server) fileWrite(fr *api.FrameReader, fw *frameWriter, p string, r *Fi
 	mode := os.FileMode(0o644)
 	switch {
 	case r.Mode != nil:
-		mode = fsMode(*r.Mode)
+		mode = api.FileModeOf(*r.Mode)
 	case existing != nil:
 		mode = existing.Mode() & (os.ModePerm | os.ModeSetuid | os.ModeSetgid | os.ModeSticky)
 	}
@@ -485,7 +455,7 @@ func (s *Server) fileWrite(fr *api.FrameReader, fw *frameWriter, p string, r *Fi
 func fileMkdir(p string, r *FileRequest) (*api.FileInfo, *AgentError) {
 	mode := os.FileMode(0o755)
 	if r.Mode != nil {
-		mode = fsMode(*r.Mode)
+		mode = api.FileModeOf(*r.Mode)
 	}
 	fi, err := os.Lstat(p)
 	switch {

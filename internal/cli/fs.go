@@ -207,17 +207,7 @@ func parseModeArg(s string) (fs.FileMode, error) {
 	if err != nil || m > 0o7777 {
 		return 0, &usageError{fmt.Errorf("mode %q is not valid: give permission bits in octal, e.g. 0755", s)}
 	}
-	mode := fs.FileMode(m & 0o777)
-	if m&0o4000 != 0 {
-		mode |= fs.ModeSetuid
-	}
-	if m&0o2000 != 0 {
-		mode |= fs.ModeSetgid
-	}
-	if m&0o1000 != 0 {
-		mode |= fs.ModeSticky
-	}
-	return mode, nil
+	return api.FileModeOf(uint32(m)), nil
 }
 
 func fsMkdirCmd() *cobra.Command {

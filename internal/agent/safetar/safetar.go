@@ -26,6 +26,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/nookhq/nook/api"
 )
 
 // ErrInvalid marks an archive that is malformed or has an entry that is
@@ -193,17 +195,11 @@ func entryName(raw, top string) (string, error) {
 }
 
 func fileMode(m int64, noSetID bool) os.FileMode {
-	mode := os.FileMode(m) & os.ModePerm
-	if m&0o4000 != 0 && !noSetID {
-		mode |= os.ModeSetuid
+	bits := uint32(m) & 0o7777
+	if noSetID {
+		bits &^= 0o6000
 	}
-	if m&0o2000 != 0 && !noSetID {
-		mode |= os.ModeSetgid
-	}
-	if m&0o1000 != 0 {
-		mode |= os.ModeSticky
-	}
-	return mode
+	return api.FileModeOf(bits)
 }
 
 // escapes turns os.Root's refusal to leave the target into ErrInvalid.
