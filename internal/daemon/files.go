@@ -68,7 +68,7 @@ func (m *Manager) StatFile(ctx context.Context, name, path string) (*api.FileInf
 // most maxEntries entries (0: agent.DefaultListEntries).
 func (m *Manager) ListFiles(ctx context.Context, name, path string, recursive bool, maxEntries int) (*agent.FileListing, error) {
 	if maxEntries < 0 || maxEntries > agent.MaxListEntries {
-		return nil, errdefs.Invalid("max_entries must be between 1 and %d", agent.MaxListEntries)
+		return nil, errdefs.Invalid("max_entries must be between 1 and %d (0 or absent: the default)", agent.MaxListEntries)
 	}
 	sb, c, err := m.fileAgent(ctx, name, path)
 	if err != nil {
