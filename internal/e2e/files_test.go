@@ -450,7 +450,10 @@ func vmRSS(t *testing.T, pid int) int64 {
 	return 0
 }
 
-// A 200 MB file goes in and out intact while the daemon's memory stays small.
+// bigFile is just over 2 GiB, past any 32-bit size or offset.
+const bigFile = 2<<30 + 1
+
+// A 2 GiB file goes in and out intact while the daemon's memory stays small.
 func TestFilesLargeRoundTrip(t *testing.T) {
 	d := newDaemon(t)
 	d.must("create", "--name", "big")
@@ -461,7 +464,7 @@ func TestFilesLargeRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := sha256.New()
-	if _, err := io.CopyN(io.MultiWriter(f, h), rand.Reader, 200<<20); err != nil {
+	if _, err := io.CopyN(io.MultiWriter(f, h), rand.Reader, bigFile); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
@@ -519,15 +522,15 @@ func TestFilesLargeRoundTrip(t *testing.T) {
 	io.Copy(h, catOut)
 	catOut.Close()
 	if got := hex.EncodeToString(h.Sum(nil)); err != nil || got != want {
-		t.Fatalf("fs cat of 200 MB: %v, sha256 %s", err, got)
+		t.Fatalf("fs cat of 2 GiB: %v, sha256 %s", err, got)
 	}
 	close(stop)
 	<-sampled
 	mu.Lock()
 	defer mu.Unlock()
-	t.Logf("200 MB up %v, down %v, cat %v; daemon peak VmRSS %d MiB", up.Round(time.Millisecond), down.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), peak>>20)
+	t.Logf("2 GiB up %v, down %v, cat %v; daemon peak VmRSS %d MiB", up.Round(time.Millisecond), down.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), peak>>20)
 	if peak > 150<<20 {
-		t.Fatalf("daemon VmRSS peaked at %d MiB moving 200 MB", peak>>20)
+		t.Fatalf("daemon VmRSS peaked at %d MiB moving 2 GiB", peak>>20)
 	}
 }
 
