@@ -26,6 +26,7 @@ const (
 	StateRunning    = "running"
 	StateDestroying = "destroying"
 	StateFailed     = "failed"
+	StatePaused     = "paused"
 )
 
 // Sandbox is a sandbox as the API reports it.
@@ -35,7 +36,8 @@ type Sandbox struct {
 	Template    string            `json:"template"`
 	Isolation   string            `json:"isolation"`
 	State       string            `json:"state"`
-	Reason      string            `json:"reason,omitempty"` // why a sandbox is failed
+	Reason      string            `json:"reason,omitempty"`     // why a sandbox is failed
+	PauseKind   string            `json:"pause_kind,omitempty"` // how a paused sandbox is paused, e.g. "frozen"
 	CPUs        float64           `json:"cpus"`
 	MemoryBytes int64             `json:"memory_bytes"`
 	DiskBytes   int64             `json:"disk_bytes,omitempty"` // 0: not limited

@@ -206,6 +206,19 @@ func (c *Client) DeleteSandbox(ctx context.Context, name string) error {
 	return c.call(ctx, "DELETE", "/v1/sandboxes/"+esc(name), nil, nil)
 }
 
+// PauseSandbox stops a sandbox's processes, keeping them; any call that
+// needs it running (exec, files) resumes it.
+func (c *Client) PauseSandbox(ctx context.Context, name string) (*api.Sandbox, error) {
+	var out api.Sandbox
+	return &out, c.call(ctx, "POST", "/v1/sandboxes/"+esc(name)+"/pause", nil, &out)
+}
+
+// ResumeSandbox continues a paused sandbox.
+func (c *Client) ResumeSandbox(ctx context.Context, name string) (*api.Sandbox, error) {
+	var out api.Sandbox
+	return &out, c.call(ctx, "POST", "/v1/sandboxes/"+esc(name)+"/resume", nil, &out)
+}
+
 // SetTTL sets a sandbox's remaining lifetime, e.g. "2h".
 func (c *Client) SetTTL(ctx context.Context, name, ttl string) (*api.Sandbox, error) {
 	var out api.Sandbox

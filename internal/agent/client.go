@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/yamux"
 
@@ -83,7 +84,7 @@ func (c *Client) request(ctx context.Context, req Request, reply any) (net.Conn,
 	if err != nil {
 		return nil, nil, err
 	}
-	stop := context.AfterFunc(ctx, func() { st.Close() })
+	stop := context.AfterFunc(ctx, func() { abort(st) })
 	b, _ := json.Marshal(req)
 	fr := api.NewFrameReader(st)
 	err = api.WriteFrame(st, api.FrameJSON, b)
@@ -249,4 +250,12 @@ func (p *Process) Send(kind byte, b []byte) error {
 }
 
 // Close ends the stream; a process still running is killed by the agent.
-func (p *Process) Close() error { return p.st.Close() }
+func (p *Process) Close() error { return abort(p.st) }
+
+// abort ends a stream on this side at once. A yamux Close only half-closes
+// (a pending Read waits for the peer's FIN, which a paused or hung
+// sandbox never sends); the deadline makes pending reads return now.
+func abort(st net.Conn) error {
+	st.SetDeadline(time.Now())
+	return st.Close()
+}

@@ -71,7 +71,7 @@ func (c *Client) openStream(ctx context.Context, op string, req *FileRequest) (*
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	stop := context.AfterFunc(ctx, func() { st.Close() })
+	stop := context.AfterFunc(ctx, func() { abort(st) })
 	return &r, st, fr, stop, nil
 }
 

@@ -41,6 +41,7 @@ type row struct {
 	p50, p99      time.Duration
 	base          string
 	baseP50       time.Duration
+	baseP99       time.Duration
 	target, ratio string
 }
 
@@ -95,6 +96,10 @@ func Run(ctx context.Context, cfg Config) error {
 			ratio: fmt.Sprintf("%.2fx", float64(pct(create, .5))/float64(pct(bare, .5)))},
 		{name: "exec round trip (true)", p50: pct(rt, .5), p99: pct(rt, .99), base: "-", target: "p50 <= 3ms", ratio: "-"},
 		{name: "exec first byte of output (echo)", p50: pct(warm.firstByte, .5), p99: pct(warm.firstByte, .99), base: "-", target: "p50 <= 5ms", ratio: "-"},
+		{name: "pause (container, freezer)", p50: pct(warm.pause, .5), p99: pct(warm.pause, .99), base: "bare runc pause", baseP50: pct(warm.runcPause, .5), baseP99: pct(warm.runcPause, .99), target: "p50 <= 30ms",
+			ratio: fmt.Sprintf("%.2fx", float64(pct(warm.pause, .5))/float64(pct(warm.runcPause, .5)))},
+		{name: "resume (container, freezer)", p50: pct(warm.resume, .5), p99: pct(warm.resume, .99), base: "bare runc resume", baseP50: pct(warm.runcResume, .5), baseP99: pct(warm.runcResume, .99), target: "p50 <= 30ms",
+			ratio: fmt.Sprintf("%.2fx", float64(pct(warm.resume, .5))/float64(pct(warm.runcResume, .5)))},
 	}
 	fmt.Fprintln(cfg.Out)
 	tw := tabwriter.NewWriter(cfg.Out, 0, 4, 2, ' ', 0)
@@ -102,7 +107,10 @@ func Run(ctx context.Context, cfg Config) error {
 	for _, r := range rows {
 		bp50, bp99 := "-", "-"
 		if r.baseP50 > 0 {
-			bp50, bp99 = ms(pct(bare, .5)), ms(pct(bare, .99))
+			if r.baseP99 == 0 {
+				r.baseP99 = pct(bare, .99)
+			}
+			bp50, bp99 = ms(r.baseP50), ms(r.baseP99)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.name, ms(r.p50), ms(r.p99), r.base, bp50, bp99, r.ratio, r.target)
 	}
@@ -124,6 +132,8 @@ func Run(ctx context.Context, cfg Config) error {
 // SDK like any client: creates to first exec output, then exec round trips.
 type results struct {
 	create, rt, firstByte         []time.Duration
+	pause, resume                 []time.Duration // through the API
+	runcPause, runcResume         []time.Duration // bare runc on the same container
 	catMBs, hostCatMBs, uploadMBs float64
 	fileDownMBs, fileUpMBs        float64
 	agentRSS, selfRSS             int64 // peak, bytes
@@ -193,11 +203,52 @@ func measure(ctx context.Context, cfg Config, root string, pool int, streams boo
 		res.firstByte = append(res.firstByte, fw.at)
 	}
 	if streams {
+		if err := measurePause(ctx, cl, root, &res); err != nil {
+			return res, err
+		}
 		if err := measureStreams(ctx, cl, root, &res); err != nil {
 			return res, err
 		}
 	}
 	return res, cl.DeleteSandbox(ctx, "bench-0")
+}
+
+// measurePause times pause and resume through the API, beside bare
+// `runc pause` / `runc resume` of the same container.
+func measurePause(ctx context.Context, cl *sdk.Client, root string, res *results) error {
+	sb, err := cl.GetSandbox(ctx, "bench-0")
+	if err != nil {
+		return err
+	}
+	runc := func(verb string) (time.Duration, error) {
+		t := time.Now()
+		out, err := exec.CommandContext(ctx, "runc", "--root", filepath.Join(root, "run", "runc"), verb, sb.ID).CombinedOutput()
+		if err != nil {
+			return 0, fmt.Errorf("runc %s: %v: %s", verb, err, out)
+		}
+		return time.Since(t), nil
+	}
+	for i := 0; i < 50; i++ {
+		t0 := time.Now()
+		if _, err := cl.PauseSandbox(ctx, "bench-0"); err != nil {
+			return err
+		}
+		t1 := time.Now()
+		if _, err := cl.ResumeSandbox(ctx, "bench-0"); err != nil {
+			return err
+		}
+		res.pause, res.resume = append(res.pause, t1.Sub(t0)), append(res.resume, time.Since(t1))
+		p, err := runc("pause")
+		if err != nil {
+			return err
+		}
+		r, err := runc("resume")
+		if err != nil {
+			return err
+		}
+		res.runcPause, res.runcResume = append(res.runcPause, p), append(res.runcResume, r)
+	}
+	return nil
 }
 
 const streamBytes = 1 << 30

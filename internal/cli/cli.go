@@ -87,7 +87,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(serveCmd(), createCmd(), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd())
+	root.AddCommand(serveCmd(), createCmd(), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd())
 	return root
 }
 
@@ -268,6 +268,9 @@ func inspectCmd() *cobra.Command {
 			fmt.Fprintf(tw, "name:\t%s\nid:\t%s\nstate:\t%s\n", sb.Name, sb.ID, sb.State)
 			if sb.Reason != "" {
 				fmt.Fprintf(tw, "reason:\t%s\n", sb.Reason)
+			}
+			if sb.PauseKind != "" {
+				fmt.Fprintf(tw, "paused:\t%s\n", sb.PauseKind)
 			}
 			fmt.Fprintf(tw, "isolation:\t%s\ntemplate:\t%s\ncpus:\t%g\nmemory:\t%s\npids limit:\t%d\n", sb.Isolation, sb.Template, sb.CPUs, core.FormatBytes(sb.MemoryBytes), sb.PidsLimit)
 			if sb.DiskBytes > 0 {
@@ -563,4 +566,37 @@ func tokenCmd() *cobra.Command {
 		},
 	})
 	return c
+}
+
+func pauseCmd(pause bool) *cobra.Command {
+	use, short := "pause NAME...", "Pause sandboxes: their processes stop, nothing is lost; any exec or file call resumes them"
+	if !pause {
+		use, short = "resume NAME...", "Resume paused sandboxes"
+	}
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			var errs []error
+			for _, name := range args {
+				var err error
+				if pause {
+					_, err = cl.PauseSandbox(cmd.Context(), name)
+				} else {
+					_, err = cl.ResumeSandbox(cmd.Context(), name)
+				}
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), name)
+			}
+			return errors.Join(errs...)
+		},
+	}
 }

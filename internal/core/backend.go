@@ -74,6 +74,19 @@ func (s RuntimeState) String() string {
 	}
 }
 
+// Pauser is an optional Backend feature: stopping a sandbox's processes
+// without losing them, and continuing them. Both are idempotent (pausing a
+// paused sandbox succeeds), so the manager can bring the host in line with
+// the database after a crash. Paused reports the host's view.
+type Pauser interface {
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+	Paused(ctx context.Context, id string) (bool, error)
+	// PauseKind says what a pause keeps and where, for users, e.g.
+	// "frozen: processes stopped, memory kept in RAM".
+	PauseKind() string
+}
+
 // WarmPool is an optional Backend feature: sandboxes started ahead of
 // demand, so that a create only has to claim one and give it its identity
 // (limits, hostname; the manager then configures it through its agent).

@@ -21,13 +21,15 @@ const (
 	StateRunning    State = api.StateRunning
 	StateDestroying State = api.StateDestroying
 	StateFailed     State = api.StateFailed
+	StatePaused     State = api.StatePaused
 )
 
 // transitions lists the legal state changes. Later states (paused,
 // snapshotting...) are added here and nowhere else.
 var transitions = map[State][]State{
 	StateCreating:   {StateRunning, StateDestroying, StateFailed},
-	StateRunning:    {StateDestroying, StateFailed},
+	StateRunning:    {StateDestroying, StateFailed, StatePaused},
+	StatePaused:     {StateRunning, StateDestroying, StateFailed},
 	StateFailed:     {StateDestroying},
 	StateDestroying: {},
 }

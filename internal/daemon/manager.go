@@ -483,6 +483,106 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 	return nil
 }
 
+// View is a sandbox as the API shows it, with what the backend says of its pause.
+func (m *Manager) View(sb *core.Sandbox) api.Sandbox {
+	v := sb.API()
+	if sb.State == core.StatePaused {
+		if p, ok := m.backends[sb.Isolation].(core.Pauser); ok {
+			v.PauseKind = p.PauseKind()
+		}
+	}
+	return v
+}
+
+// Pause stops a running sandbox's processes, keeping them (how depends on
+// the backend: Capabilities.Pause, and PauseKind in the sandbox).
+func (m *Manager) Pause(ctx context.Context, name string) (*core.Sandbox, error) {
+	return m.setPaused(ctx, name, true)
+}
+
+// Resume continues a paused sandbox.
+func (m *Manager) Resume(ctx context.Context, name string) (*core.Sandbox, error) {
+	return m.setPaused(ctx, name, false)
+}
+
+func (m *Manager) setPaused(ctx context.Context, name string, pause bool) (*core.Sandbox, error) {
+	if err := core.ValidateName(name); err != nil {
+		return nil, err
+	}
+	unlock := m.lockName(name)
+	defer unlock()
+	sb, err := m.store.GetSandbox(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	b, err := m.backend(sb.Isolation)
+	if err != nil {
+		return nil, err
+	}
+	p, ok := b.(core.Pauser)
+	if !ok || !b.Capabilities().Pause {
+		return nil, errdefs.Precondition("the %s backend cannot pause sandboxes", sb.Isolation)
+	}
+	switch {
+	case pause && sb.State == core.StatePaused:
+		return nil, errdefs.Precondition("sandbox %s is already paused: resume it with `nook resume %s`", name, name)
+	case !pause && sb.State == core.StateRunning:
+		return nil, errdefs.Precondition("sandbox %s is not paused", name)
+	}
+	to := core.StateRunning
+	if pause {
+		to = core.StatePaused
+	}
+	if err := core.CheckTransition(sb.State, to); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	// Pause: record first, then freeze; resume: thaw first, then record.
+	// A crash in between leaves the two apart, and reconcile aligns the
+	// host with the record (neither step was acknowledged).
+	cctx := context.WithoutCancel(ctx)
+	if pause {
+		sb.State = core.StatePaused
+		if err := m.store.UpdateSandbox(cctx, sb); err != nil {
+			return nil, err
+		}
+		if err := p.Pause(cctx, sb.ID); err != nil {
+			sb.State = core.StateRunning
+			if uerr := m.store.UpdateSandbox(cctx, sb); uerr != nil {
+				m.log.Error("undo pause record", "sandbox", name, "err", uerr)
+			}
+			return nil, fmt.Errorf("pause sandbox %s: %w", name, err)
+		}
+		return sb, nil
+	}
+	if err := p.Resume(cctx, sb.ID); err != nil {
+		return nil, fmt.Errorf("resume sandbox %s: %w", name, err)
+	}
+	sb.State = core.StateRunning
+	return sb, m.store.UpdateSandbox(cctx, sb)
+}
+
+// alignPause makes the host's pause state match the record after a restart.
+func (m *Manager) alignPause(ctx context.Context, sb *core.Sandbox) {
+	p, ok := m.backends[sb.Isolation].(core.Pauser)
+	if !ok {
+		return
+	}
+	paused, err := p.Paused(ctx, sb.ID)
+	if err != nil {
+		m.log.Warn("read pause state", "sandbox", sb.Name, "err", err)
+		return
+	}
+	switch {
+	case sb.State == core.StatePaused && !paused:
+		err = p.Pause(ctx, sb.ID)
+	case sb.State == core.StateRunning && paused:
+		err = p.Resume(ctx, sb.ID)
+	}
+	if err != nil {
+		m.log.Error("align pause state", "sandbox", sb.Name, "err", err)
+	}
+}
+
 // SetTTL sets a sandbox's remaining lifetime.
 func (m *Manager) SetTTL(ctx context.Context, name, ttl string) (*core.Sandbox, error) {
 	if ttl == "" {
@@ -552,6 +652,13 @@ func (m *Manager) runningAgent(ctx context.Context, name string) (*core.Sandbox,
 	if err != nil {
 		return nil, nil, err
 	}
+	// A paused sandbox wakes up for any call that needs it: the caller
+	// sees only the latency.
+	if sb.State == core.StatePaused {
+		if sb, err = m.Resume(ctx, name); err != nil {
+			return nil, nil, err
+		}
+	}
 	if sb.State != core.StateRunning {
 		msg := fmt.Sprintf("sandbox %s is %s", name, sb.State)
 		if sb.Reason != "" {
@@ -616,7 +723,7 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 	unlock := m.lockName(sb.Name)
 	defer unlock()
 	cur, err := m.store.GetSandbox(ctx, sb.Name)
-	if err != nil || cur.ID != sb.ID || cur.State != core.StateRunning {
+	if err != nil || cur.ID != sb.ID || (cur.State != core.StateRunning && cur.State != core.StatePaused) {
 		return false
 	}
 	cur.State, cur.Reason = core.StateFailed, rs.Detail
@@ -656,9 +763,10 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			if err := m.destroyLocked(ctx, sb); err != nil {
 				m.log.Error("finish interrupted destroy", "sandbox", sb.Name, "err", err)
 			}
-		case core.StateRunning:
+		case core.StateRunning, core.StatePaused:
 			if m.checkHealth(ctx, sb) {
-				m.log.Info("re-adopted sandbox", "sandbox", sb.Name)
+				m.log.Info("re-adopted sandbox", "sandbox", sb.Name, "state", sb.State)
+				m.alignPause(ctx, sb)
 			}
 		}
 	}
@@ -716,7 +824,7 @@ func (m *Manager) reapOnce(ctx context.Context) {
 	}
 	for _, sb := range all {
 		switch sb.State {
-		case core.StateRunning:
+		case core.StateRunning, core.StatePaused:
 			m.checkHealth(ctx, sb)
 		case core.StateDestroying:
 			unlock := m.lockName(sb.Name)

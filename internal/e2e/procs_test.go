@@ -231,3 +231,60 @@ func TestFloodKeepsMemoryBounded(t *testing.T) {
 		t.Errorf("agent peaked at %d MiB after a background flood", hwm>>20)
 	}
 }
+
+// Pause keeps everything; any call that needs the sandbox wakes it; the
+// state survives a daemon kill -9; a paused sandbox is destroyed cleanly.
+func TestPauseResume(t *testing.T) {
+	d := newDaemon(t)
+	d.must("create", "--name", "nap")
+	pid := strings.TrimSpace(d.must("exec", "-d", "nap", "--", "sh", "-c", "echo started; sleep 600"))
+	d.must("pause", "nap")
+	var sb api.Sandbox
+	json.Unmarshal([]byte(d.must("inspect", "nap", "--json")), &sb)
+	if sb.State != api.StatePaused || !strings.Contains(sb.PauseKind, "frozen") {
+		t.Fatalf("after pause: %s %q", sb.State, sb.PauseKind)
+	}
+	if !strings.Contains(d.must("inspect", "nap"), "paused:") {
+		t.Fatal("inspect does not say how the sandbox is paused")
+	}
+	r, _ := d.nook("pause", "nap")
+	if r.code != 1 || !strings.Contains(r.stderr, "already paused") {
+		t.Fatalf("pause of a paused sandbox: %+v", r)
+	}
+	// The daemon dies and comes back: still paused, still frozen.
+	d.stop(syscall.SIGKILL)
+	d.start()
+	json.Unmarshal([]byte(d.must("inspect", "nap", "--json")), &sb)
+	state, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/freezer", d.cgroup, sb.ID, "freezer.state"))
+	if sb.State != api.StatePaused || strings.TrimSpace(string(state)) != "FROZEN" {
+		t.Fatalf("after a restart: %s, freezer %q", sb.State, state)
+	}
+	// An exec wakes it transparently, and its background process is still there.
+	if got := d.must("exec", "nap", "--", "echo", "awake"); got != "awake\n" {
+		t.Fatalf("exec on a paused sandbox: %q", got)
+	}
+	json.Unmarshal([]byte(d.must("inspect", "nap", "--json")), &sb)
+	if sb.State != api.StateRunning {
+		t.Fatalf("after exec: %s", sb.State)
+	}
+	var ps []api.Process
+	json.Unmarshal([]byte(d.must("ps", "nap", "--json")), &ps)
+	if len(ps) != 1 || strconv.Itoa(ps[0].PID) != pid || !ps[0].Running {
+		t.Fatalf("background process lost across the pause: %+v", ps)
+	}
+	r, _ = d.nook("resume", "nap")
+	if r.code != 1 || !strings.Contains(r.stderr, "not paused") {
+		t.Fatalf("resume of a running sandbox: %+v", r)
+	}
+	d.must("pause", "nap")
+	d.must("resume", "nap")
+	d.must("pause", "nap")
+	d.must("rm", "nap")
+	if leaks := d.resources().Leaks(sb.ID); len(leaks) > 0 {
+		t.Fatalf("rm of a paused sandbox left: %v", leaks)
+	}
+	r, _ = d.nook("pause", "ghost")
+	if r.code != 1 || !strings.Contains(r.stderr, "no sandbox") {
+		t.Fatalf("pause of a missing sandbox: %+v", r)
+	}
+}

@@ -62,6 +62,8 @@ func (s *Server) routes() []route {
 		{"GET /v1/sandboxes/{name}", s.getSandbox},
 		{"DELETE /v1/sandboxes/{name}", s.deleteSandbox},
 		{"PUT /v1/sandboxes/{name}/ttl", s.setTTL},
+		{"POST /v1/sandboxes/{name}/pause", s.pauseSandbox},
+		{"POST /v1/sandboxes/{name}/resume", s.resumeSandbox},
 		{"POST /v1/sandboxes/{name}/exec", s.exec},
 		{"GET /v1/sandboxes/{name}/exec/ws", s.execWebSocket},
 		{"GET /v1/sandboxes/{name}/processes", s.listProcesses},
@@ -232,7 +234,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, sb.API())
+	writeJSON(w, http.StatusCreated, s.m.View(sb))
 }
 
 // slogWriter logs template build progress lines.
@@ -251,7 +253,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]api.Sandbox, 0, len(sbs))
 	for _, sb := range sbs {
-		out = append(out, sb.API())
+		out = append(out, s.m.View(sb))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -262,7 +264,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb.API())
+	writeJSON(w, http.StatusOK, s.m.View(sb))
 }
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
@@ -284,7 +286,25 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb.API())
+	writeJSON(w, http.StatusOK, s.m.View(sb))
+}
+
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Pause(r.Context(), r.PathValue("name"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.m.View(sb))
+}
+
+func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Resume(r.Context(), r.PathValue("name"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.m.View(sb))
 }
 
 // exec streams a command's output as api frames. Errors before the

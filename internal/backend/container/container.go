@@ -71,7 +71,7 @@ func (b *Backend) Isolation() string { return api.IsolationContainer }
 // Capabilities implements core.Backend. Disk size is not limited: an
 // overlay upper directory on the host's filesystem has no quota here.
 func (b *Backend) Capabilities() api.Capabilities {
-	return api.Capabilities{CPULimit: true, MemoryLimit: true, PidsLimit: true}
+	return api.Capabilities{CPULimit: true, MemoryLimit: true, PidsLimit: true, Pause: true}
 }
 
 // Available implements core.Backend.
@@ -294,6 +294,12 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		return errdefs.Invalid("bad sandbox id %q", id)
 	}
 	var errs []error
+	// Frozen processes cannot die: thaw a paused sandbox first.
+	if paused, err := b.Paused(ctx, id); err == nil && paused {
+		if err := b.Resume(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	// runc delete --force kills every process of the container, waits for
 	// them and removes its cgroups and state.
 	if out, err := exec.CommandContext(ctx, b.cfg.Runc, "--root", b.cfg.RuncRoot, "delete", "--force", id).CombinedOutput(); err != nil &&

@@ -40,6 +40,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("DestroyIsIdempotent", func(t *testing.T) { testDestroyIdempotent(t, h) })
 	t.Run("ParallelCreate", func(t *testing.T) { testParallel(t, h) })
 	t.Run("Processes", func(t *testing.T) { testProcesses(t, h) })
+	t.Run("Pause", func(t *testing.T) { testPause(t, h) })
 	t.Run("Files", func(t *testing.T) { testFiles(t, h) })
 }
 
