@@ -74,7 +74,7 @@ func TestMCPInspector(t *testing.T) {
 			t.Errorf("tool %s has a thin description", tm["name"])
 		}
 	}
-	for _, want := range []string{"sandbox_create", "sandbox_list", "sandbox_inspect", "sandbox_destroy", "exec", "process_start", "process_output", "process_list", "process_kill", "read_file", "write_file", "list_files", "search_files"} {
+	for _, want := range []string{"sandbox_create", "sandbox_list", "sandbox_inspect", "sandbox_pause", "sandbox_resume", "sandbox_destroy", "exec", "process_start", "process_output", "process_list", "process_kill", "read_file", "write_file", "list_files", "search_files"} {
 		if !names[want] {
 			t.Errorf("tools/list lacks %s:\n%s", want, raw)
 		}
@@ -168,6 +168,16 @@ func TestMCPTools(t *testing.T) {
 	_, sc = call("process_output", map[string]any{"sandbox": "mcp-tools", "pid": pid, "offset": sc["next_offset"], "wait_seconds": 5})
 	if sc["output"] != "end\n" || sc["running"] != false || sc["exit_code"] != float64(0) {
 		t.Fatalf("second read: %+v", sc)
+	}
+	// Paused, the sandbox still answers: the next call wakes it.
+	if _, sc := call("sandbox_pause", map[string]any{"sandbox": "mcp-tools"}); sc["state"] != "paused" {
+		t.Fatalf("sandbox_pause: %+v", sc)
+	}
+	if _, sc := call("exec", map[string]any{"sandbox": "mcp-tools", "command": "echo woke"}); sc["stdout"] != "woke\n" {
+		t.Fatalf("exec on a paused sandbox: %+v", sc)
+	}
+	if res, _ := call("sandbox_resume", map[string]any{"sandbox": "mcp-tools"}); !res.IsError {
+		t.Fatal("resuming a running sandbox is not a tool error")
 	}
 	if res, _ := call("read_file", map[string]any{"sandbox": "mcp-tools", "path": "/root"}); !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "not a file") {
 		t.Fatalf("read_file of a directory: %+v", res)

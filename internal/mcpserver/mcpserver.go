@@ -31,6 +31,9 @@ func New(c *sdk.Client, version string) *mcp.Server {
 		"Use this before running anything. It starts in well under a second. Returns the sandbox's name, which every other tool takes."}, t.create)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_list", Description: "List all sandboxes with their state, size and expiry. Use it to find a sandbox you created earlier."}, t.list)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_inspect", Description: "Show one sandbox: its state (running or failed, with the reason), CPU and memory limits, environment and when it expires."}, t.inspect)
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_pause", Description: "Pause a sandbox you will come back to: its processes stop where they are (servers, shells, builds) and it uses no CPU. " +
+		"Nothing is lost. Any later exec or file call on it resumes it automatically; sandbox_resume does so explicitly."}, t.pause)
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_resume", Description: "Resume a paused sandbox: its processes continue exactly where they stopped. Returns the sandbox."}, t.resume)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_destroy", Description: "Destroy a sandbox and everything in it (processes and files). Irreversible. Use it when the work is finished."}, t.destroy)
 	mcp.AddTool(s, &mcp.Tool{Name: "exec", Description: "Run a shell command in a sandbox and wait for it (default timeout 120s). " +
 		"The command runs with /bin/sh -c, as root unless user is set. Returns exit_code, stdout and stderr; output over 64 KiB per stream " +
@@ -93,6 +96,22 @@ type NameInput struct {
 
 func (t *tools) inspect(ctx context.Context, _ *mcp.CallToolRequest, in NameInput) (*mcp.CallToolResult, any, error) {
 	sb, err := t.c.GetSandbox(ctx, in.Sandbox)
+	if err != nil {
+		return fail(err)
+	}
+	return nil, sb, nil
+}
+
+func (t *tools) pause(ctx context.Context, _ *mcp.CallToolRequest, in NameInput) (*mcp.CallToolResult, any, error) {
+	sb, err := t.c.PauseSandbox(ctx, in.Sandbox)
+	if err != nil {
+		return fail(err)
+	}
+	return nil, sb, nil
+}
+
+func (t *tools) resume(ctx context.Context, _ *mcp.CallToolRequest, in NameInput) (*mcp.CallToolResult, any, error) {
+	sb, err := t.c.ResumeSandbox(ctx, in.Sandbox)
 	if err != nil {
 		return fail(err)
 	}
