@@ -93,7 +93,9 @@ func (c *Client) request(ctx context.Context, req Request, reply any) (net.Conn,
 	if err == nil {
 		kind, p, err = fr.Next()
 	}
-	stop()
+	if !stop() && err == nil {
+		err = ctx.Err() // canceled after the reply arrived: the stream is aborted
+	}
 	if err != nil {
 		st.Close()
 		if ctx.Err() != nil {

@@ -35,6 +35,9 @@ func yamuxConfig() *yamux.Config {
 	cfg.LogOutput = io.Discard
 	cfg.EnableKeepAlive = false
 	cfg.StreamCloseTimeout = 10 * time.Second
+	// A paused sandbox acknowledges nothing until it resumes: a stream
+	// opened meanwhile must wait, not close the whole session.
+	cfg.StreamOpenTimeout = 0
 	return cfg
 }
 

@@ -318,6 +318,11 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	// From choosing the template build until the sandbox's record names it,
 	// no rebuild or removal may delete that build (they count records).
+	// The build (minutes, if it is missing) happens outside the lock, so
+	// that no create waits for another template's build.
+	if _, err := m.templates.EnsureBuilt(ctx, tplName, progress); err != nil {
+		return nil, err
+	}
 	m.tplMu.RLock()
 	tplLocked := true
 	defer func() {
@@ -325,7 +330,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 			m.tplMu.RUnlock()
 		}
 	}()
-	tpl, err := m.templates.EnsureBuilt(ctx, tplName, progress)
+	tpl, err := m.templates.Get(tplName) // the current build, which GC keeps while the lock is held
 	if err != nil {
 		return nil, err
 	}
@@ -505,6 +510,25 @@ func (m *Manager) Resume(ctx context.Context, name string) (*core.Sandbox, error
 	return m.setPaused(ctx, name, false)
 }
 
+// wake resumes a sandbox if it is (still) paused. Unlike Resume, finding
+// it running is no error: concurrent calls that all found it paused all
+// get the running sandbox.
+func (m *Manager) wake(ctx context.Context, name string) (*core.Sandbox, error) {
+	sb, err := m.setPaused(ctx, name, false)
+	if errors.Is(err, errNotPaused) {
+		return m.Get(ctx, name)
+	}
+	return sb, err
+}
+
+var errNotPaused = errors.New("not paused")
+
+// notPaused is the failed-precondition error of resuming a running sandbox.
+type notPaused struct{ error }
+
+func (e notPaused) Unwrap() error        { return e.error }
+func (e notPaused) Is(target error) bool { return target == errNotPaused }
+
 func (m *Manager) setPaused(ctx context.Context, name string, pause bool) (*core.Sandbox, error) {
 	if err := core.ValidateName(name); err != nil {
 		return nil, err
@@ -527,7 +551,9 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool) (*core
 	case pause && sb.State == core.StatePaused:
 		return nil, errdefs.Precondition("sandbox %s is already paused: resume it with `nook resume %s`", name, name)
 	case !pause && sb.State == core.StateRunning:
-		return nil, errdefs.Precondition("sandbox %s is not paused", name)
+		return nil, notPaused{errdefs.Precondition("sandbox %s is not paused", name)}
+	case !pause && sb.State != core.StatePaused:
+		return nil, errdefs.Precondition("sandbox %s is %s, not paused", name, sb.State)
 	}
 	to := core.StateRunning
 	if pause {
@@ -546,6 +572,10 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool) (*core
 			return nil, err
 		}
 		if err := p.Pause(cctx, sb.ID); err != nil {
+			// A freeze that failed half-way must not leave it frozen.
+			if rerr := p.Resume(cctx, sb.ID); rerr != nil {
+				m.log.Error("thaw after a failed pause", "sandbox", name, "err", rerr)
+			}
 			sb.State = core.StateRunning
 			if uerr := m.store.UpdateSandbox(cctx, sb); uerr != nil {
 				m.log.Error("undo pause record", "sandbox", name, "err", uerr)
@@ -655,7 +685,7 @@ func (m *Manager) runningAgent(ctx context.Context, name string) (*core.Sandbox,
 	// A paused sandbox wakes up for any call that needs it: the caller
 	// sees only the latency.
 	if sb.State == core.StatePaused {
-		if sb, err = m.Resume(ctx, name); err != nil {
+		if sb, err = m.wake(ctx, name); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -117,3 +117,48 @@ func TestConcurrentDestroy(t *testing.T) {
 		t.Fatalf("%d destroys succeeded", ok)
 	}
 }
+
+// Calls that all find a sandbox paused all wake it: none fails because
+// another woke it first.
+func TestConcurrentCallsWakePausedSandbox(t *testing.T) {
+	m, _ := newManager(t)
+	ctx := context.Background()
+	if _, err := m.Create(ctx, api.CreateSandboxRequest{Name: "sleepy"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Destroy(ctx, "sleepy") })
+	if _, err := m.Pause(ctx, "sleepy"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Pause(ctx, "sleepy"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("second pause: %v", err)
+	}
+	errs := make(chan error, 6)
+	for i := 0; i < 6; i++ {
+		go func() {
+			p, err := m.Exec(ctx, "sleepy", api.ExecRequest{Cmd: []string{"true"}})
+			if err == nil {
+				for {
+					kind, _, rerr := p.Next()
+					if rerr != nil || kind == api.FrameExit {
+						err = rerr
+						break
+					}
+				}
+				p.Close()
+			}
+			errs <- err
+		}()
+	}
+	for i := 0; i < 6; i++ {
+		if err := <-errs; err != nil {
+			t.Errorf("exec on a paused sandbox: %v", err)
+		}
+	}
+	if sb, _ := m.Get(ctx, "sleepy"); sb.State != core.StateRunning {
+		t.Fatalf("state %s after the calls", sb.State)
+	}
+	if _, err := m.Resume(ctx, "sleepy"); !errors.Is(err, errdefs.ErrFailedPrecondition) || err.Error() != "sandbox sleepy is not paused" {
+		t.Fatalf("resume of a running sandbox: %v", err)
+	}
+}

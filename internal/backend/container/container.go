@@ -294,11 +294,13 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		return errdefs.Invalid("bad sandbox id %q", id)
 	}
 	var errs []error
-	// Frozen processes cannot die: thaw a paused sandbox first.
+	// Frozen processes cannot die: thaw a paused sandbox first (through
+	// runc, and straight in the cgroup in case runc lost the container).
 	if paused, err := b.Paused(ctx, id); err == nil && paused {
 		if err := b.Resume(ctx, id); err != nil {
-			errs = append(errs, err)
+			b.cfg.Log.Warn("runc resume before destroy", "sandbox", id, "err", err)
 		}
+		b.thaw(id)
 	}
 	// runc delete --force kills every process of the container, waits for
 	// them and removes its cgroups and state.
@@ -336,6 +338,7 @@ func (b *Backend) cgroupDirs(id string) []string {
 
 func (b *Backend) removeCgroups(id string) error {
 	var errs []error
+	b.thaw(id) // a frozen straggler would ignore the kill
 	for _, d := range b.cgroupDirs(id) {
 		// Kill stragglers first; an empty cgroup can be removed.
 		if procs, err := os.ReadFile(filepath.Join(d, "cgroup.procs")); err == nil {

@@ -33,15 +33,33 @@ func (b *Backend) freezerState(id string) (string, error) {
 			return "", err
 		}
 	}
-	// cgroup v2
-	ev, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", b.cfg.CgroupParent, id, "cgroup.events"))
+	// cgroup v2: cgroup.freeze is what was asked (1 while freezing, too).
+	fr, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", b.cfg.CgroupParent, id, "cgroup.freeze"))
 	if err != nil {
 		return "", fmt.Errorf("sandbox %s has no freezer cgroup: %w", id, err)
 	}
-	if bytes.Contains(ev, []byte("frozen 1")) {
+	if bytes.Equal(bytes.TrimSpace(fr), []byte("1")) {
 		return "FROZEN", nil
 	}
 	return "THAWED", nil
+}
+
+// thaw unfreezes a sandbox's cgroup directly, for when runc no longer
+// knows the container (a kill of frozen processes waits for the thaw).
+func (b *Backend) thaw(id string) {
+	writeExisting(filepath.Join("/sys/fs/cgroup/freezer", b.cfg.CgroupParent, id, "freezer.state"), "THAWED")
+	writeExisting(filepath.Join("/sys/fs/cgroup", b.cfg.CgroupParent, id, "cgroup.freeze"), "0")
+}
+
+// writeExisting writes to a cgroup file that exists; it never creates one
+// (on a hybrid host /sys/fs/cgroup itself is a tmpfs).
+func writeExisting(path, v string) {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return
+	}
+	f.WriteString(v)
+	f.Close()
 }
 
 // Paused implements core.Pauser.

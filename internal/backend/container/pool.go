@@ -37,6 +37,7 @@ type pool struct {
 	ready   map[string][]warm // by template build ID
 	claimed map[string]warm   // taken by TakeWarm, not yet claimed by Create
 	wanted  map[string]bool   // template builds to keep warm
+	retired map[string]bool   // drained builds, never warmed again
 	filling map[string]bool
 	closed  bool
 	wg      sync.WaitGroup
@@ -46,7 +47,7 @@ type pool struct {
 
 func newPool(size int) *pool {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &pool{size: size, ready: map[string][]warm{}, claimed: map[string]warm{}, wanted: map[string]bool{}, filling: map[string]bool{}, ctx: ctx, cancel: cancel}
+	return &pool{size: size, ready: map[string][]warm{}, claimed: map[string]warm{}, wanted: map[string]bool{}, retired: map[string]bool{}, filling: map[string]bool{}, ctx: ctx, cancel: cancel}
 }
 
 // TakeWarm implements core.WarmPool.
@@ -70,6 +71,9 @@ func (b *Backend) Prewarm(templateID string) {
 	p := b.pool
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.retired[templateID] {
+		return // a create of a build a rebuild replaced
+	}
 	p.wanted[templateID] = true
 	b.fillLocked(templateID)
 }
@@ -221,6 +225,7 @@ func (b *Backend) Drain(ctx context.Context, template string) error {
 	for id := range p.wanted {
 		if strings.HasPrefix(id, template+"/") {
 			delete(p.wanted, id)
+			p.retired[id] = true
 		}
 	}
 	for id, ws := range p.ready {
