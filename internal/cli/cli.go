@@ -91,6 +91,18 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	return root
 }
 
+// withClient makes a command's RunE that first gets the SDK client for the
+// daemon (NOOK_HOST, NOOK_TOKEN).
+func withClient(run func(cmd *cobra.Command, cl *sdk.Client, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		cl, err := client()
+		if err != nil {
+			return err
+		}
+		return run(cmd, cl, args)
+	}
+}
+
 func client() (*sdk.Client, error) {
 	c, err := sdk.FromEnv()
 	if err != nil {
@@ -222,11 +234,7 @@ func lsCmd() *cobra.Command {
 		Use:   "ls",
 		Short: "List sandboxes",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
 			sbs, err := cl.ListSandboxes(cmd.Context())
 			if err != nil {
 				return err
@@ -240,7 +248,7 @@ func lsCmd() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\t%s\n", sb.Name, sb.State, sb.Isolation, sb.Template, sb.CPUs, core.FormatBytes(sb.MemoryBytes), until(sb.ExpiresAt))
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
@@ -252,11 +260,7 @@ func inspectCmd() *cobra.Command {
 		Use:   "inspect NAME",
 		Short: "Show a sandbox",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			sb, err := cl.GetSandbox(cmd.Context(), args[0])
 			if err != nil {
 				return err
@@ -286,7 +290,7 @@ func inspectCmd() *cobra.Command {
 				fmt.Fprintf(tw, "env:\t%s=%s\n", k, sb.Env[k])
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
@@ -375,18 +379,14 @@ func ttlCmd() *cobra.Command {
 		Use:   "ttl NAME DURATION",
 		Short: "Set a sandbox's remaining time to live (e.g. 2h, 3d)",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			sb, err := cl.SetTTL(cmd.Context(), args[0], args[1])
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s expires at %s (in %s)\n", sb.Name, sb.ExpiresAt.Local().Format(time.RFC3339), until(sb.ExpiresAt))
 			return nil
-		},
+		}),
 	}
 }
 
@@ -396,11 +396,7 @@ func rmCmd() *cobra.Command {
 		Aliases: []string{"destroy"},
 		Short:   "Destroy sandboxes and everything they had on the host",
 		Args:    cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			var errs []error
 			for _, name := range args {
 				if err := cl.DeleteSandbox(cmd.Context(), name); err != nil {
@@ -410,7 +406,7 @@ func rmCmd() *cobra.Command {
 				fmt.Fprintln(cmd.OutOrStdout(), name)
 			}
 			return errors.Join(errs...)
-		},
+		}),
 	}
 }
 
@@ -420,27 +416,19 @@ func templateCmd() *cobra.Command {
 		Use:   "build NAME",
 		Short: "Build (or rebuild) a template, e.g. base",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			id, err := cl.BuildTemplate(cmd.Context(), args[0], cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), id)
 			return nil
-		},
+		}),
 	}, &cobra.Command{
 		Use:   "ls",
 		Short: "List templates",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
 			tl, err := cl.ListTemplates(cmd.Context())
 			if err != nil {
 				return err
@@ -456,18 +444,14 @@ func templateCmd() *cobra.Command {
 				}
 			}
 			return tw.Flush()
-		},
+		}),
 	}, &cobra.Command{
 		Use:   "rm NAME",
 		Short: "Remove a template no sandbox uses",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			return cl.DeleteTemplate(cmd.Context(), args[0])
-		},
+		}),
 	})
 	return c
 }
@@ -478,11 +462,7 @@ func infoCmd() *cobra.Command {
 		Use:   "info",
 		Short: "Show host capabilities: backends, accelerator, versions",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
 			info, err := cl.Info(cmd.Context())
 			if err != nil {
 				return err
@@ -506,7 +486,7 @@ func infoCmd() *cobra.Command {
 				fmt.Fprintf(w, "  %-10s %s\n", b.Isolation, strings.TrimSpace(state+" "+strings.Join(vs, ", ")))
 			}
 			return nil
-		},
+		}),
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
@@ -519,29 +499,21 @@ func tokenCmd() *cobra.Command {
 		Use:   "create [--name NAME]",
 		Short: "Create a token and print it (shown only once)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
 			t, err := cl.CreateToken(cmd.Context(), name)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), t.Secret)
 			return nil
-		},
+		}),
 	}
 	create.Flags().StringVar(&name, "name", "", "a label for the token")
 	c.AddCommand(create, &cobra.Command{
 		Use:   "ls",
 		Short: "List tokens",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
 			ts, err := cl.ListTokens(cmd.Context())
 			if err != nil {
 				return err
@@ -552,18 +524,14 @@ func tokenCmd() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\n", t.ID, t.Name, t.CreatedAt.Local().Format(time.RFC3339))
 			}
 			return tw.Flush()
-		},
+		}),
 	}, &cobra.Command{
 		Use:   "rm ID",
 		Short: "Revoke a token",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			return cl.DeleteToken(cmd.Context(), args[0])
-		},
+		}),
 	})
 	return c
 }
@@ -577,11 +545,7 @@ func pauseCmd(pause bool) *cobra.Command {
 		Use:   use,
 		Short: short,
 		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			var errs []error
 			for _, name := range args {
 				var err error
@@ -597,6 +561,6 @@ func pauseCmd(pause bool) *cobra.Command {
 				fmt.Fprintln(cmd.OutOrStdout(), name)
 			}
 			return errors.Join(errs...)
-		},
+		}),
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/mcpserver"
+	"github.com/nookhq/nook/sdk"
 )
 
 func mcpCmd() *cobra.Command {
@@ -15,12 +16,8 @@ func mcpCmd() *cobra.Command {
 		Long: "Runs an MCP server on stdin/stdout whose tools create, use and destroy sandboxes through the daemon " +
 			"(NOOK_HOST, NOOK_TOKEN). Add it to an agent's MCP configuration as the command `nook mcp`.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
 			return mcpserver.New(cl, daemon.Version).Run(cmd.Context(), &mcp.StdioTransport{})
-		},
+		}),
 	}
 }

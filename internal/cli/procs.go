@@ -36,11 +36,7 @@ func psCmd() *cobra.Command {
 		Use:   "ps NAME",
 		Short: "List the commands started through nook in a sandbox",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			ps, err := cl.Processes(cmd.Context(), args[0])
 			if err != nil {
 				return err
@@ -64,7 +60,7 @@ func psCmd() *cobra.Command {
 				fmt.Fprintf(tw, "%d\t%s\t%s ago\t%dB\t%s\n", p.PID, status, time.Since(p.StartedAt).Round(time.Second), p.OutputTo, strings.Join(p.Cmd, " "))
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
@@ -135,11 +131,7 @@ func shellCmd() *cobra.Command {
 		Use:   "shell NAME",
 		Short: "Open an interactive shell in a sandbox; Ctrl-] detaches, nook attach re-attaches",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			rows, cols := termSize()
 			// A background terminal session, attached: detaching leaves it running.
 			pid, err := cl.Start(cmd.Context(), args[0], api.ExecRequest{
@@ -154,7 +146,7 @@ func shellCmd() *cobra.Command {
 				return err
 			}
 			return runSession(cmd, s, true, args[0], pid)
-		},
+		}),
 	}
 }
 
