@@ -37,6 +37,18 @@ func splitRemote(arg string) (remotePath, bool) {
 }
 
 // parseRemote parses a NAME:/path argument; anything else is a usage error.
+// withRemote makes the RunE of a command on one NAME:/path: the path is
+// checked (a usage error) before the daemon is contacted.
+func withRemote(run func(cmd *cobra.Command, cl *sdk.Client, rp remotePath) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		rp, err := parseRemote(args[0])
+		if err != nil {
+			return err
+		}
+		return withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error { return run(cmd, cl, rp) })(cmd, args)
+	}
+}
+
 func parseRemote(arg string) (remotePath, error) {
 	r, ok := splitRemote(arg)
 	if !ok {
@@ -106,15 +118,7 @@ func fsLsCmd() *cobra.Command {
 		Use:   "ls [-r] [--max N] [--json] NAME:/path",
 		Short: "List a directory in a sandbox (-r: the whole tree)",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			rp, err := parseRemote(args[0])
-			if err != nil {
-				return err
-			}
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withRemote(func(cmd *cobra.Command, cl *sdk.Client, rp remotePath) error {
 			l, err := cl.ListFiles(cmd.Context(), rp.name, rp.path, sdk.ListOptions{Recursive: recursive, MaxEntries: maxEntries})
 			if err != nil {
 				return err
@@ -138,7 +142,7 @@ func fsLsCmd() *cobra.Command {
 				fmt.Fprintf(cmd.ErrOrStderr(), "nook: the listing stops at %d entries; raise --max to see more\n", len(l.Entries))
 			}
 			return nil
-		},
+		}),
 	}
 	c.Flags().BoolVarP(&recursive, "recursive", "r", false, "list the whole tree")
 	c.Flags().IntVar(&maxEntries, "max", 0, "list at most this many entries (default 10000)")
@@ -151,15 +155,7 @@ func fsCatCmd() *cobra.Command {
 		Use:   "cat NAME:/path",
 		Short: "Print a file of a sandbox",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			rp, err := parseRemote(args[0])
-			if err != nil {
-				return err
-			}
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withRemote(func(cmd *cobra.Command, cl *sdk.Client, rp remotePath) error {
 			rc, err := cl.ReadFile(cmd.Context(), rp.name, rp.path, nil)
 			if err != nil {
 				return err
@@ -167,7 +163,7 @@ func fsCatCmd() *cobra.Command {
 			defer rc.Close()
 			_, err = io.Copy(cmd.OutOrStdout(), rc)
 			return err
-		},
+		}),
 	}
 }
 
@@ -177,15 +173,7 @@ func fsStatCmd() *cobra.Command {
 		Use:   "stat [--json] NAME:/path",
 		Short: "Describe a path in a sandbox",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			rp, err := parseRemote(args[0])
-			if err != nil {
-				return err
-			}
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withRemote(func(cmd *cobra.Command, cl *sdk.Client, rp remotePath) error {
 			info, err := cl.StatFile(cmd.Context(), rp.name, rp.path)
 			if err != nil {
 				return err
@@ -196,7 +184,7 @@ func fsStatCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 1, ' ', 0)
 			printInfo(tw, info, info.Path)
 			return tw.Flush()
-		},
+		}),
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
@@ -333,15 +321,7 @@ func fsWatchCmd() *cobra.Command {
 		Use:   "watch [-r] [--json] NAME:/path",
 		Short: "Print create, write, remove, rename and chmod events under a path until interrupted",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			rp, err := parseRemote(args[0])
-			if err != nil {
-				return err
-			}
-			cl, err := client()
-			if err != nil {
-				return err
-			}
+		RunE: withRemote(func(cmd *cobra.Command, cl *sdk.Client, rp remotePath) error {
 			ctx := cmd.Context()
 			w, err := cl.WatchFiles(ctx, rp.name, rp.path, recursive)
 			if err != nil {
@@ -367,7 +347,7 @@ func fsWatchCmd() *cobra.Command {
 					return err
 				}
 			}
-		},
+		}),
 	}
 	c.Flags().BoolVarP(&recursive, "recursive", "r", false, "watch subdirectories too, including new ones")
 	c.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per event")
