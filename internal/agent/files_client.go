@@ -76,12 +76,25 @@ func (c *Client) openStream(ctx context.Context, op string, req *FileRequest) (*
 }
 
 // dataReader reads the FrameStdout payloads of a stream up to its FrameEOF.
-type dataReader struct {
+// agentStream is the open stream of a file request whose answer is read
+// over time (a download, a listing, a watch), with the cancellation tied
+// to its context. Close ends it at once.
+type agentStream struct {
 	st   net.Conn
 	fr   *api.FrameReader
 	stop func() bool
-	buf  []byte
-	err  error
+}
+
+// Close ends the stream; the agent stops sending.
+func (a *agentStream) Close() error {
+	a.stop()
+	return abort(a.st)
+}
+
+type dataReader struct {
+	agentStream
+	buf []byte
+	err error
 }
 
 func (d *dataReader) Read(p []byte) (int, error) {
@@ -111,12 +124,6 @@ func (d *dataReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Close ends the stream; the agent stops sending.
-func (d *dataReader) Close() error {
-	d.stop()
-	return d.st.Close()
-}
-
 func decodeAgentError(b []byte) error {
 	var e api.Error
 	if err := json.Unmarshal(b, &e); err != nil {
@@ -138,7 +145,7 @@ func (c *Client) ReadFile(ctx context.Context, path string, offset, length int64
 		st.Close()
 		return nil, nil, errors.New("sandbox agent: reply without file")
 	}
-	return r.File, &dataReader{st: st, fr: fr, stop: stop}, nil
+	return r.File, &dataReader{agentStream: agentStream{st, fr, stop}}, nil
 }
 
 // DownloadTar streams a tar of a file or directory tree; its top entry is
@@ -153,7 +160,7 @@ func (c *Client) DownloadTar(ctx context.Context, path string) (*api.FileInfo, i
 		st.Close()
 		return nil, nil, errors.New("sandbox agent: reply without file")
 	}
-	return r.File, &dataReader{st: st, fr: fr, stop: stop}, nil
+	return r.File, &dataReader{agentStream: agentStream{st, fr, stop}}, nil
 }
 
 // SourceError is an error reading what the caller gave to upload: the
@@ -248,10 +255,8 @@ func (c *Client) UploadTar(ctx context.Context, dir string, parents bool, src io
 type FileListing struct {
 	Root      api.FileInfo
 	Truncated bool
-	st        net.Conn
-	fr        *api.FrameReader
-	stop      func() bool
-	done      bool
+	agentStream
+	done bool
 }
 
 // ListFiles lists a directory (req.Recursive: the whole tree) or a single file.
@@ -265,7 +270,7 @@ func (c *Client) ListFiles(ctx context.Context, req *FileRequest) (*FileListing,
 		st.Close()
 		return nil, errors.New("sandbox agent: reply without file")
 	}
-	return &FileListing{Root: *r.File, st: st, fr: fr, stop: stop}, nil
+	return &FileListing{Root: *r.File, agentStream: agentStream{st, fr, stop}}, nil
 }
 
 // Next returns the next batch of entries, or io.EOF at the end.
@@ -297,19 +302,11 @@ func (l *FileListing) Next() ([]api.FileInfo, error) {
 	return nil, fmt.Errorf("sandbox agent: unexpected frame %d", kind)
 }
 
-// Close ends the listing.
-func (l *FileListing) Close() error {
-	l.stop()
-	return l.st.Close()
-}
-
 // FileWatch is a watch in progress: the watches are set when Watch
 // returns, and Next returns events until Close or an error.
 type FileWatch struct {
 	Root api.FileInfo
-	st   net.Conn
-	fr   *api.FrameReader
-	stop func() bool
+	agentStream
 }
 
 // Watch streams create, write, remove, rename and chmod events under a
@@ -324,7 +321,7 @@ func (c *Client) Watch(ctx context.Context, path string, recursive bool) (*FileW
 		st.Close()
 		return nil, errors.New("sandbox agent: reply without file")
 	}
-	return &FileWatch{Root: *r.File, st: st, fr: fr, stop: stop}, nil
+	return &FileWatch{Root: *r.File, agentStream: agentStream{st, fr, stop}}, nil
 }
 
 // Next waits for the next event.
@@ -344,10 +341,4 @@ func (w *FileWatch) Next() (api.FileEvent, error) {
 		return ev, decodeAgentError(b)
 	}
 	return ev, fmt.Errorf("sandbox agent: unexpected frame %d", kind)
-}
-
-// Close ends the watch.
-func (w *FileWatch) Close() error {
-	w.stop()
-	return w.st.Close()
 }
