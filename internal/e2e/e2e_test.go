@@ -128,6 +128,31 @@ type result struct {
 	code           int
 }
 
+// cliCase is a CLI call and how it must fail (or, with code 0, succeed).
+type cliCase struct {
+	args []string
+	code int
+	msg  string // in stderr
+}
+
+// expectCLI runs each case: the exit code must match, stderr must hold the
+// message, and an error (exit 1) must be one line.
+func (d *daemon) expectCLI(t *testing.T, cases []cliCase) {
+	t.Helper()
+	for _, tc := range cases {
+		r, err := d.nook(tc.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.msg) {
+			t.Errorf("nook %s: exit %d, stderr %q; want exit %d and %q", strings.Join(tc.args, " "), r.code, r.stderr, tc.code, tc.msg)
+		}
+		if tc.code == 1 && strings.Count(strings.TrimSpace(r.stderr), "\n") > 0 {
+			t.Errorf("nook %s: error is more than one line: %q", strings.Join(tc.args, " "), r.stderr)
+		}
+	}
+}
+
 // nook runs the CLI against this daemon.
 func (d *daemon) nook(args ...string) (result, error) {
 	return d.nookEnv([]string{"NOOK_HOST=unix://" + d.socket()}, args...)
@@ -216,11 +241,7 @@ func TestCreateExecRemove(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	d := newDaemon(t)
 	d.must("create", "--name", "taken")
-	cases := []struct {
-		args []string
-		code int
-		msg  string
-	}{
+	cases := []cliCase{
 		{[]string{"create", "--template", "nosuch"}, 1, `template "nosuch" not found`},
 		{[]string{"create", "--name", "Bad_Name"}, 1, "is not valid"},
 		{[]string{"create", "--name", "taken"}, 1, "already exists"},
@@ -248,18 +269,7 @@ func TestBadInput(t *testing.T) {
 		{[]string{"bogus"}, 2, "unknown command"},
 		{[]string{"create", "--bogus"}, 2, "unknown flag"},
 	}
-	for _, tc := range cases {
-		r, err := d.nook(tc.args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.code != tc.code || !strings.Contains(r.stderr, tc.msg) {
-			t.Errorf("nook %s: exit %d, stderr %q; want exit %d and %q", strings.Join(tc.args, " "), r.code, r.stderr, tc.code, tc.msg)
-		}
-		if tc.code == 1 && strings.Count(strings.TrimSpace(r.stderr), "\n") > 0 {
-			t.Errorf("nook %s: error is more than one line: %q", strings.Join(tc.args, " "), r.stderr)
-		}
-	}
+	d.expectCLI(t, cases)
 	// Nothing was half-created by any of it.
 	var sbs []api.Sandbox
 	json.Unmarshal([]byte(d.must("ls", "--json")), &sbs)

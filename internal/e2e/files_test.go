@@ -265,11 +265,7 @@ func TestFilesBadInput(t *testing.T) {
 	tw.Close()
 	os.WriteFile(evil, buf.Bytes(), 0o644)
 
-	cases := []struct {
-		args []string
-		code int
-		msg  string
-	}{
+	cases := []cliCase{
 		{[]string{"fs", "cat", "fbad:/no/such/file"}, 1, "no such file"},
 		{[]string{"fs", "cat", "fbad:/etc"}, 1, "is a directory"},
 		{[]string{"fs", "ls", "fbad:/nope"}, 1, "no such file"},
@@ -298,18 +294,7 @@ func TestFilesBadInput(t *testing.T) {
 		{[]string{"cp", filepath.Join(local, "f"), filepath.Join(local, "g")}, 2, "one of SRC and DST"},
 		{[]string{"cp", "fbad:/a", "fbad:/b"}, 2, "one of SRC and DST"},
 	}
-	for _, tc := range cases {
-		r, err := d.nook(tc.args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.code != tc.code || !strings.Contains(r.stderr, tc.msg) {
-			t.Errorf("nook %s: exit %d, stderr %q; want exit %d and %q", strings.Join(tc.args, " "), r.code, r.stderr, tc.code, tc.msg)
-		}
-		if tc.code == 1 && strings.Count(strings.TrimSpace(r.stderr), "\n") > 0 {
-			t.Errorf("nook %s: error is more than one line: %q", strings.Join(tc.args, " "), r.stderr)
-		}
-	}
+	d.expectCLI(t, cases)
 	// ".." stays in the sandbox: its own /etc/hostname.
 	if got := d.must("fs", "cat", "fbad:/../../../etc/hostname"); got != "fbad\n" {
 		t.Fatalf("/../../../etc/hostname: %q", got)

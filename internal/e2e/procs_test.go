@@ -64,11 +64,7 @@ func TestBackgroundProcesses(t *testing.T) {
 	if r.stdout != "first\n" || r.stderr != "second\nnook: command killed by signal KILL\n" || r.code != 137 {
 		t.Fatalf("attach to a finished process: %+v", r)
 	}
-	for _, tc := range []struct {
-		args []string
-		code int
-		msg  string
-	}{
+	d.expectCLI(t, []cliCase{
 		{[]string{"kill", "bg", "99999"}, 1, "no process 99999"},
 		{[]string{"kill", "bg", pid}, 1, "already exited"},
 		{[]string{"kill", "bg", pid, "-s", "BOGUS"}, 1, "not valid"},
@@ -76,12 +72,7 @@ func TestBackgroundProcesses(t *testing.T) {
 		{[]string{"attach", "--offset", "99999999", "--no-stdin", "bg", pid}, 1, "past the end"},
 		{[]string{"attach", "bg", "abc"}, 2, "not valid"},
 		{[]string{"ps", "ghost"}, 1, "no sandbox"},
-	} {
-		r, _ := d.nook(tc.args...)
-		if r.code != tc.code || !strings.Contains(r.stderr, tc.msg) {
-			t.Errorf("nook %s: %+v; want exit %d and %q", strings.Join(tc.args, " "), r, tc.code, tc.msg)
-		}
-	}
+	})
 }
 
 // A foreground command dies with its client; stdin and terminals work.
