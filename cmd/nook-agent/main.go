@@ -9,12 +9,22 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/agent/guestinit"
 )
 
 func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if guestinit.IsGuest() {
+		// PID 1 of a vm guest, still in the initramfs: move into the root
+		// disk, then serve over virtio-serial.
+		if err := guestinit.Boot(); err != nil {
+			fmt.Fprintln(os.Stderr, "nook-agent: boot:", err)
+			os.Exit(1)
+		}
+	}
 	ln, err := listener()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "nook-agent:", err)
@@ -28,8 +38,16 @@ func main() {
 }
 
 // listener is the socket the daemon connects to: an inherited listening
-// socket (NOOK_AGENT_LISTEN_FD, containers) or a path (NOOK_AGENT_LISTEN).
+// socket (NOOK_AGENT_LISTEN_FD, containers), a path (NOOK_AGENT_LISTEN), or
+// in a vm guest the virtio-serial port.
 func listener() (net.Listener, error) {
+	if os.Getpid() == 1 && os.Getenv("NOOK_AGENT_LISTEN_FD") == "" && os.Getenv("NOOK_AGENT_LISTEN") == "" {
+		port, err := guestinit.FindPort(guestinit.PortName, 10*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		return guestinit.ListenPort(port), nil
+	}
 	if fdStr := os.Getenv("NOOK_AGENT_LISTEN_FD"); fdStr != "" {
 		fd, err := strconv.Atoi(fdStr)
 		if err != nil {

@@ -4,7 +4,6 @@
 package container
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -24,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
 )
@@ -322,46 +322,10 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	return errors.Join(errs...)
 }
 
-// cgroupDirs lists the sandbox's cgroup directories in every hierarchy that has one.
-func (b *Backend) cgroupDirs(id string) []string {
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
-	roots = append(roots, "/sys/fs/cgroup")
-	var dirs []string
-	for _, r := range roots {
-		d := filepath.Join(r, b.cfg.CgroupParent, id)
-		if fi, err := os.Stat(d); err == nil && fi.IsDir() {
-			dirs = append(dirs, d)
-		}
-	}
-	return dirs
-}
+func (b *Backend) cgroupDirs(id string) []string { return cgroups.Dirs(b.cfg.CgroupParent, id) }
 
 func (b *Backend) removeCgroups(id string) error {
-	var errs []error
-	b.thaw(id) // a frozen straggler would ignore the kill
-	for _, d := range b.cgroupDirs(id) {
-		// Kill stragglers first; an empty cgroup can be removed.
-		if procs, err := os.ReadFile(filepath.Join(d, "cgroup.procs")); err == nil {
-			sc := bufio.NewScanner(bytes.NewReader(procs))
-			for sc.Scan() {
-				if pid, err := strconv.Atoi(sc.Text()); err == nil && pid > 0 {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-		}
-		var err error
-		for i := 0; i < 100; i++ {
-			if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
-				err = nil
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
-		}
-	}
-	return errors.Join(errs...)
+	return cgroups.Remove(b.cfg.CgroupParent, id, func() { b.thaw(id) })
 }
 
 func unmount(target string) error {

@@ -1,0 +1,222 @@
+//go:build linux
+
+// Package guestinit is the first thing nook-agent does as PID 1 of a vm
+// sandbox, while it still runs from the initramfs: load the kernel modules
+// the initramfs carries (Debian's kernel has virtio and ext4 as modules),
+// mount the sandbox's root disk, move into it, and set up the mounts a
+// Linux userland expects. Then the agent serves over virtio-serial.
+package guestinit
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Marker is a file only the initramfs has: nook-agent started as PID 1
+// with it present is a vm guest's init.
+const Marker = "/nook-initramfs"
+
+// ModulesDir holds the modules and their load order ("order", one file
+// name per line) inside the initramfs.
+const ModulesDir = "/modules"
+
+// PortName is the virtio-serial port the daemon talks to the agent on.
+const PortName = "nook.agent"
+
+// IsGuest reports whether this process is a vm guest's init.
+func IsGuest() bool {
+	if os.Getpid() != 1 {
+		return false
+	}
+	_, err := os.Stat(Marker)
+	return err == nil
+}
+
+// Boot prepares the guest and switches to its root disk. Errors are fatal
+// for the guest; the daemon sees them on the console log.
+func Boot() error {
+	for _, m := range []struct{ src, dst, fstype string }{
+		{"proc", "/proc", "proc"},
+		{"sysfs", "/sys", "sysfs"},
+		{"devtmpfs", "/dev", "devtmpfs"},
+	} {
+		os.MkdirAll(m.dst, 0o755)
+		if err := unix.Mount(m.src, m.dst, m.fstype, unix.MS_NOSUID, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("mount %s: %w", m.dst, err)
+		}
+	}
+	if err := loadModules(); err != nil {
+		return err
+	}
+	root, err := waitFor("/dev/vda", 10*time.Second)
+	if err != nil {
+		return fmt.Errorf("root disk: %w", err)
+	}
+	if err := os.MkdirAll("/newroot", 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(root, "/newroot", "ext4", 0, ""); err != nil {
+		return fmt.Errorf("mount root disk %s: %w", root, err)
+	}
+	for _, d := range []string{"/dev", "/proc", "/sys"} {
+		target := "/newroot" + d
+		os.MkdirAll(target, 0o755)
+		if err := unix.Mount(d, target, "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("move %s: %w", d, err)
+		}
+	}
+	// Free the initramfs (it is RAM) before leaving it; /newroot is a
+	// different filesystem and is left alone.
+	entries, _ := os.ReadDir("/")
+	for _, e := range entries {
+		if e.Name() != "newroot" {
+			os.RemoveAll("/" + e.Name())
+		}
+	}
+	if err := unix.Chdir("/newroot"); err != nil {
+		return err
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("switch root: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("chroot: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return err
+	}
+	return setupRoot()
+}
+
+// setupRoot mounts what a Debian userland (and dockerd) expects.
+func setupRoot() error {
+	for _, m := range []struct {
+		src, dst, fstype string
+		flags            uintptr
+		data             string
+	}{
+		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"},
+		{"tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
+		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
+		{"cgroup2", "/sys/fs/cgroup", "cgroup2", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+	} {
+		os.MkdirAll(m.dst, 0o755)
+		if err := unix.Mount(m.src, m.dst, m.fstype, m.flags, m.data); err != nil {
+			return fmt.Errorf("mount %s: %w", m.dst, err)
+		}
+	}
+	if _, err := os.Lstat("/dev/ptmx"); err == nil {
+		os.Remove("/dev/ptmx")
+	}
+	if err := os.Symlink("pts/ptmx", "/dev/ptmx"); err != nil {
+		return err
+	}
+	for _, l := range [][2]string{{"/proc/self/fd", "/dev/fd"}, {"/proc/self/fd/0", "/dev/stdin"}, {"/proc/self/fd/1", "/dev/stdout"}, {"/proc/self/fd/2", "/dev/stderr"}} {
+		os.Symlink(l[0], l[1])
+	}
+	return linkUp("lo")
+}
+
+// linkUp sets an interface up.
+func linkUp(name string) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("%s up: %w", name, err)
+	}
+	return nil
+}
+
+// loadModules loads the initramfs's modules in order, with the parameters
+// the kernel command line gives them (module.param=value: modprobe's job,
+// which the kernel leaves to user space for loadable modules).
+func loadModules() error {
+	order, err := os.ReadFile(filepath.Join(ModulesDir, "order"))
+	if err != nil {
+		return fmt.Errorf("module list: %w", err)
+	}
+	cmdline, _ := os.ReadFile("/proc/cmdline")
+	for _, file := range strings.Fields(string(order)) {
+		name := strings.ReplaceAll(strings.TrimSuffix(file, ".ko"), "-", "_")
+		if err := loadModule(filepath.Join(ModulesDir, file), ModuleParams(string(cmdline), name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func loadModule(path, params string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.FinitModule(int(f.Fd()), params, 0); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("load module %s: %w", filepath.Base(path), err)
+	}
+	return nil
+}
+
+// ModuleParams returns the parameters a kernel command line gives a module
+// ("virtio_mmio.device=512@0xfeb00e00:12 x=1" -> "device=512@0xfeb00e00:12").
+func ModuleParams(cmdline, module string) string {
+	var out []string
+	for _, f := range strings.Fields(cmdline) {
+		mod, param, ok := strings.Cut(f, ".")
+		if ok && strings.ReplaceAll(mod, "-", "_") == module && param != "" && !strings.HasPrefix(param, "=") {
+			out = append(out, param)
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+func waitFor(path string, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return path, nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("%s did not appear within %s", path, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// FindPort returns the device of the virtio-serial port with the given name.
+func FindPort(name string, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		ports, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+		for _, p := range ports {
+			b, err := os.ReadFile(p)
+			if err == nil && strings.TrimSpace(string(b)) == name {
+				dev := "/dev/" + filepath.Base(filepath.Dir(p))
+				if _, err := os.Stat(dev); err == nil {
+					return dev, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("virtio-serial port %q did not appear within %s", name, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,130 @@
+//go:build linux
+
+package guestinit
+
+import (
+	"errors"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// PortListener serves the agent protocol over a virtio-serial port: each
+// Accept returns the port once the host side (the daemon, through QEMU's
+// socket chardev) is connected, and the connection ends when the host
+// disconnects (the guest then reads EOF). One connection at a time.
+//
+// A read on the port returns EOF at once while no host is connected, so
+// Accept waits for the kernel's SIGIO on host connection changes, polling
+// with a backoff in case one is missed.
+type PortListener struct {
+	path string
+
+	mu     sync.Mutex
+	closed bool
+	done   chan struct{}
+	busy   chan struct{} // holds a token while a connection is open
+	sigio  chan os.Signal
+}
+
+// ListenPort returns a listener on the virtio-serial port device path.
+func ListenPort(path string) *PortListener {
+	l := &PortListener{path: path, done: make(chan struct{}), busy: make(chan struct{}, 1), sigio: make(chan os.Signal, 1)}
+	signal.Notify(l.sigio, syscall.SIGIO)
+	return l
+}
+
+// Accept implements net.Listener.
+func (l *PortListener) Accept() (net.Conn, error) {
+	select {
+	case l.busy <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	f, err := l.open()
+	if err != nil {
+		<-l.busy
+		return nil, err
+	}
+	return &portConn{File: f, release: func() { <-l.busy }}, nil
+}
+
+func (l *PortListener) open() (*os.File, error) {
+	f, err := os.OpenFile(l.path, os.O_RDWR|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	fd := int(f.Fd())
+	// Ask for SIGIO when the host connects (virtio_console sends it on
+	// every host connection change).
+	unix.FcntlInt(uintptr(fd), unix.F_SETOWN, os.Getpid())
+	if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil {
+		unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl|unix.O_ASYNC)
+	}
+	wait := time.Millisecond
+	for {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLOUT}}
+		if _, err := unix.Poll(pfd, 0); err != nil && !errors.Is(err, unix.EINTR) {
+			f.Close()
+			return nil, err
+		}
+		if pfd[0].Revents&unix.POLLHUP == 0 {
+			return f, nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-l.sigio:
+		case <-t.C:
+		case <-l.done:
+			t.Stop()
+			f.Close()
+			return nil, net.ErrClosed
+		}
+		t.Stop()
+		if wait < 200*time.Millisecond {
+			wait *= 2
+		}
+	}
+}
+
+// Close implements net.Listener.
+func (l *PortListener) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.closed {
+		l.closed = true
+		close(l.done)
+		signal.Stop(l.sigio)
+	}
+	return nil
+}
+
+// Addr implements net.Listener.
+func (l *PortListener) Addr() net.Addr { return portAddr(l.path) }
+
+type portAddr string
+
+func (a portAddr) Network() string { return "virtio-serial" }
+func (a portAddr) String() string  { return string(a) }
+
+// portConn is the port as a net.Conn. Deadlines are those of os.File
+// (the port is pollable).
+type portConn struct {
+	*os.File
+	once    sync.Once
+	release func()
+}
+
+func (c *portConn) Close() error {
+	err := c.File.Close()
+	c.once.Do(c.release)
+	return err
+}
+
+func (c *portConn) LocalAddr() net.Addr  { return portAddr(c.Name()) }
+func (c *portConn) RemoteAddr() net.Addr { return portAddr("host") }

@@ -1,0 +1,325 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/nookhq/nook/internal/agent/guestinit"
+)
+
+// guestModules are the modules the initramfs loads (with their
+// dependencies): Debian's kernel builds virtio, its block, console, net
+// and rng drivers, ext4 and the crc32c it needs as modules.
+var guestModules = []string{"virtio_mmio", "virtio_blk", "virtio_console", "virtio_net", "virtio_rng", "crc32c_generic", "ext4"}
+
+// Kernel is a guest kernel ready to boot: the uncompressed vmlinux (PVH
+// boot) and an initramfs with nook-agent as /init and the modules it loads.
+type Kernel struct {
+	Release string // e.g. 6.1.0-56-amd64
+	Vmlinux string
+	Initrd  string
+	// Hash identifies the kernel, the initramfs and the agent in it: a
+	// memory snapshot is only valid for the exact same guest.
+	Hash string
+}
+
+// kernelSource is an unpacked Debian linux-image package (or the host's
+// root): boot/vmlinuz-R and lib/modules/R.
+type kernelSource struct {
+	root, release, vmlinuz string
+}
+
+// findKernelSource looks for a Debian kernel under each root in order.
+func findKernelSource(roots ...string) (*kernelSource, error) {
+	for _, root := range roots {
+		if root == "" {
+			continue
+		}
+		matches, _ := filepath.Glob(filepath.Join(root, "boot", "vmlinuz-*"))
+		sort.Sort(sort.Reverse(sort.StringSlice(matches)))
+		for _, vmlinuz := range matches {
+			release := strings.TrimPrefix(filepath.Base(vmlinuz), "vmlinuz-")
+			if fi, err := os.Stat(filepath.Join(root, "lib", "modules", release, "kernel")); err == nil && fi.IsDir() {
+				return &kernelSource{root: root, release: release, vmlinuz: vmlinuz}, nil
+			}
+		}
+	}
+	return nil, errors.New("no guest kernel found")
+}
+
+// fetchKernel downloads Debian's linux-image-amd64 package through apt and
+// unpacks it (without installing it) under dir.
+func fetchKernel(ctx context.Context, dir string) error {
+	out, err := exec.CommandContext(ctx, "apt-cache", "depends", "linux-image-amd64").Output()
+	if err != nil {
+		return fmt.Errorf("apt-cache depends linux-image-amd64: %w", err)
+	}
+	var pkg string
+	for _, l := range strings.Split(string(out), "\n") {
+		if p, ok := strings.CutPrefix(strings.TrimSpace(l), "Depends: "); ok && strings.HasPrefix(p, "linux-image-") {
+			pkg = p
+			break
+		}
+	}
+	if pkg == "" {
+		return fmt.Errorf("apt-cache depends linux-image-amd64 names no kernel package")
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".fetch-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	cmd := exec.CommandContext(ctx, "apt-get", "download", "-q", pkg)
+	cmd.Dir = tmp
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("apt-get download %s: %w: %s", pkg, err, lastLines(string(out), 3))
+	}
+	debs, _ := filepath.Glob(filepath.Join(tmp, "*.deb"))
+	if len(debs) != 1 {
+		return fmt.Errorf("apt-get download %s left %d packages", pkg, len(debs))
+	}
+	unpacked := filepath.Join(tmp, "root")
+	if out, err := exec.CommandContext(ctx, "dpkg-deb", "-x", debs[0], unpacked).CombinedOutput(); err != nil {
+		return fmt.Errorf("dpkg-deb -x: %w: %s", err, out)
+	}
+	return os.Rename(unpacked, dir)
+}
+
+// extractVmlinux writes the uncompressed kernel inside a bzImage: Debian
+// compresses it with xz, and the ELF it holds has the PVH entry note.
+func extractVmlinux(ctx context.Context, vmlinuz, dst string) error {
+	img, err := os.ReadFile(vmlinuz)
+	if err != nil {
+		return err
+	}
+	off := bytes.Index(img, []byte("\xfd7zXZ\x00"))
+	if off < 0 {
+		return fmt.Errorf("%s: no xz payload (only xz-compressed Debian kernels are supported)", vmlinuz)
+	}
+	tmp := dst + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	cmd := exec.CommandContext(ctx, "xz", "-dc", "--single-stream")
+	cmd.Stdin = bytes.NewReader(img[off:])
+	cmd.Stdout = f
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("decompress %s: %w: %s", vmlinuz, err, stderr.String())
+	}
+	e, err := elf.Open(tmp)
+	if err != nil {
+		return fmt.Errorf("%s: payload is not an ELF kernel: %w", vmlinuz, err)
+	}
+	e.Close()
+	return os.Rename(tmp, dst)
+}
+
+// moduleIndex maps module names (with underscores) to their files.
+func moduleIndex(modDir string) (map[string]string, error) {
+	idx := map[string]string{}
+	err := filepath.WalkDir(filepath.Join(modDir, "kernel"), func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ".ko") {
+			idx[strings.ReplaceAll(strings.TrimSuffix(d.Name(), ".ko"), "-", "_")] = p
+		}
+		return nil
+	})
+	return idx, err
+}
+
+// modinfoDepends reads the "depends=" entry of a module's .modinfo section.
+func modinfoDepends(path string) ([]string, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	sec := f.Section(".modinfo")
+	if sec == nil {
+		return nil, fmt.Errorf("%s: no .modinfo", path)
+	}
+	data, err := sec.Data()
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range bytes.Split(data, []byte{0}) {
+		if v, ok := bytes.CutPrefix(kv, []byte("depends=")); ok {
+			var deps []string
+			for _, d := range strings.Split(string(v), ",") {
+				if d != "" {
+					deps = append(deps, strings.ReplaceAll(d, "-", "_"))
+				}
+			}
+			return deps, nil
+		}
+	}
+	return nil, nil
+}
+
+// moduleOrder returns the files of the wanted modules and everything they
+// depend on, dependencies first.
+func moduleOrder(modDir string, want []string) ([]string, error) {
+	idx, err := moduleIndex(modDir)
+	if err != nil {
+		return nil, err
+	}
+	var order []string
+	state := map[string]int{} // 1 visiting, 2 done
+	var visit func(name string) error
+	visit = func(name string) error {
+		switch state[name] {
+		case 1:
+			return fmt.Errorf("module dependency cycle at %s", name)
+		case 2:
+			return nil
+		}
+		path, ok := idx[name]
+		if !ok {
+			return fmt.Errorf("module %s not found under %s (built into the kernel?)", name, modDir)
+		}
+		state[name] = 1
+		deps, err := modinfoDepends(path)
+		if err != nil {
+			return err
+		}
+		for _, d := range deps {
+			if err := visit(d); err != nil {
+				return err
+			}
+		}
+		state[name] = 2
+		order = append(order, path)
+		return nil
+	}
+	for _, w := range want {
+		if err := visit(w); err != nil {
+			return nil, err
+		}
+	}
+	return order, nil
+}
+
+// buildInitramfs writes a newc cpio archive: /init (nook-agent), the
+// initramfs marker, /dev/console, and the modules with their load order.
+func buildInitramfs(dst, agentBinary string, modules []string) error {
+	tmp := dst + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	w := newCpioWriter(f)
+	for _, d := range []string{"dev", "proc", "sys", "newroot", "modules"} {
+		w.dir(d)
+	}
+	w.charDev("dev/console", 0o600, 5, 1)
+	agent, err := os.ReadFile(agentBinary)
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("nook-agent: %w", err)
+	}
+	w.file("init", 0o755, agent)
+	w.file(strings.TrimPrefix(guestinit.Marker, "/"), 0o644, nil)
+	var names []string
+	for _, m := range modules {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			f.Close()
+			return err
+		}
+		w.file("modules/"+filepath.Base(m), 0o644, b)
+		names = append(names, filepath.Base(m))
+	}
+	w.file("modules/order", 0o644, []byte(strings.Join(names, "\n")+"\n"))
+	if err := w.close(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
+}
+
+// prepareKernel finds (or downloads) the guest kernel and builds what
+// booting it needs under cacheDir, reusing an earlier build of the same
+// kernel and agent.
+func prepareKernel(ctx context.Context, cacheDir, kernelRoot, agentBinary string) (*Kernel, error) {
+	fetched := filepath.Join(cacheDir, "linux-image")
+	src, err := findKernelSource(kernelRoot, fetched)
+	if err != nil {
+		if kernelRoot != "" {
+			return nil, fmt.Errorf("no Debian kernel (boot/vmlinuz-* with lib/modules) under %s", kernelRoot)
+		}
+		if err := os.MkdirAll(cacheDir, 0o700); err != nil {
+			return nil, err
+		}
+		if ferr := fetchKernel(ctx, fetched); ferr != nil {
+			return nil, fmt.Errorf("no guest kernel, and fetching Debian's linux-image-amd64 failed: %w", ferr)
+		}
+		if src, err = findKernelSource(fetched); err != nil {
+			return nil, fmt.Errorf("the fetched linux-image package has no kernel: %w", err)
+		}
+	}
+	h := sha256.New()
+	for _, p := range []string{src.vmlinuz, agentBinary} {
+		f, err := os.Open(p)
+		if err != nil {
+			return nil, err
+		}
+		_, err = io.Copy(h, f)
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	fmt.Fprintln(h, guestModules)
+	hash := hex.EncodeToString(h.Sum(nil))[:16]
+	dir := filepath.Join(cacheDir, src.release+"-"+hash)
+	k := &Kernel{Release: src.release, Vmlinux: filepath.Join(dir, "vmlinux"), Initrd: filepath.Join(dir, "initrd.cpio"), Hash: hash}
+	if _, err := os.Stat(k.Initrd); err == nil {
+		return k, nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := extractVmlinux(ctx, src.vmlinuz, k.Vmlinux); err != nil {
+		return nil, err
+	}
+	mods, err := moduleOrder(filepath.Join(src.root, "lib", "modules", src.release), guestModules)
+	if err != nil {
+		return nil, err
+	}
+	if err := buildInitramfs(k.Initrd, agentBinary, mods); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

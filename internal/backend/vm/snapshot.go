@@ -1,0 +1,223 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nookhq/nook/internal/core"
+)
+
+// The template's root image is this big (sparse): the most a sandbox can
+// write before its disk is full.
+const defaultImageSize = 8 << 30
+
+// snapshot is a template's saved running guest: sandboxes start from it.
+type snapshot struct {
+	dir   string
+	mem   string // guest RAM; mapped copy-on-write by every sandbox
+	state string // device state (x-ignore-shared: no RAM in it)
+	child string // an empty qcow2 over the snapshot's disk, copied per sandbox
+}
+
+func (b *Backend) templateDir(templateID string) string {
+	return filepath.Join(b.cfg.CacheDir, "templates", templateID)
+}
+
+func (b *Backend) lockFor(key string) *sync.Mutex {
+	b.smu.Lock()
+	defer b.smu.Unlock()
+	l := b.slock[key]
+	if l == nil {
+		l = &sync.Mutex{}
+		b.slock[key] = l
+	}
+	return l
+}
+
+// ensureImage makes the template's read-only ext4 root image from its rootfs.
+func (b *Backend) ensureImage(ctx context.Context, templateID string) (string, error) {
+	dir := b.templateDir(templateID)
+	img := filepath.Join(dir, "rootfs.ext4")
+	if _, err := os.Stat(img); err == nil {
+		return img, nil
+	}
+	l := b.lockFor(img)
+	l.Lock()
+	defer l.Unlock()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	unlock, err := flock(ctx, filepath.Join(dir, "lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if _, err := os.Stat(img); err == nil {
+		return img, nil
+	}
+	rootfs, err := b.cfg.TemplateRootfs(templateID)
+	if err != nil {
+		return "", err
+	}
+	tmp := img + ".tmp"
+	os.Remove(tmp)
+	defer os.Remove(tmp)
+	start := time.Now()
+	// Inode tables are written now (no lazy init), so that no guest spends
+	// its first minutes zeroing them into its own copy-on-write layer.
+	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-i", "65536", "-L", "nookroot",
+		"-E", "lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0", "-d", rootfs, tmp, strconv.FormatInt(defaultImageSize>>20, 10)+"M").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("mkfs.ext4 -d %s: %w: %s", rootfs, err, bytes.TrimSpace(out))
+	}
+	if err := os.Chmod(tmp, 0o400); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, img); err != nil {
+		return "", err
+	}
+	b.cfg.Log.Info("vm root image built", "template", templateID, "duration", time.Since(start))
+	return img, nil
+}
+
+// ensureSnapshot returns the template's snapshot for a machine shape,
+// booting the template once and saving it if there is none yet.
+func (b *Backend) ensureSnapshot(ctx context.Context, templateID string, m machine) (*snapshot, error) {
+	key := hashStrings(m.Kernel.Hash, m.Accel, strconv.Itoa(m.CPUs), strconv.FormatInt(m.MemoryMiB, 10), b.qemuVersion())
+	dir := filepath.Join(b.templateDir(templateID), "snap-"+key)
+	s := &snapshot{dir: dir, mem: filepath.Join(dir, "mem"), state: filepath.Join(dir, "state"), child: filepath.Join(dir, "child.qcow2")}
+	done := filepath.Join(dir, "ok")
+	if _, err := os.Stat(done); err == nil {
+		return s, nil
+	}
+	l := b.lockFor(dir)
+	l.Lock()
+	defer l.Unlock()
+	base, err := b.ensureImage(ctx, templateID)
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := flock(ctx, filepath.Join(b.templateDir(templateID), "lock"))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if _, err := os.Stat(done); err == nil {
+		return s, nil
+	}
+	os.RemoveAll(dir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if err := b.bootAndSave(ctx, templateID, m, base, s); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := b.qemuImgCreate(ctx, filepath.Join(dir, "disk.qcow2"), "qcow2", s.child); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	for _, f := range []string{s.mem, s.state, filepath.Join(dir, "disk.qcow2"), s.child} {
+		os.Chmod(f, 0o400)
+	}
+	if err := os.WriteFile(done, nil, 0o400); err != nil {
+		return nil, err
+	}
+	b.cfg.Log.Info("vm template snapshot saved", "template", templateID, "shape", key, "duration", time.Since(start))
+	return s, nil
+}
+
+// bootAndSave cold-boots the template with its RAM in a shared file, waits
+// for the agent, disconnects it (the guest agent goes back to waiting for
+// a host) and saves the device state.
+func (b *Backend) bootAndSave(ctx context.Context, templateID string, m machine, base string, s *snapshot) error {
+	id := "tpl-" + filepath.Base(s.dir)
+	disk := filepath.Join(s.dir, "disk.qcow2")
+	if err := b.qemuImgCreate(ctx, base, "raw", disk); err != nil {
+		return err
+	}
+	l := launch{machine: m, MemPath: s.mem, MemShared: true, Disk: disk,
+		AgentSock: filepath.Join(s.dir, "agent.sock"), QMPSock: filepath.Join(s.dir, "qmp.sock"),
+		ConsoleLog: filepath.Join(s.dir, "console.log")}
+	sb := &core.Sandbox{ID: id, CPUs: float64(m.CPUs), MemoryBytes: m.MemoryMiB << 20}
+	proc, err := b.start(ctx, sb, l)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		syscall.Kill(proc.pid, syscall.SIGKILL)
+		<-proc.exited
+		b.Destroy(context.WithoutCancel(ctx), id) // its cgroups; the directory does not exist
+		os.Remove(l.AgentSock)
+		os.Remove(l.QMPSock)
+	}()
+	mon, err := proc.monitor(ctx)
+	if err != nil {
+		return err
+	}
+	defer mon.close()
+	bctx, cancel := context.WithTimeout(ctx, b.cfg.BootTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-proc.exited:
+			cancel()
+		case <-bctx.Done():
+		}
+	}()
+	if err := pingAgent(bctx, l.AgentSock); err != nil {
+		select {
+		case <-proc.exited:
+			return fmt.Errorf("template boot: QEMU exited: %s%s", lastLines(readTail(proc.log), 3), b.consoleTail(s.dir))
+		default:
+		}
+		return fmt.Errorf("template boot: the guest agent did not answer within %s: %w%s", b.cfg.BootTimeout, err, b.consoleTail(s.dir))
+	}
+	// Let the guest agent see the host go away and wait for the next one.
+	time.Sleep(50 * time.Millisecond)
+	f, err := os.Create(s.state)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := mon.setIgnoreShared(); err != nil {
+		return err
+	}
+	if err := mon.saveState(ctx, f); err != nil {
+		return fmt.Errorf("save template snapshot: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	// Flush the disk image: the snapshot's disk must hold what the guest wrote.
+	if err := mon.run("quit", nil, nil); err != nil && !errors.Is(err, os.ErrClosed) {
+		b.cfg.Log.Debug("qmp quit", "err", err)
+	}
+	select {
+	case <-proc.exited:
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("template QEMU did not quit")
+	}
+	return nil
+}
+
+var qemuVersionOnce sync.Once
+var qemuVersion string
+
+func (b *Backend) qemuVersion() string {
+	qemuVersionOnce.Do(func() {
+		out, _ := exec.Command(b.cfg.QEMU, "--version").Output()
+		qemuVersion = string(bytes.SplitN(out, []byte("\n"), 2)[0])
+	})
+	return qemuVersion
+}

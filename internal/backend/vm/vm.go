@@ -1,0 +1,574 @@
+// Package vm is the vm isolation backend: each sandbox is a QEMU microvm
+// with its own kernel (Debian's linux-image-amd64, booted through PVH),
+// nook-agent as the guest's PID 1 talking to the daemon over
+// virtio-serial, and a qcow2 copy-on-write root disk over the template's
+// read-only ext4 image. A sandbox starts by restoring a memory snapshot
+// taken once per template (guest RAM mapped copy-on-write from a file),
+// not by booting; a cold boot is the fallback.
+package vm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/cgroups"
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+)
+
+// Config configures the backend.
+type Config struct {
+	QEMU        string // qemu-system-x86_64; default: found in PATH
+	QEMUImg     string // qemu-img; default: found in PATH
+	StateDir    string // per-sandbox directories
+	CacheDir    string // kernels, template disk images and snapshots
+	KernelRoot  string // an unpacked Debian linux-image package (or /); default: fetched with apt into CacheDir
+	AgentBinary string // the static nook-agent that becomes the guest's init
+	CgroupParent string
+	// Accel forces an accelerator (kvm or tcg); empty: detected.
+	Accel string
+	// ColdBoot boots every sandbox instead of restoring a template snapshot.
+	ColdBoot bool
+	// TemplateRootfs returns the read-only root filesystem of a template build.
+	TemplateRootfs func(templateID string) (string, error)
+	// BootTimeout bounds a cold boot until the agent answers.
+	BootTimeout time.Duration
+	Log         *slog.Logger
+}
+
+// Backend runs vm sandboxes.
+type Backend struct {
+	cfg   Config
+	accel string
+	why   string // why this accelerator
+
+	kmu    sync.Mutex
+	kernel *Kernel
+
+	smu   sync.Mutex
+	slock map[string]*sync.Mutex // per template snapshot, in this process (flock across processes)
+}
+
+var _ core.Backend = (*Backend)(nil)
+
+// New returns a vm backend.
+func New(cfg Config) *Backend {
+	if cfg.QEMU == "" {
+		cfg.QEMU = "qemu-system-x86_64"
+	}
+	if cfg.QEMUImg == "" {
+		cfg.QEMUImg = "qemu-img"
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "nook"
+	}
+	if cfg.BootTimeout == 0 {
+		cfg.BootTimeout = 60 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	b := &Backend{cfg: cfg, slock: map[string]*sync.Mutex{}}
+	b.accel, b.why = DetectAccel(cfg.Accel)
+	return b
+}
+
+// DetectAccel picks the accelerator: forced if given, else KVM only where
+// a stock guest kernel runs under it (hardware VMX/SVM, not PVM), else TCG.
+func DetectAccel(forced string) (accel, why string) {
+	if forced != "" {
+		return forced, "forced by --accel"
+	}
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		return "tcg", "no /dev/kvm"
+	}
+	if _, err := os.Stat("/sys/module/kvm_pvm"); err == nil {
+		return "tcg", "/dev/kvm is PVM, which cannot run a stock guest kernel"
+	}
+	cpuinfo, _ := os.ReadFile("/proc/cpuinfo")
+	for _, l := range strings.Split(string(cpuinfo), "\n") {
+		if strings.HasPrefix(l, "flags") {
+			f := " " + l + " "
+			if strings.Contains(f, " vmx ") || strings.Contains(f, " svm ") {
+				return "kvm", "hardware virtualization (vmx/svm)"
+			}
+			break
+		}
+	}
+	return "tcg", "the CPU has no vmx/svm"
+}
+
+// Accelerator reports the accelerator in use and why.
+func (b *Backend) Accelerator() (string, string) { return b.accel, b.why }
+
+// Isolation implements core.Backend.
+func (b *Backend) Isolation() string { return api.IsolationVM }
+
+// Capabilities implements core.Backend.
+func (b *Backend) Capabilities() api.Capabilities {
+	return api.Capabilities{CPULimit: true, MemoryLimit: true, PidsLimit: true}
+}
+
+// Available implements core.Backend.
+func (b *Backend) Available(ctx context.Context) (bool, string, map[string]string) {
+	path, err := exec.LookPath(b.cfg.QEMU)
+	if err != nil {
+		return false, "QEMU is not installed (apt-get install qemu-system-x86 qemu-utils)", nil
+	}
+	versions := map[string]string{}
+	if out, err := exec.CommandContext(ctx, path, "--version").Output(); err == nil {
+		versions["qemu"] = strings.TrimPrefix(strings.SplitN(string(out), "\n", 2)[0], "QEMU emulator version ")
+	}
+	versions["accel"] = b.accel
+	if _, err := exec.LookPath(b.cfg.QEMUImg); err != nil {
+		return false, "qemu-img is not installed (apt-get install qemu-utils)", versions
+	}
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		return false, "mkfs.ext4 is not installed (apt-get install e2fsprogs)", versions
+	}
+	if os.Geteuid() != 0 {
+		return false, "the vm backend needs root", versions
+	}
+	if b.accel == "kvm" {
+		if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err != nil {
+			return false, fmt.Sprintf("accelerator kvm: %v", err), versions
+		} else {
+			f.Close()
+		}
+	}
+	if _, err := os.Stat(b.cfg.AgentBinary); err != nil {
+		return false, fmt.Sprintf("nook-agent binary not found at %s (build it with make build)", b.cfg.AgentBinary), versions
+	}
+	b.kmu.Lock()
+	if b.kernel != nil {
+		versions["kernel"] = b.kernel.Release
+	}
+	b.kmu.Unlock()
+	return true, "", versions
+}
+
+func (b *Backend) dir(id string) string { return filepath.Join(b.cfg.StateDir, id) }
+
+// state is what the backend persists about a sandbox.
+type state struct {
+	PID       int    `json:"pid"`
+	StartTime uint64 `json:"start_time"`
+	Accel     string `json:"accel"`
+	Boot      string `json:"boot"` // snapshot or cold
+	Kernel    string `json:"kernel"`
+}
+
+// ensureKernel prepares the guest kernel once per process.
+func (b *Backend) ensureKernel(ctx context.Context) (*Kernel, error) {
+	b.kmu.Lock()
+	defer b.kmu.Unlock()
+	if b.kernel != nil {
+		return b.kernel, nil
+	}
+	k, err := prepareKernel(ctx, filepath.Join(b.cfg.CacheDir, "kernel"), b.cfg.KernelRoot, b.cfg.AgentBinary)
+	if err != nil {
+		return nil, errdefs.Unavailable("vm guest kernel: %v", err)
+	}
+	b.kernel = k
+	return k, nil
+}
+
+// machineFor is the VM shape of a sandbox.
+func (b *Backend) machineFor(sb *core.Sandbox, k *Kernel) machine {
+	cpus := int(sb.CPUs + 0.999)
+	if cpus < 1 {
+		cpus = 1
+	}
+	return machine{Accel: b.accel, CPUs: cpus, MemoryMiB: max(sb.MemoryBytes>>20, 128), Kernel: k, TSCKHz: tscKHz()}
+}
+
+// Create implements core.Backend.
+func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) (err error) {
+	k, err := b.ensureKernel(ctx)
+	if err != nil {
+		return err
+	}
+	m := b.machineFor(sb, k)
+	var snap *snapshot
+	if !b.cfg.ColdBoot {
+		snap, err = b.ensureSnapshot(ctx, sb.TemplateID, m)
+		if err != nil {
+			b.cfg.Log.Warn("no template snapshot; booting instead", "template", sb.TemplateID, "err", err)
+		}
+	}
+	defer func() {
+		if err != nil {
+			if derr := b.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
+				b.cfg.Log.Error("clean up after failed create", "sandbox", sb.ID, "err", derr)
+			}
+		}
+	}()
+	if err := os.MkdirAll(b.cfg.StateDir, 0o700); err != nil {
+		return err
+	}
+	dir := b.dir(sb.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	l := launch{
+		machine: m, Disk: filepath.Join(dir, "disk.qcow2"), AgentSock: filepath.Join(dir, "agent.sock"),
+		QMPSock: filepath.Join(dir, "qmp.sock"), ConsoleLog: filepath.Join(dir, "console.log"),
+	}
+	st := state{Accel: m.Accel, Kernel: k.Release}
+	if snap != nil {
+		if err := copyFile(snap.child, l.Disk); err != nil {
+			return err
+		}
+		l.MemPath, l.Incoming, st.Boot = snap.mem, true, "snapshot"
+	} else {
+		base, err := b.ensureImage(ctx, sb.TemplateID)
+		if err != nil {
+			return err
+		}
+		if err := b.qemuImgCreate(ctx, base, "raw", l.Disk); err != nil {
+			return err
+		}
+		st.Boot = "cold"
+	}
+	t0 := time.Now()
+	proc, err := b.start(ctx, sb, l)
+	if err != nil {
+		return err
+	}
+	t1 := time.Now()
+	st.PID, st.StartTime = proc.pid, procStartTime(proc.pid)
+	sb.BackendState, _ = json.Marshal(st)
+	if snap != nil {
+		mon, err := proc.monitor(ctx)
+		if err != nil {
+			return err
+		}
+		defer mon.close()
+		sf, err := os.Open(snap.state)
+		if err != nil {
+			return err
+		}
+		defer sf.Close()
+		if err := mon.setIgnoreShared(); err != nil {
+			return err
+		}
+		t2 := time.Now()
+		if err := mon.loadState(ctx, sf); err != nil {
+			return fmt.Errorf("restore template snapshot: %w%s", err, b.consoleTail(dir))
+		}
+		b.cfg.Log.Debug("vm restored", "sandbox", sb.ID, "start", t1.Sub(t0), "qmp", t2.Sub(t1), "restore", time.Since(t2))
+	}
+	return nil
+}
+
+// qemuProc is a started QEMU.
+type qemuProc struct {
+	pid    int
+	qmp    string
+	exited chan struct{}
+	log    string
+}
+
+func (p *qemuProc) monitor(ctx context.Context) (*monitor, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	mon, err := dialQMP(ctx, p.qmp)
+	if err != nil {
+		select {
+		case <-p.exited:
+			return nil, fmt.Errorf("%w: %s", errQEMUExited, lastLines(readTail(p.log), 5))
+		default:
+		}
+	}
+	return mon, err
+}
+
+// start launches QEMU for a sandbox in its cgroup.
+func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch) (*qemuProc, error) {
+	dir := filepath.Dir(l.Disk)
+	logPath := filepath.Join(dir, "qemu.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	cmd := exec.Command(b.cfg.QEMU, l.args()...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Dir = dir
+	// Its own process group: signals aimed at the daemon's terminal must not reach sandboxes.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start QEMU: %w", err)
+	}
+	p := &qemuProc{pid: cmd.Process.Pid, qmp: l.QMPSock, exited: make(chan struct{}), log: logPath}
+	go func() { cmd.Wait(); close(p.exited) }()
+	// The guest's RAM plus QEMU's own (code cache, devices, the kernel image it keeps).
+	lim := cgroups.Limits{CPUs: max(sb.CPUs, 0.01), MemoryBytes: l.MemoryMiB<<20 + 384<<20, Pids: 512}
+	if err := cgroups.Create(b.cfg.CgroupParent, sb.ID, lim, p.pid); err != nil {
+		syscall.Kill(p.pid, syscall.SIGKILL)
+		return nil, err
+	}
+	return p, nil
+}
+
+// Status implements core.Backend.
+func (b *Backend) Status(ctx context.Context, sb *core.Sandbox) (core.RuntimeStatus, error) {
+	st, err := decodeState(sb)
+	if err != nil {
+		return core.RuntimeStatus{}, err
+	}
+	if st.PID > 0 && st.StartTime != 0 && procStartTime(st.PID) == st.StartTime {
+		return core.RuntimeStatus{State: core.RuntimeRunning}, nil
+	}
+	if _, err := os.Stat(b.dir(sb.ID)); err == nil {
+		detail := "the sandbox's QEMU process is not running"
+		if l := lastLines(readTail(filepath.Join(b.dir(sb.ID), "qemu.log")), 1); l != "" {
+			detail += ": " + l
+		}
+		if l := lastLines(readTail(filepath.Join(b.dir(sb.ID), "console.log")), 3); l != "" {
+			detail += "; guest console: " + l
+		}
+		return core.RuntimeStatus{State: core.RuntimeStopped, Detail: detail}, nil
+	}
+	return core.RuntimeStatus{State: core.RuntimeAbsent, Detail: "the sandbox's files are gone"}, nil
+}
+
+func decodeState(sb *core.Sandbox) (state, error) {
+	var st state
+	if len(sb.BackendState) > 0 {
+		if err := json.Unmarshal(sb.BackendState, &st); err != nil {
+			return st, fmt.Errorf("sandbox %s: backend state: %w", sb.ID, err)
+		}
+	}
+	return st, nil
+}
+
+// Describe says how a sandbox runs, for inspect.
+func (b *Backend) Describe(sb *core.Sandbox) map[string]string {
+	st, err := decodeState(sb)
+	if err != nil {
+		return nil
+	}
+	return map[string]string{"accelerator": st.Accel, "boot": st.Boot, "kernel": st.Kernel}
+}
+
+// DialAgent implements core.Backend: the agent's virtio-serial port, through QEMU's socket.
+func (b *Backend) DialAgent(ctx context.Context, sb *core.Sandbox) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", filepath.Join(b.dir(sb.ID), "agent.sock"))
+}
+
+// ConsoleTail returns the end of a sandbox's guest console log, for errors.
+func (b *Backend) ConsoleTail(id string) string { return b.consoleTail(b.dir(id)) }
+
+func (b *Backend) consoleTail(dir string) string {
+	if l := lastLines(readTail(filepath.Join(dir, "console.log")), 8); l != "" {
+		return "\nguest console:\n" + l
+	}
+	return ""
+}
+
+// Destroy implements core.Backend.
+func (b *Backend) Destroy(ctx context.Context, id string) error {
+	if id == "" || strings.ContainsAny(id, "/.") {
+		return errdefs.Invalid("bad sandbox id %q", id)
+	}
+	var errs []error
+	// QEMU is in the sandbox's cgroups: removing them kills it.
+	if err := cgroups.Remove(b.cfg.CgroupParent, id, nil); err != nil {
+		errs = append(errs, err)
+	}
+	// A QEMU that never made it into its cgroup.
+	if pid := qemuPID(b.dir(id)); pid > 0 {
+		syscall.Kill(pid, syscall.SIGKILL)
+		for i := 0; i < 200 && procStartTime(pid) != 0; i++ {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if err := os.RemoveAll(b.dir(id)); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// qemuPID finds a QEMU still holding a sandbox directory's QMP socket.
+func qemuPID(dir string) int {
+	target := filepath.Join(dir, "disk.qcow2")
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err == nil && bytes.Contains(cmdline, []byte("file.filename="+target)) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// List implements core.Backend.
+func (b *Backend) List(ctx context.Context) ([]string, error) {
+	entries, err := os.ReadDir(b.cfg.StateDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range entries {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}
+
+func (b *Backend) qemuImgCreate(ctx context.Context, backing, backingFmt, dst string) error {
+	out, err := exec.CommandContext(ctx, b.cfg.QEMUImg, "create", "-q", "-f", "qcow2", "-b", backing, "-F", backingFmt, dst).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("qemu-img create: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// pingAgent waits until the guest's agent answers over its socket.
+func pingAgent(ctx context.Context, sock string) error {
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	})
+	defer c.Close()
+	_, err := c.Ping(ctx)
+	return err
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// readTail returns the last 4 KiB of a file (a guest can write to its console).
+func readTail(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > 4096 {
+		f.Seek(fi.Size()-4096, io.SeekStart)
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, 4096))
+	return strings.ToValidUTF8(string(b), "?")
+}
+
+// procStartTime reads a process's start time in clock ticks (0 if it is gone or a zombie).
+func procStartTime(pid int) uint64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	fields := strings.Fields(string(b[i+1:]))
+	if len(fields) < 20 || fields[0] == "Z" || fields[0] == "X" {
+		return 0
+	}
+	v, _ := strconv.ParseUint(fields[19], 10, 64)
+	return v
+}
+
+var tscOnce = sync.OnceValue(func() int64 {
+	if b, err := os.ReadFile("/sys/devices/system/cpu/cpu0/tsc_freq_khz"); err == nil {
+		if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
+			return v
+		}
+	}
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "cpu MHz" {
+			mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return int64(mhz * 1000)
+			}
+		}
+	}
+	return 0
+})
+
+func tscKHz() int64 { return tscOnce() }
+
+func hashStrings(parts ...string) string {
+	h := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
+	return hex.EncodeToString(h[:])[:16]
+}
+
+// flock takes an exclusive lock on path, across processes.
+func flock(ctx context.Context, path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

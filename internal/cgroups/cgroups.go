@@ -1,0 +1,119 @@
+// Package cgroups creates, limits and removes the per-sandbox cgroups
+// that hold processes the daemon starts outside an OCI runtime (a vm
+// sandbox's QEMU), on cgroup v1, hybrid and v2 hosts, and removes any
+// sandbox's cgroups, killing stragglers.
+package cgroups
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+const root = "/sys/fs/cgroup"
+
+// Limits are what a sandbox's cgroup enforces.
+type Limits struct {
+	CPUs        float64 // CPU time, in CPUs
+	MemoryBytes int64
+	Pids        int64
+}
+
+// unified reports whether the host runs cgroup v2 only.
+func unified() bool {
+	_, err := os.Stat(filepath.Join(root, "cgroup.controllers"))
+	return err == nil
+}
+
+// Dirs lists a sandbox's cgroup directories that exist, in every hierarchy.
+func Dirs(parent, id string) []string {
+	roots, _ := filepath.Glob(root + "/*")
+	roots = append(roots, root)
+	var dirs []string
+	for _, r := range roots {
+		d := filepath.Join(r, parent, id)
+		if fi, err := os.Stat(d); err == nil && fi.IsDir() {
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
+}
+
+// Create makes the sandbox's cgroups with its limits and moves pid into them.
+func Create(parent, id string, lim Limits, pid int) error {
+	quota := int64(lim.CPUs * 100000)
+	type file struct{ name, value string }
+	var groups map[string][]file
+	if unified() {
+		groups = map[string][]file{"": {
+			{"cpu.max", fmt.Sprintf("%d 100000", quota)},
+			{"memory.max", strconv.FormatInt(lim.MemoryBytes, 10)},
+			{"memory.swap.max", "0"},
+			{"pids.max", strconv.FormatInt(lim.Pids, 10)},
+		}}
+		// Controllers must be enabled down the tree. (On v1 hosts "cpu" is the
+		// hierarchy or a symlink to "cpu,cpuacct".)
+		for _, d := range []string{root, filepath.Join(root, parent)} {
+			os.MkdirAll(d, 0o755)
+			os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+cpu +memory +pids"), 0)
+		}
+	} else {
+		groups = map[string][]file{
+			"cpu": {{"cpu.cfs_period_us", "100000"}, {"cpu.cfs_quota_us", strconv.FormatInt(quota, 10)}},
+			"memory":      {{"memory.limit_in_bytes", strconv.FormatInt(lim.MemoryBytes, 10)}},
+			"pids":        {{"pids.max", strconv.FormatInt(lim.Pids, 10)}},
+		}
+	}
+	for ctrl, files := range groups {
+		dir := filepath.Join(root, ctrl, parent, id)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create cgroup %s: %w", dir, err)
+		}
+		for _, f := range files {
+			if err := os.WriteFile(filepath.Join(dir, f.name), []byte(f.value), 0); err != nil && f.name != "memory.swap.max" {
+				return fmt.Errorf("cgroup %s: write %s: %w", dir, f.name, err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("move process %d into cgroup %s: %w", pid, dir, err)
+		}
+	}
+	return nil
+}
+
+// Remove kills whatever is left in a sandbox's cgroups and removes them.
+// thaw, if not nil, is called first (a frozen process ignores SIGKILL).
+func Remove(parent, id string, thaw func()) error {
+	var errs []error
+	if thaw != nil {
+		thaw()
+	}
+	for _, d := range Dirs(parent, id) {
+		if procs, err := os.ReadFile(filepath.Join(d, "cgroup.procs")); err == nil {
+			sc := bufio.NewScanner(bytes.NewReader(procs))
+			for sc.Scan() {
+				if pid, err := strconv.Atoi(sc.Text()); err == nil && pid > 0 {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+		var err error
+		for i := 0; i < 100; i++ {
+			if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
+				err = nil
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
+}
