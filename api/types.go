@@ -31,13 +31,19 @@ const (
 
 // Sandbox is a sandbox as the API reports it.
 type Sandbox struct {
-	ID          string            `json:"id"`
-	Name        string            `json:"name"`
-	Template    string            `json:"template"`
-	Isolation   string            `json:"isolation"`
-	State       string            `json:"state"`
-	Reason      string            `json:"reason,omitempty"`     // why a sandbox is failed
-	PauseKind   string            `json:"pause_kind,omitempty"` // how a paused sandbox is paused, e.g. "frozen"
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	Template  string `json:"template"`
+	Isolation string `json:"isolation"`
+	State     string `json:"state"`
+	Reason    string `json:"reason,omitempty"`     // why a sandbox is failed
+	PauseKind string `json:"pause_kind,omitempty"` // how a paused sandbox is paused, e.g. "frozen"
+	// vm sandboxes: the accelerator (kvm or tcg), how the sandbox started
+	// (snapshot: restored from its template's snapshot; cold: booted) and
+	// the guest kernel's release.
+	Accelerator string            `json:"accelerator,omitempty"`
+	Boot        string            `json:"boot,omitempty"`
+	GuestKernel string            `json:"guest_kernel,omitempty"`
 	CPUs        float64           `json:"cpus"`
 	MemoryBytes int64             `json:"memory_bytes"`
 	DiskBytes   int64             `json:"disk_bytes,omitempty"` // 0: not limited

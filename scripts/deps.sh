@@ -7,6 +7,14 @@ have() { command -v "$1" >/dev/null 2>&1; }
 have runc       || need+=(runc)
 have mmdebstrap || need+=(mmdebstrap)
 have mount      || need+=(mount)
+# The vm backend: QEMU's microvm, qemu-img for copy-on-write disks, mkfs.ext4
+# for template images, xz for the guest kernel. (The guest kernel itself,
+# Debian's linux-image-amd64, is downloaded and unpacked on first use, not
+# installed.)
+have qemu-system-x86_64 || need+=(qemu-system-x86)
+have qemu-img   || need+=(qemu-utils)
+have mkfs.ext4  || need+=(e2fsprogs)
+have xz         || need+=(xz-utils)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "nook needs these packages: ${need[*]}; run make as root (or apt-get install them)" >&2

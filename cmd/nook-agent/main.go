@@ -18,6 +18,7 @@ import (
 func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if guestinit.IsGuest() {
+		guestinit.UpAndOff()
 		// PID 1 of a vm guest, still in the initramfs: move into the root
 		// disk, then serve over virtio-serial.
 		if err := guestinit.Boot(); err != nil {

@@ -17,6 +17,8 @@ func main() {
 	flag.IntVar(&cfg.Execs, "execs", 300, "exec round trips")
 	flag.StringVar(&cfg.AgentBinary, "agent", "bin/nook-agent", "nook-agent binary")
 	flag.StringVar(&cfg.TemplatesDir, "templates-dir", "/var/lib/nook/templates", "template store")
+	flag.StringVar(&cfg.VMCacheDir, "vm-cache-dir", "/var/lib/nook/vm", "vm guest kernel, template images and snapshots")
+	flag.BoolVar(&cfg.VM, "vm", true, "also measure the vm backend (QEMU)")
 	flag.Parse()
 	cfg.Out = os.Stdout
 	if cfg.Creates < 20 {

@@ -78,6 +78,12 @@ type ProcessInfo struct {
 type ConfigureRequest struct {
 	Hostname string            `json:"hostname"`
 	Env      map[string]string `json:"env,omitempty"`
+	// TimeUnixNano sets the clock (a vm restored from a snapshot wakes up
+	// at the snapshot's time). Zero leaves it alone; containers share the host's.
+	TimeUnixNano int64 `json:"time_unix_nano,omitempty"`
+	// Seed is mixed into the kernel's random pool, which is then reseeded:
+	// every vm restored from one snapshot starts with the same pool.
+	Seed []byte `json:"seed,omitempty"`
 }
 
 // ExecRequest starts a process in the sandbox.
@@ -179,6 +185,9 @@ func (c *ConfigureRequest) validate() error {
 	}
 	if len(c.Env) > maxEnv {
 		return fmt.Errorf("too many environment variables")
+	}
+	if len(c.Seed) > 512 {
+		return fmt.Errorf("seed is longer than 512 bytes")
 	}
 	for k, v := range c.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {

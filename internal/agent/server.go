@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
@@ -188,6 +190,17 @@ func (s *Server) configure(c *ConfigureRequest) error {
 	if !s.writeIdentity {
 		return nil
 	}
+	if c.TimeUnixNano != 0 {
+		ts := unix.NsecToTimespec(c.TimeUnixNano)
+		if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+			return fmt.Errorf("set clock: %w", err)
+		}
+	}
+	if len(c.Seed) > 0 {
+		if err := reseed(c.Seed); err != nil {
+			return fmt.Errorf("reseed the random pool: %w", err)
+		}
+	}
 	if cur, _ := os.Hostname(); cur != c.Hostname {
 		if err := syscall.Sethostname([]byte(c.Hostname)); err != nil {
 			return fmt.Errorf("set hostname: %w", err)
@@ -198,6 +211,28 @@ func (s *Server) configure(c *ConfigureRequest) error {
 		return err
 	}
 	return os.WriteFile("/etc/hostname", []byte(c.Hostname+"\n"), 0o644)
+}
+
+// reseed credits seed to the kernel's entropy pool and forces the CRNG to
+// reseed from it (RNDADDENTROPY, RNDRESEEDCRNG).
+func reseed(seed []byte) error {
+	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+	buf := make([]byte, 8+len(seed))
+	binary.NativeEndian.PutUint32(buf[0:], uint32(len(seed)*8))
+	binary.NativeEndian.PutUint32(buf[4:], uint32(len(seed)))
+	copy(buf[8:], seed)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&buf[0]))); e != 0 {
+		return e
+	}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDRESEEDCRNG, 0); e != 0 {
+		return e
+	}
+	return nil
 }
 
 func utsString(b []int8) string {

@@ -33,7 +33,10 @@ type Config struct {
 	Execs        int    // exec round trips
 	AgentBinary  string // nook-agent to put in sandboxes
 	TemplatesDir string
+	VMCacheDir   string // guest kernel, vm template images and snapshots
+	VM           bool   // also measure the vm backend
 	Out          io.Writer
+	coldVM       bool // vm sandboxes boot instead of restoring the template snapshot
 }
 
 type row struct {
@@ -83,7 +86,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	create, rt := warm.create, warm.rt
 	fmt.Fprintf(cfg.Out, "nook: create to first exec output, %d sandboxes, no warm pool...\n", cfg.Creates)
-	coldRes, err := measure(ctx, Config{Creates: cfg.Creates, AgentBinary: cfg.AgentBinary, TemplatesDir: cfg.TemplatesDir}, filepath.Join(root, "cold"), -1, false)
+	coldRes, err := measure(ctx, Config{Creates: cfg.Creates, AgentBinary: cfg.AgentBinary, TemplatesDir: cfg.TemplatesDir, VMCacheDir: cfg.VMCacheDir}, filepath.Join(root, "cold"), -1, false)
 	if err != nil {
 		return err
 	}
@@ -125,7 +128,13 @@ func Run(ctx context.Context, cfg Config) error {
 	fmt.Fprintf(tw, "file download (GET .../files/content)\t%.0f MB/s\tcat on the host -> pipe\t%.0f MB/s\t>= 300 MB/s\n", warm.fileDownMBs, warm.hostCatMBs)
 	fmt.Fprintf(tw, "file upload (PUT .../files/content)\t%.0f MB/s\t-\t-\t>= 300 MB/s\n", warm.fileUpMBs)
 	fmt.Fprintf(tw, "peak RSS while streaming: agent\t%d MiB\tdaemon+client process\t%d MiB\tbounded\n", warm.agentRSS>>20, warm.selfRSS>>20)
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if cfg.VM {
+		return runVM(ctx, cfg, root)
+	}
+	return nil
 }
 
 // measure runs a daemon on its own data dir and socket, driven through the
@@ -139,36 +148,49 @@ type results struct {
 	agentRSS, selfRSS             int64 // peak, bytes
 }
 
-func measure(ctx context.Context, cfg Config, root string, pool int, streams bool) (res results, err error) {
+// serve runs a daemon on its own data dir and socket under root, and
+// returns a client of it and a function that stops it.
+func serve(ctx context.Context, cfg Config, root string, pool int) (*sdk.Client, func(), error) {
 	log := slog.New(slog.DiscardHandler)
 	sock := filepath.Join(root, "nook.sock")
 	ready := make(chan struct{})
 	sctx, stop := context.WithCancel(ctx)
-	defer stop()
 	errc := make(chan error, 1)
 	go func() {
 		errc <- server.Serve(sctx, server.Config{
 			Socket: sock, Ready: func() { close(ready) },
 			Daemon: daemon.Config{DataDir: filepath.Join(root, "data"), RunDir: filepath.Join(root, "run"), TemplatesDir: cfg.TemplatesDir,
-				AgentBinary: cfg.AgentBinary, CgroupParent: "nook-bench", WarmPool: pool, Log: log},
+				VMCacheDir: cfg.VMCacheDir, AgentBinary: cfg.AgentBinary, CgroupParent: "nook-bench", WarmPool: pool, Log: log,
+				VMColdBoot: cfg.coldVM},
 		})
 	}()
 	select {
 	case <-ready:
 	case err := <-errc:
-		return res, err
+		stop()
+		return nil, nil, err
 	}
-	defer func() {
+	done := func() {
 		stop()
 		<-errc
 		for _, c := range []string{"cpu", "cpuacct", "cpuset", "pids", "memory", "blkio", "devices", "freezer", "systemd", "unified"} {
 			os.Remove(filepath.Join("/sys/fs/cgroup", c, "nook-bench"))
 		}
-	}()
+	}
 	cl, err := sdk.New("unix://"+sock, "")
+	if err != nil {
+		done()
+		return nil, nil, err
+	}
+	return cl, done, nil
+}
+
+func measure(ctx context.Context, cfg Config, root string, pool int, streams bool) (res results, err error) {
+	cl, stop, err := serve(ctx, cfg, root, pool)
 	if err != nil {
 		return res, err
 	}
+	defer stop()
 	if pool > 0 {
 		time.Sleep(2 * time.Second) // let the pool fill, as on a daemon that has been up a while
 	}

@@ -65,9 +65,9 @@ func Create(parent, id string, lim Limits, pid int) error {
 		}
 	} else {
 		groups = map[string][]file{
-			"cpu": {{"cpu.cfs_period_us", "100000"}, {"cpu.cfs_quota_us", strconv.FormatInt(quota, 10)}},
-			"memory":      {{"memory.limit_in_bytes", strconv.FormatInt(lim.MemoryBytes, 10)}},
-			"pids":        {{"pids.max", strconv.FormatInt(lim.Pids, 10)}},
+			"cpu":    {{"cpu.cfs_period_us", "100000"}, {"cpu.cfs_quota_us", strconv.FormatInt(quota, 10)}},
+			"memory": {{"memory.limit_in_bytes", strconv.FormatInt(lim.MemoryBytes, 10)}},
+			"pids":   {{"pids.max", strconv.FormatInt(lim.Pids, 10)}},
 		}
 	}
 	for ctrl, files := range groups {

@@ -141,7 +141,10 @@ func serveCmd() *cobra.Command {
 	c.Flags().StringVar(&cfg.Daemon.TemplatesDir, "templates-dir", "", "template store (default DATA-DIR/templates)")
 	c.Flags().StringVar(&cfg.Daemon.CgroupParent, "cgroup-parent", "nook", "parent cgroup of sandboxes")
 	c.Flags().DurationVar(&cfg.Daemon.ReapInterval, "reap-interval", 5*time.Second, "how often expired sandboxes are looked for")
-	c.Flags().IntVar(&cfg.Daemon.WarmPool, "warm-pool", 2, "started containers kept ready per template in use (negative: none)")
+	c.Flags().IntVar(&cfg.Daemon.WarmPool, "warm-pool", 2, "started sandboxes kept ready per template (and vm shape) in use (negative: none)")
+	c.Flags().StringVar(&cfg.Daemon.Accel, "accel", "", "vm accelerator: kvm or tcg (default: kvm where a stock guest kernel runs under it, else tcg)")
+	c.Flags().StringVar(&cfg.Daemon.KernelRoot, "kernel", "", "an unpacked Debian linux-image package for vm guests (default: fetched with apt on first use)")
+	c.Flags().StringVar(&cfg.Daemon.VMCacheDir, "vm-cache-dir", "", "guest kernels, vm template images and snapshots (default DATA-DIR/vm)")
 	c.Flags().BoolVar(&debug, "debug", false, "log every API request")
 	return c
 }
@@ -279,6 +282,9 @@ func inspectCmd() *cobra.Command {
 			fmt.Fprintf(tw, "isolation:\t%s\ntemplate:\t%s\ncpus:\t%g\nmemory:\t%s\npids limit:\t%d\n", sb.Isolation, sb.Template, sb.CPUs, core.FormatBytes(sb.MemoryBytes), sb.PidsLimit)
 			if sb.DiskBytes > 0 {
 				fmt.Fprintf(tw, "disk:\t%s\n", core.FormatBytes(sb.DiskBytes))
+			}
+			if sb.Accelerator != "" {
+				fmt.Fprintf(tw, "accelerator:\t%s\nguest kernel:\t%s\nstarted by:\t%s\n", sb.Accelerator, sb.GuestKernel, sb.Boot)
 			}
 			fmt.Fprintf(tw, "created:\t%s\nexpires:\t%s (in %s)\n", sb.CreatedAt.Local().Format(time.RFC3339), sb.ExpiresAt.Local().Format(time.RFC3339), until(sb.ExpiresAt))
 			keys := make([]string, 0, len(sb.Env))

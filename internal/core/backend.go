@@ -93,14 +93,27 @@ type Pauser interface {
 // Warm sandboxes have no database record: after a crash they are orphans,
 // and the manager's reconcile removes them.
 type WarmPool interface {
-	// TakeWarm reserves a warm sandbox of a template build and returns its
-	// ID; the manager records the sandbox under that ID and calls Create,
-	// which claims it. ok is false when none is ready.
-	TakeWarm(templateID string) (id string, ok bool)
-	// Prewarm asks for warm sandboxes of a template build, in the background.
-	Prewarm(templateID string)
+	// TakeWarm reserves a warm sandbox for sb (its template build and,
+	// where the backend needs it, its shape) and returns its ID; the
+	// manager records the sandbox under that ID and calls Create, which
+	// claims it. ok is false when none is ready.
+	TakeWarm(sb *Sandbox) (id string, ok bool)
+	// Prewarm asks for warm sandboxes like sb, in the background.
+	Prewarm(sb *Sandbox)
 	// Drain destroys the warm sandboxes of every build of a template.
 	Drain(ctx context.Context, template string) error
 	// Shutdown stops refilling and destroys every warm sandbox.
 	Shutdown(ctx context.Context) error
+}
+
+// Describer is an optional Backend feature: details of how a sandbox runs
+// (e.g. a vm's accelerator and guest kernel) added to what the API shows.
+type Describer interface {
+	Describe(sb *Sandbox, v *api.Sandbox)
+}
+
+// ConsoleLogger is an optional Backend feature: the end of a sandbox's
+// console output, attached to errors when its agent never answers.
+type ConsoleLogger interface {
+	ConsoleTail(id string) string
 }

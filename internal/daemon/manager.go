@@ -26,6 +26,7 @@ import (
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/backend/container"
+	"github.com/nookhq/nook/internal/backend/vm"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/store"
@@ -43,7 +44,11 @@ type Config struct {
 	AgentBinary  string        // default: nook-agent beside the running executable
 	CgroupParent string        // default "nook"
 	ReapInterval time.Duration // how often expired and dead sandboxes are looked for; default 5s
-	WarmPool     int           // started containers kept ready per template in use; default 2, negative: none
+	WarmPool     int           // started sandboxes kept ready per template (and vm shape) in use; default 2, negative: none
+	Accel        string        // vm accelerator: kvm or tcg; default: detected
+	VMCacheDir   string        // guest kernels, vm template images and snapshots; default DataDir/vm
+	KernelRoot   string        // an unpacked Debian linux-image package for vm guests; default: fetched with apt
+	VMColdBoot   bool          // boot vm sandboxes instead of restoring their template's snapshot (benchmarks)
 	Log          *slog.Logger
 }
 
@@ -68,6 +73,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CgroupParent == "" {
 		c.CgroupParent = "nook"
+	}
+	if c.VMCacheDir == "" {
+		c.VMCacheDir = filepath.Join(c.DataDir, "vm")
 	}
 	if c.WarmPool == 0 {
 		c.WarmPool = 2
@@ -117,6 +125,9 @@ type nameLock struct {
 // New opens the data directory, reconciles the database with the host and returns a Manager.
 func New(ctx context.Context, cfg Config) (*Manager, error) {
 	cfg = cfg.withDefaults()
+	if cfg.Accel != "" && cfg.Accel != "kvm" && cfg.Accel != "tcg" {
+		return nil, errdefs.Invalid("accelerator %q is not valid: use kvm or tcg (or leave it out to detect)", cfg.Accel)
+	}
 	// Sandboxes' files belong to root inside them, which is root on the
 	// host: nobody else on the host may walk into them (a setuid binary a
 	// sandbox made would be a way to root).
@@ -142,7 +153,12 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, Log: cfg.Log,
 		WarmPool: max(cfg.WarmPool, 0),
 	})
-	m.backends = map[string]core.Backend{ctr.Isolation(): ctr}
+	vmb := vm.New(vm.Config{
+		StateDir: filepath.Join(cfg.DataDir, "vms"), CacheDir: cfg.VMCacheDir, KernelRoot: cfg.KernelRoot,
+		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, Accel: cfg.Accel,
+		TemplateRootfs: m.templates.Rootfs, Log: cfg.Log, WarmPool: max(cfg.WarmPool, 0), ColdBoot: cfg.VMColdBoot,
+	})
+	m.backends = map[string]core.Backend{ctr.Isolation(): ctr, vmb.Isolation(): vmb}
 	if err := m.reconcile(ctx); err != nil {
 		st.Close()
 		return nil, fmt.Errorf("reconcile: %w", err)
@@ -150,7 +166,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	// Keep the default template warm from the start.
 	if t, err := m.templates.Get("base"); err == nil {
 		if ok, _, _ := ctr.Available(ctx); ok {
-			ctr.Prewarm(t.ID)
+			ctr.Prewarm(&core.Sandbox{TemplateID: t.ID})
 		}
 	}
 	return m, nil
@@ -196,9 +212,6 @@ func (m *Manager) lockName(name string) func() {
 }
 
 func (m *Manager) backend(isolation string) (core.Backend, error) {
-	if isolation == api.IsolationVM {
-		return nil, errdefs.Precondition("isolation %q is not available: this nook has no vm backend yet; use --isolation container", isolation)
-	}
 	b, ok := m.backends[isolation]
 	if !ok {
 		return nil, errdefs.Invalid("isolation %q is not valid: use container or vm", isolation)
@@ -290,6 +303,9 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 			return nil, errdefs.Invalid("memory %s is too small: ask for at least 64M", req.Memory)
 		}
 	}
+	if req.Isolation == api.IsolationVM && mem < vm.MinMemory {
+		return nil, errdefs.Invalid("memory %s is too small for a vm sandbox: its kernel and agent need at least %s", core.FormatBytes(mem), core.FormatBytes(vm.MinMemory))
+	}
 	if hostMem > 0 && mem > hostMem {
 		if req.Memory != "" {
 			return nil, errdefs.Invalid("memory %s is more than this host has (%s)", req.Memory, core.FormatBytes(hostMem))
@@ -369,7 +385,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	defer unlock()
 	if wp, ok := b.(core.WarmPool); ok {
-		if id, ok := wp.TakeWarm(sb.TemplateID); ok {
+		if id, ok := wp.TakeWarm(sb); ok {
 			sb.ID = id
 		}
 	}
@@ -432,8 +448,20 @@ func (m *Manager) waitAgent(ctx context.Context, sb *core.Sandbox) error {
 	for k, v := range sb.Env {
 		env[k] = v
 	}
-	if err := c.Configure(ctx, &agent.ConfigureRequest{Hostname: sb.Name, Env: env}); err != nil {
-		return fmt.Errorf("the sandbox's agent did not answer: %w", err)
+	req := &agent.ConfigureRequest{Hostname: sb.Name, Env: env}
+	if sb.Isolation == api.IsolationVM {
+		// A vm restored from a snapshot wakes at the snapshot's time and
+		// with the snapshot's random pool: give it the time and fresh entropy.
+		req.Seed = make([]byte, 64)
+		rand.Read(req.Seed)
+		req.TimeUnixNano = time.Now().UnixNano()
+	}
+	if err := c.Configure(ctx, req); err != nil {
+		msg := ""
+		if cl, ok := m.backends[sb.Isolation].(core.ConsoleLogger); ok {
+			msg = cl.ConsoleTail(sb.ID)
+		}
+		return fmt.Errorf("the sandbox's agent did not answer: %w%s", err, msg)
 	}
 	return nil
 }
@@ -491,6 +519,9 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 // View is a sandbox as the API shows it, with what the backend says of its pause.
 func (m *Manager) View(sb *core.Sandbox) api.Sandbox {
 	v := sb.API()
+	if d, ok := m.backends[sb.Isolation].(core.Describer); ok {
+		d.Describe(sb, &v)
+	}
 	if sb.State == core.StatePaused {
 		if p, ok := m.backends[sb.Isolation].(core.Pauser); ok {
 			v.PauseKind = p.PauseKind()
@@ -875,7 +906,7 @@ func (m *Manager) Info(ctx context.Context) api.Info {
 	syscall.Uname(&uts)
 	info := api.Info{
 		Version: Version, Kernel: utsRelease(uts), CPUs: cpus, MemoryBytes: mem,
-		Accelerator: detectAccelerator(), CgroupMode: detectCgroupMode(), DataDir: m.cfg.DataDir,
+		Accelerator: m.accelerator(), CgroupMode: detectCgroupMode(), DataDir: m.cfg.DataDir,
 	}
 	for _, iso := range []string{api.IsolationContainer, api.IsolationVM} {
 		b, ok := m.backends[iso]
@@ -903,22 +934,14 @@ func utsRelease(u syscall.Utsname) string {
 	return b.String()
 }
 
-// detectAccelerator reports kvm only where a stock guest kernel can run
-// under it; PVM (kvm_pvm) cannot run one.
-func detectAccelerator() string {
-	if _, err := os.Stat("/sys/module/kvm_pvm"); err == nil {
-		return "tcg (kvm is pvm, which cannot run a stock guest kernel)"
+// accelerator reports the vm backend's accelerator and why it was chosen.
+func (m *Manager) accelerator() string {
+	if vb, ok := m.backends[api.IsolationVM].(*vm.Backend); ok {
+		accel, why := vb.Accelerator()
+		return fmt.Sprintf("%s (%s)", accel, why)
 	}
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		return "tcg"
-	}
-	if cpuinfo, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		s := string(cpuinfo)
-		if strings.Contains(s, " vmx") || strings.Contains(s, " svm") {
-			return "kvm"
-		}
-	}
-	return "tcg"
+	accel, why := vm.DetectAccel(m.cfg.Accel)
+	return fmt.Sprintf("%s (%s)", accel, why)
 }
 
 func detectCgroupMode() string {
@@ -959,7 +982,7 @@ func (m *Manager) BuildTemplate(ctx context.Context, name string, w io.Writer) (
 	m.drainPools(ctx, name)
 	for _, b := range m.backends {
 		if wp, ok := b.(core.WarmPool); ok {
-			wp.Prewarm(t.ID)
+			wp.Prewarm(&core.Sandbox{TemplateID: t.ID})
 		}
 	}
 	if err := m.templates.GC(ctx, name, m.inUse(ctx)); err != nil {

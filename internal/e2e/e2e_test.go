@@ -67,9 +67,11 @@ func newDaemon(t *testing.T, extra ...string) *daemon {
 			d.nook("rm", sb.Name)
 		}
 		d.stop(syscall.SIGTERM)
-		entries, _ := os.ReadDir(filepath.Join(d.data, "sandboxes"))
-		for _, e := range entries {
-			t.Errorf("sandbox directory left behind: %s", e.Name())
+		for _, dir := range []string{"sandboxes", "vms"} {
+			entries, _ := os.ReadDir(filepath.Join(d.data, dir))
+			for _, e := range entries {
+				t.Errorf("sandbox directory left behind: %s/%s", dir, e.Name())
+			}
 		}
 		for _, sb := range sbs {
 			if leaks := d.resources().Leaks(sb.ID); len(leaks) > 0 {
@@ -87,12 +89,21 @@ func (d *daemon) resources() testutil.HostResources {
 	return testutil.HostResources{StateDir: filepath.Join(d.data, "sandboxes"), RuncRoot: filepath.Join(d.run, "runc"), CgroupParent: d.cgroup}
 }
 
+// vmCacheDir is the vm backend's cache (guest kernel, template images and
+// snapshots, keyed by content) that tests share with each other and `make run`.
+func vmCacheDir() string {
+	if d := os.Getenv("NOOK_TEST_VM_CACHE"); d != "" {
+		return d
+	}
+	return "/var/lib/nook/vm"
+}
+
 func (d *daemon) socket() string { return filepath.Join(d.run, "nook.sock") }
 
 func (d *daemon) start(extra ...string) {
 	d.t.Helper()
 	args := append([]string{"serve", "--data-dir", d.data, "--run-dir", d.run, "--templates-dir", testutil.TemplatesDir(),
-		"--cgroup-parent", d.cgroup, "--reap-interval", "200ms"}, extra...)
+		"--cgroup-parent", d.cgroup, "--reap-interval", "200ms", "--vm-cache-dir", vmCacheDir()}, extra...)
 	if d.log == nil {
 		d.log = &bytes.Buffer{}
 	}
@@ -251,7 +262,7 @@ func TestBadInput(t *testing.T) {
 		{[]string{"create", "--disk", "10G"}, 1, "cannot limit disk"},
 		{[]string{"create", "--ttl", "10s"}, 1, "out of range"},
 		{[]string{"create", "--ttl", "1y"}, 1, "not valid"},
-		{[]string{"create", "--isolation", "vm"}, 1, "not available"},
+		{[]string{"create", "--isolation", "vm", "--memory", "128M"}, 1, "too small for a vm sandbox"},
 		{[]string{"create", "--isolation", "jail"}, 1, "not valid"},
 		{[]string{"create", "--env", "NOEQUALS"}, 2, "KEY=VALUE"},
 		{[]string{"inspect", "ghost"}, 1, `no sandbox named "ghost"`},

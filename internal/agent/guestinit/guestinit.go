@@ -38,6 +38,34 @@ func IsGuest() bool {
 	return err == nil
 }
 
+// UpMarker is what a guest booted with UpAndOffArg on its kernel command
+// line prints on its console as soon as its init runs, before powering
+// off: the benchmark's "bare boot to userspace" baseline.
+const (
+	UpMarker    = "nook-guest-userspace-up"
+	UpAndOffArg = "nook.up_and_off"
+)
+
+// UpAndOff prints UpMarker and powers the guest off if the kernel command
+// line asks for it; otherwise it returns.
+func UpAndOff() {
+	cmdline, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		os.MkdirAll("/proc", 0o755)
+		if unix.Mount("proc", "/proc", "proc", 0, "") == nil {
+			cmdline, _ = os.ReadFile("/proc/cmdline")
+			unix.Unmount("/proc", 0)
+		}
+	}
+	for _, f := range strings.Fields(string(cmdline)) {
+		if f == UpAndOffArg {
+			fmt.Fprintln(os.Stderr, UpMarker)
+			unix.Sync()
+			unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+		}
+	}
+}
+
 // Boot prepares the guest and switches to its root disk. Errors are fatal
 // for the guest; the daemon sees them on the console log.
 func Boot() error {

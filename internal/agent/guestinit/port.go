@@ -17,7 +17,8 @@ import (
 // PortListener serves the agent protocol over a virtio-serial port: each
 // Accept returns the port once the host side (the daemon, through QEMU's
 // socket chardev) is connected, and the connection ends when the host
-// disconnects (the guest then reads EOF). One connection at a time.
+// disconnects (the guest then reads EOF). One connection at a time, each
+// opened by the handshake in handshake.go.
 //
 // A read on the port returns EOF at once while no host is connected, so
 // Accept waits for the kernel's SIGIO on host connection changes, polling
@@ -46,12 +47,19 @@ func (l *PortListener) Accept() (net.Conn, error) {
 	case <-l.done:
 		return nil, net.ErrClosed
 	}
-	f, err := l.open()
-	if err != nil {
-		<-l.busy
-		return nil, err
+	for {
+		f, err := l.open()
+		if err != nil {
+			<-l.busy
+			return nil, err
+		}
+		if err := acceptHandshake(f); err != nil {
+			// The host went away mid-handshake: wait for the next one.
+			f.Close()
+			continue
+		}
+		return &portConn{File: f, release: func() { <-l.busy }}, nil
 	}
-	return &portConn{File: f, release: func() { <-l.busy }}, nil
 }
 
 func (l *PortListener) open() (*os.File, error) {

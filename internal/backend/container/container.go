@@ -26,6 +26,7 @@ import (
 	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/warmpool"
 )
 
 // Config configures the backend.
@@ -46,7 +47,7 @@ type Config struct {
 // Backend runs container sandboxes.
 type Backend struct {
 	cfg  Config
-	pool *pool
+	pool *warmpool.Pool[state]
 }
 
 var _ core.Backend = (*Backend)(nil)
@@ -62,7 +63,9 @@ func New(cfg Config) *Backend {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Backend{cfg: cfg, pool: newPool(cfg.WarmPool)}
+	b := &Backend{cfg: cfg}
+	b.pool = newPool(b, cfg.WarmPool)
+	return b
 }
 
 // Isolation implements core.Backend.
@@ -108,11 +111,7 @@ type state struct {
 // Create implements core.Backend: it claims the warm container TakeWarm
 // reserved under sb.ID if there is one, and starts a new container otherwise.
 func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) error {
-	b.pool.mu.Lock()
-	w, ok := b.pool.claimed[sb.ID]
-	delete(b.pool.claimed, sb.ID)
-	b.pool.mu.Unlock()
-	if ok {
+	if w, ok := b.pool.Claimed(sb.ID); ok {
 		err := b.claim(w, sb)
 		if err == nil {
 			return nil
@@ -125,7 +124,7 @@ func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) error {
 	if err := b.createCold(ctx, sb); err != nil {
 		return err
 	}
-	b.Prewarm(sb.TemplateID)
+	b.Prewarm(sb)
 	return nil
 }
 
@@ -321,8 +320,6 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	}
 	return errors.Join(errs...)
 }
-
-func (b *Backend) cgroupDirs(id string) []string { return cgroups.Dirs(b.cfg.CgroupParent, id) }
 
 func (b *Backend) removeCgroups(id string) error {
 	return cgroups.Remove(b.cfg.CgroupParent, id, func() { b.thaw(id) })

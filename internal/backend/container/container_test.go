@@ -63,7 +63,7 @@ func TestConformance(t *testing.T) {
 // The whole suite again with a warm pool: claimed containers behave like fresh ones.
 func TestConformanceWarmPool(t *testing.T) {
 	b, h := newTestBackendPool(t, 2)
-	b.Prewarm(h.TemplateID)
+	b.Prewarm(&core.Sandbox{TemplateID: h.TemplateID})
 	waitWarm(t, b, h.TemplateID, 2)
 	conformance.Run(t, h)
 }
@@ -72,9 +72,7 @@ func waitWarm(t *testing.T, b *Backend, templateID string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		b.pool.mu.Lock()
-		got := len(b.pool.ready[templateID])
-		b.pool.mu.Unlock()
+		got := b.pool.Ready(templateID)
 		if got >= n {
 			return
 		}
@@ -88,9 +86,9 @@ func waitWarm(t *testing.T, b *Backend, templateID string, n int) {
 // A claimed warm container gets the sandbox's own limits and hostname.
 func TestWarmClaimAppliesIdentity(t *testing.T) {
 	b, h := newTestBackendPool(t, 1)
-	b.Prewarm(h.TemplateID)
+	b.Prewarm(&core.Sandbox{TemplateID: h.TemplateID})
 	waitWarm(t, b, h.TemplateID, 1)
-	id, ok := b.TakeWarm(h.TemplateID)
+	id, ok := b.TakeWarm(&core.Sandbox{TemplateID: h.TemplateID})
 	if !ok {
 		t.Fatal("no warm container")
 	}

@@ -24,6 +24,10 @@ import (
 // and rng drivers, ext4 and the crc32c it needs as modules.
 var guestModules = []string{"virtio_mmio", "virtio_blk", "virtio_console", "virtio_net", "virtio_rng", "crc32c_generic", "ext4"}
 
+// initramfsLayout changes whenever what buildInitramfs writes does, so
+// that caches of older initramfs images are not reused.
+const initramfsLayout = 2
+
 // Kernel is a guest kernel ready to boot: the uncompressed vmlinux (PVH
 // boot) and an initramfs with nook-agent as /init and the modules it loads.
 type Kernel struct {
@@ -63,8 +67,14 @@ func findKernelSource(roots ...string) (*kernelSource, error) {
 // unpacks it (without installing it) under dir.
 func fetchKernel(ctx context.Context, dir string) error {
 	out, err := exec.CommandContext(ctx, "apt-cache", "depends", "linux-image-amd64").Output()
-	if err != nil {
-		return fmt.Errorf("apt-cache depends linux-image-amd64: %w", err)
+	if err != nil || !bytes.Contains(out, []byte("Depends: linux-image-")) {
+		// No package lists yet (a fresh machine): fetch them once.
+		if uout, uerr := exec.CommandContext(ctx, "apt-get", "update", "-qq").CombinedOutput(); uerr != nil {
+			return fmt.Errorf("apt-get update: %w: %s", uerr, lastLines(string(uout), 3))
+		}
+		if out, err = exec.CommandContext(ctx, "apt-cache", "depends", "linux-image-amd64").Output(); err != nil {
+			return fmt.Errorf("apt-cache depends linux-image-amd64: %w", err)
+		}
 	}
 	var pkg string
 	for _, l := range strings.Split(string(out), "\n") {
@@ -238,7 +248,7 @@ func buildInitramfs(dst, agentBinary string, modules []string) error {
 		f.Close()
 		return fmt.Errorf("nook-agent: %w", err)
 	}
-	w.file("init", 0o755, agent)
+	w.file("nook-agent", 0o755, agent)
 	w.file(strings.TrimPrefix(guestinit.Marker, "/"), 0o644, nil)
 	var names []string
 	for _, m := range modules {
@@ -266,7 +276,10 @@ func buildInitramfs(dst, agentBinary string, modules []string) error {
 // kernel and agent.
 func prepareKernel(ctx context.Context, cacheDir, kernelRoot, agentBinary string) (*Kernel, error) {
 	fetched := filepath.Join(cacheDir, "linux-image")
-	src, err := findKernelSource(kernelRoot, fetched)
+	if kernelRoot != "" {
+		fetched = kernelRoot // given: use it or fail
+	}
+	src, err := findKernelSource(fetched)
 	if err != nil {
 		if kernelRoot != "" {
 			return nil, fmt.Errorf("no Debian kernel (boot/vmlinuz-* with lib/modules) under %s", kernelRoot)
@@ -293,7 +306,7 @@ func prepareKernel(ctx context.Context, cacheDir, kernelRoot, agentBinary string
 			return nil, err
 		}
 	}
-	fmt.Fprintln(h, guestModules)
+	fmt.Fprintln(h, initramfsLayout, guestModules)
 	hash := hex.EncodeToString(h.Sum(nil))[:16]
 	dir := filepath.Join(cacheDir, src.release+"-"+hash)
 	k := &Kernel{Release: src.release, Vmlinux: filepath.Join(dir, "vmlinux"), Initrd: filepath.Join(dir, "initrd.cpio"), Hash: hash}

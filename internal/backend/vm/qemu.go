@@ -26,7 +26,7 @@ type machine struct {
 // launch is one QEMU process's paths.
 type launch struct {
 	machine
-	MemPath    string // guest RAM file
+	MemPath    string // guest RAM file; empty: anonymous memory
 	MemShared  bool   // share=on: guest writes go to the file (a template boot); off: private copy-on-write
 	Disk       string // qcow2 root disk
 	AgentSock  string // virtio-serial chardev socket (QEMU listens)
@@ -34,12 +34,14 @@ type launch struct {
 	ConsoleLog string
 	Incoming   bool // wait for a migration stream (restore) instead of booting
 	RunAs      string
+	// ExtraCmdline is appended to the kernel command line.
+	ExtraCmdline string
 }
 
 // cmdline is the guest kernel command line.
 func (m machine) cmdline() string {
 	args := []string{"console=ttyS0", "quiet", "loglevel=3", "panic=-1", "reboot=t", "random.trust_cpu=on",
-		"nomodeset", "pci=off", "i8042.noaux", "i8042.nomux", "i8042.dumbkbd", "audit=0", "mitigations=off", "rdinit=/init"}
+		"nomodeset", "pci=off", "i8042.noaux", "i8042.nomux", "i8042.dumbkbd", "audit=0", "mitigations=off", "rdinit=/nook-agent"}
 	if m.TSCKHz > 0 {
 		args = append(args, fmt.Sprintf("tsc_early_khz=%d", m.TSCKHz))
 	}
@@ -62,24 +64,39 @@ func (l launch) args() []string {
 	if l.Accel == "kvm" {
 		accel, cpu = "kvm", "host"
 	}
+	memBackend := fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", l.MemoryMiB, l.MemPath, share)
+	if l.MemPath == "" {
+		memBackend = fmt.Sprintf("memory-backend-ram,id=mem,size=%dM", l.MemoryMiB)
+	}
 	a := []string{
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-M", "microvm,pit=on,pic=on,rtc=on,isa-serial=on,memory-backend=mem",
 		"-accel", accel, "-cpu", cpu,
 		"-smp", strconv.Itoa(l.CPUs), "-m", fmt.Sprintf("%dM", l.MemoryMiB),
-		"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", l.MemoryMiB, l.MemPath, share),
-		"-kernel", l.Kernel.Vmlinux, "-initrd", l.Kernel.Initrd, "-append", l.cmdline(),
-		"-blockdev", fmt.Sprintf("driver=qcow2,node-name=root,file.driver=file,file.filename=%s,file.aio=threads,cache.direct=off", l.Disk),
-		"-device", "virtio-blk-device,drive=root",
-		"-device", "virtio-serial-device,max_ports=2",
-		"-chardev", fmt.Sprintf("socket,id=agent,path=%s,server=on,wait=off", l.AgentSock),
-		"-device", "virtserialport,chardev=agent,name=nook.agent",
-		"-device", "virtio-rng-device",
-		"-chardev", fmt.Sprintf("file,id=console,path=%s,append=on", l.ConsoleLog),
-		"-serial", "chardev:console",
-		"-qmp", fmt.Sprintf("unix:%s,server=on,wait=off", l.QMPSock),
-		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+		"-object", memBackend,
+		"-kernel", l.Kernel.Vmlinux, "-initrd", l.Kernel.Initrd, "-append", strings.TrimSpace(l.cmdline() + " " + l.ExtraCmdline),
 	}
+	if l.Disk != "" {
+		a = append(a,
+			"-blockdev", fmt.Sprintf("driver=qcow2,node-name=root,file.driver=file,file.filename=%s,file.aio=threads,cache.direct=off", l.Disk),
+			"-device", "virtio-blk-device,drive=root")
+	}
+	if l.AgentSock != "" {
+		a = append(a,
+			"-device", "virtio-serial-device,max_ports=2",
+			"-chardev", fmt.Sprintf("socket,id=agent,path=%s,server=on,wait=off", l.AgentSock),
+			"-device", "virtserialport,chardev=agent,name=nook.agent",
+			"-device", "virtio-rng-device")
+	}
+	if l.ConsoleLog != "" {
+		a = append(a, "-chardev", fmt.Sprintf("file,id=console,path=%s,append=on", l.ConsoleLog), "-serial", "chardev:console")
+	} else {
+		a = append(a, "-serial", "stdio")
+	}
+	if l.QMPSock != "" {
+		a = append(a, "-qmp", fmt.Sprintf("unix:%s,server=on,wait=off", l.QMPSock))
+	}
+	a = append(a, "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny")
 	if l.RunAs != "" {
 		a = append(a, "-runas", l.RunAs)
 	}

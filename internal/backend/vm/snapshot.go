@@ -166,22 +166,8 @@ func (b *Backend) bootAndSave(ctx context.Context, templateID string, m machine,
 		return err
 	}
 	defer mon.close()
-	bctx, cancel := context.WithTimeout(ctx, b.cfg.BootTimeout)
-	defer cancel()
-	go func() {
-		select {
-		case <-proc.exited:
-			cancel()
-		case <-bctx.Done():
-		}
-	}()
-	if err := pingAgent(bctx, l.AgentSock); err != nil {
-		select {
-		case <-proc.exited:
-			return fmt.Errorf("template boot: QEMU exited: %s%s", lastLines(readTail(proc.log), 3), b.consoleTail(s.dir))
-		default:
-		}
-		return fmt.Errorf("template boot: the guest agent did not answer within %s: %w%s", b.cfg.BootTimeout, err, b.consoleTail(s.dir))
+	if err := b.waitBoot(ctx, proc, l.AgentSock, s.dir); err != nil {
+		return fmt.Errorf("template boot: %w", err)
 	}
 	// Let the guest agent see the host go away and wait for the next one.
 	time.Sleep(50 * time.Millisecond)
@@ -209,6 +195,29 @@ func (b *Backend) bootAndSave(ctx context.Context, templateID string, m machine,
 		return fmt.Errorf("template QEMU did not quit")
 	}
 	return nil
+}
+
+// waitBoot waits until a booting guest's agent answers, for at most
+// BootTimeout; errors carry QEMU's and the guest console's last words.
+func (b *Backend) waitBoot(ctx context.Context, proc *qemuProc, sock, dir string) error {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.BootTimeout)
+	defer cancel()
+	var err error
+	for {
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		err = pingAgent(actx, sock)
+		acancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-proc.exited:
+			return fmt.Errorf("QEMU exited: %s%s", lastLines(readTail(proc.log), 3), b.consoleTail(dir))
+		case <-ctx.Done():
+			return fmt.Errorf("the guest agent did not answer within %s: %w%s", b.cfg.BootTimeout, err, b.consoleTail(dir))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 var qemuVersionOnce sync.Once

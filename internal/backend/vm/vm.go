@@ -32,19 +32,24 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/agent/guestinit"
 	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/warmpool"
 )
+
+// MinMemory is the least guest RAM a vm sandbox may have.
+const MinMemory = 256 << 20
 
 // Config configures the backend.
 type Config struct {
-	QEMU        string // qemu-system-x86_64; default: found in PATH
-	QEMUImg     string // qemu-img; default: found in PATH
-	StateDir    string // per-sandbox directories
-	CacheDir    string // kernels, template disk images and snapshots
-	KernelRoot  string // an unpacked Debian linux-image package (or /); default: fetched with apt into CacheDir
-	AgentBinary string // the static nook-agent that becomes the guest's init
+	QEMU         string // qemu-system-x86_64; default: found in PATH
+	QEMUImg      string // qemu-img; default: found in PATH
+	StateDir     string // per-sandbox directories
+	CacheDir     string // kernels, template disk images and snapshots
+	KernelRoot   string // an unpacked Debian linux-image package (or /); default: fetched with apt into CacheDir
+	AgentBinary  string // the static nook-agent that becomes the guest's init
 	CgroupParent string
 	// Accel forces an accelerator (kvm or tcg); empty: detected.
 	Accel string
@@ -52,6 +57,9 @@ type Config struct {
 	ColdBoot bool
 	// TemplateRootfs returns the read-only root filesystem of a template build.
 	TemplateRootfs func(templateID string) (string, error)
+	// WarmPool is how many restored vms to keep ready per template build
+	// and machine shape in use (0: none).
+	WarmPool int
 	// BootTimeout bounds a cold boot until the agent answers.
 	BootTimeout time.Duration
 	Log         *slog.Logger
@@ -68,9 +76,15 @@ type Backend struct {
 
 	smu   sync.Mutex
 	slock map[string]*sync.Mutex // per template snapshot, in this process (flock across processes)
+
+	pool *warmpool.Pool[state]
 }
 
-var _ core.Backend = (*Backend)(nil)
+var (
+	_ core.Backend       = (*Backend)(nil)
+	_ core.Describer     = (*Backend)(nil)
+	_ core.ConsoleLogger = (*Backend)(nil)
+)
 
 // New returns a vm backend.
 func New(cfg Config) *Backend {
@@ -91,6 +105,7 @@ func New(cfg Config) *Backend {
 	}
 	b := &Backend{cfg: cfg, slock: map[string]*sync.Mutex{}}
 	b.accel, b.why = DetectAccel(cfg.Accel)
+	b.pool = newPool(b, cfg.WarmPool)
 	return b
 }
 
@@ -127,7 +142,7 @@ func (b *Backend) Isolation() string { return api.IsolationVM }
 
 // Capabilities implements core.Backend.
 func (b *Backend) Capabilities() api.Capabilities {
-	return api.Capabilities{CPULimit: true, MemoryLimit: true, PidsLimit: true}
+	return api.Capabilities{CPULimit: true, MemoryLimit: true}
 }
 
 // Available implements core.Backend.
@@ -203,8 +218,27 @@ func (b *Backend) machineFor(sb *core.Sandbox, k *Kernel) machine {
 	return machine{Accel: b.accel, CPUs: cpus, MemoryMiB: max(sb.MemoryBytes>>20, 128), Kernel: k, TSCKHz: tscKHz()}
 }
 
-// Create implements core.Backend.
-func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) (err error) {
+// Create implements core.Backend: it claims the warm vm TakeWarm reserved
+// under sb.ID if there is one, and restores (or boots) a new one otherwise.
+func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) error {
+	if w, ok := b.pool.Claimed(sb.ID); ok {
+		err := b.claim(w, sb)
+		if err == nil {
+			return nil
+		}
+		b.cfg.Log.Warn("warm vm unusable; starting a new one", "sandbox", sb.ID, "err", err)
+		if err := b.Destroy(ctx, sb.ID); err != nil {
+			return err
+		}
+	}
+	if err := b.createNew(ctx, sb); err != nil {
+		return err
+	}
+	b.Prewarm(sb)
+	return nil
+}
+
+func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
 	k, err := b.ensureKernel(ctx)
 	if err != nil {
 		return err
@@ -278,8 +312,9 @@ func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) (err error) {
 			return fmt.Errorf("restore template snapshot: %w%s", err, b.consoleTail(dir))
 		}
 		b.cfg.Log.Debug("vm restored", "sandbox", sb.ID, "start", t1.Sub(t0), "qmp", t2.Sub(t1), "restore", time.Since(t2))
+		return nil
 	}
-	return nil
+	return b.waitBoot(ctx, proc, l.AgentSock, dir)
 }
 
 // qemuProc is a started QEMU.
@@ -371,19 +406,30 @@ func decodeState(sb *core.Sandbox) (state, error) {
 	return st, nil
 }
 
-// Describe says how a sandbox runs, for inspect.
-func (b *Backend) Describe(sb *core.Sandbox) map[string]string {
-	st, err := decodeState(sb)
-	if err != nil {
-		return nil
+// Describe implements core.Describer.
+func (b *Backend) Describe(sb *core.Sandbox, v *api.Sandbox) {
+	if st, err := decodeState(sb); err == nil {
+		v.Accelerator, v.Boot, v.GuestKernel = st.Accel, st.Boot, st.Kernel
 	}
-	return map[string]string{"accelerator": st.Accel, "boot": st.Boot, "kernel": st.Kernel}
 }
 
 // DialAgent implements core.Backend: the agent's virtio-serial port, through QEMU's socket.
 func (b *Backend) DialAgent(ctx context.Context, sb *core.Sandbox) (net.Conn, error) {
+	return dialAgent(ctx, filepath.Join(b.dir(sb.ID), "agent.sock"))
+}
+
+// dialAgent connects to a guest agent and opens the stream with the handshake.
+func dialAgent(ctx context.Context, sock string) (net.Conn, error) {
 	var d net.Dialer
-	return d.DialContext(ctx, "unix", filepath.Join(b.dir(sb.ID), "agent.sock"))
+	conn, err := d.DialContext(ctx, "unix", sock)
+	if err != nil {
+		return nil, err
+	}
+	if err := guestinit.DialHandshake(ctx, conn); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
 }
 
 // ConsoleTail returns the end of a sandbox's guest console log, for errors.
@@ -461,10 +507,7 @@ func (b *Backend) qemuImgCreate(ctx context.Context, backing, backingFmt, dst st
 
 // pingAgent waits until the guest's agent answers over its socket.
 func pingAgent(ctx context.Context, sock string) error {
-	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	})
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return dialAgent(ctx, sock) })
 	defer c.Close()
 	_, err := c.Ping(ctx)
 	return err

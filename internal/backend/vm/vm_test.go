@@ -2,15 +2,19 @@ package vm
 
 import (
 	"context"
-	"fmt"
-	"github.com/nookhq/nook/internal/agent"
+	"crypto/rand"
+	"encoding/json"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/core/conformance"
 	"github.com/nookhq/nook/internal/testutil"
 )
@@ -27,7 +31,13 @@ func cacheDir() string {
 	return "/var/lib/nook/vm"
 }
 
-func newTestBackend(t *testing.T, cold bool) (*Backend, conformance.Harness) {
+type testConfig struct {
+	cold       bool
+	warm       int
+	kernelRoot string
+}
+
+func newTestBackend(t *testing.T, tc testConfig) (*Backend, conformance.Harness) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequireCommand(t, "qemu-system-x86_64", "qemu-system-x86")
@@ -37,11 +47,14 @@ func newTestBackend(t *testing.T, cold bool) (*Backend, conformance.Harness) {
 	res := testutil.HostResources{StateDir: filepath.Join(root, "sandboxes"), CgroupParent: testutil.RandomName("nook-test-")}
 	testutil.CleanupCgroupParent(t, res.CgroupParent)
 	b := New(Config{
-		StateDir: res.StateDir, CacheDir: cacheDir(), AgentBinary: testutil.AgentBinary(t),
-		CgroupParent: res.CgroupParent, TemplateRootfs: tpls.Rootfs, ColdBoot: cold,
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		StateDir: res.StateDir, CacheDir: cacheDir(), AgentBinary: testutil.AgentBinary(t), KernelRoot: tc.kernelRoot,
+		CgroupParent: res.CgroupParent, TemplateRootfs: tpls.Rootfs, ColdBoot: tc.cold, WarmPool: tc.warm,
+		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	t.Cleanup(func() {
+		if err := b.Shutdown(context.Background()); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
 		if entries, _ := os.ReadDir(res.StateDir); len(entries) > 0 {
 			t.Errorf("%d sandbox directories left", len(entries))
 		}
@@ -52,28 +65,120 @@ func newTestBackend(t *testing.T, cold bool) (*Backend, conformance.Harness) {
 	return b, conformance.Harness{Backend: b, TemplateID: tplID, Leaks: res.Leaks}
 }
 
-func TestGuestKernel(t *testing.T) {
-	b, h := newTestBackend(t, false)
-	start := time.Now()
-	sb := conformance.Create(t, h, "vm-uname")
-	t.Logf("create + agent: %s", time.Since(start))
-	for i := 0; i < 3; i++ {
-		start := time.Now()
-		sb := conformance.Create(t, h, fmt.Sprintf("vm-again-%d", i))
-		t1 := time.Now()
-		sb.Sh(t, "true")
-		t2 := time.Now()
-		sb.Sh(t, "true")
-		t3 := time.Now()
-		sb.Exec(t, &agent.ExecRequest{Argv: []string{"/bin/true"}})
-		t4 := time.Now()
-		sb.Exec(t, &agent.ExecRequest{Argv: []string{"/bin/true"}})
-		t.Logf("direct true %s, %s", t4.Sub(t3), time.Since(t4))
-		t.Log(sb.Sh(t, "cat /sys/devices/system/clocksource/clocksource0/current_clocksource /sys/devices/system/clocksource/clocksource0/available_clocksource; nproc; a=$(date +%s%N); /bin/true; /bin/true; /bin/true; /bin/true; /bin/true; b=$(date +%s%N); echo in-guest 5x true: $(( (b-a)/1000000 ))ms; dmesg | grep -i -E 'tsc|clocksource' | tail -5"))
-		t.Logf("create + agent: %s, exec %s, %s, %s", t1.Sub(start), t2.Sub(t1), t3.Sub(t2), time.Since(t3))
+func TestConformance(t *testing.T) {
+	_, h := newTestBackend(t, testConfig{})
+	conformance.Run(t, h)
+}
+
+func TestConformanceWarmPool(t *testing.T) {
+	b, h := newTestBackend(t, testConfig{warm: 1})
+	b.Prewarm(conformance.NewSandbox("x", h.TemplateID))
+	waitWarm(t, b, h.TemplateID)
+	conformance.Run(t, h)
+}
+
+func waitWarm(t *testing.T, b *Backend, tplID string) {
+	t.Helper()
+	key := poolKey(conformance.NewSandbox("x", tplID))
+	deadline := time.Now().Add(2 * time.Minute)
+	for b.pool.Ready(key) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no warm vm after 2 minutes")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	out := sb.Sh(t, "uname -r")
-	if !strings.Contains(out, b.kernel.Release) {
-		t.Fatalf("uname -r = %q, want the guest kernel %s", out, b.kernel.Release)
+}
+
+// TestGuestIdentity: the guest runs its own kernel, and two vms restored
+// from one snapshot get the time and their own random state.
+func TestGuestIdentity(t *testing.T) {
+	b, h := newTestBackend(t, testConfig{})
+	create := func(name string) *conformance.Sandbox {
+		sb := conformance.NewSandbox(name, h.TemplateID)
+		if err := b.Create(context.Background(), sb); err != nil {
+			t.Fatal(err)
+		}
+		s := conformance.Adopt(t, h, sb)
+		seed := make([]byte, 32)
+		rand.Read(seed)
+		if err := s.Agent.Configure(context.Background(), &agent.ConfigureRequest{Hostname: name, TimeUnixNano: time.Now().UnixNano(), Seed: seed}); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a, c := create("vm-a"), create("vm-b")
+	if got := a.Sh(t, "uname -r"); !strings.Contains(got, b.kernel.Release) {
+		t.Fatalf("uname -r = %q, want the guest kernel %s", got, b.kernel.Release)
+	}
+	if got := a.Sh(t, "hostname"); got != "vm-a\n" {
+		t.Fatalf("hostname %q", got)
+	}
+	if st, _ := decodeState(a.Sandbox); st.Boot != "snapshot" || st.Accel == "" {
+		t.Fatalf("state %+v: want a snapshot restore", st)
+	}
+	now := time.Now().Unix()
+	guest, _ := strconv.ParseInt(strings.TrimSpace(a.Sh(t, "date +%s")), 10, 64)
+	if d := guest - now; d < -5 || d > 5 {
+		t.Fatalf("guest clock is %ds off the host's", d)
+	}
+	ua, uc := a.Sh(t, "head -c 16 /dev/urandom | od -An -tx1"), c.Sh(t, "head -c 16 /dev/urandom | od -An -tx1")
+	if ua == uc {
+		t.Fatalf("two vms from one snapshot read the same random bytes: %s", ua)
+	}
+}
+
+func TestColdBoot(t *testing.T) {
+	_, h := newTestBackend(t, testConfig{cold: true})
+	s := conformance.Create(t, h, "vm-cold")
+	if st, _ := decodeState(s.Sandbox); st.Boot != "cold" {
+		t.Fatalf("boot %q, want cold", st.Boot)
+	}
+	if got := s.Sh(t, "echo hello from a booted vm"); got != "hello from a booted vm\n" {
+		t.Fatalf("%q", got)
+	}
+}
+
+// TestQEMUKilled: a vm whose QEMU dies is reported stopped, with why, and
+// its destroy still removes everything.
+func TestQEMUKilled(t *testing.T) {
+	b, h := newTestBackend(t, testConfig{})
+	s := conformance.Create(t, h, "vm-killed")
+	var st state
+	json.Unmarshal(s.BackendState, &st)
+	if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rs, err := b.Status(context.Background(), s.Sandbox)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rs.State == core.RuntimeStopped {
+			if !strings.Contains(rs.Detail, "QEMU") {
+				t.Fatalf("detail %q does not say what stopped", rs.Detail)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status still %v after QEMU was killed", rs.State)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := os.Stat(filepath.Join(b.dir(s.ID), "disk.qcow2")); err != nil {
+		t.Fatalf("the disk of a dead vm is gone: %v", err)
+	}
+}
+
+// TestMissingKernel: a kernel directory without a kernel is a clear error.
+func TestMissingKernel(t *testing.T) {
+	b, h := newTestBackend(t, testConfig{kernelRoot: t.TempDir()})
+	sb := conformance.NewSandbox("vm-nokernel", h.TemplateID)
+	err := b.Create(context.Background(), sb)
+	if err == nil || !strings.Contains(err.Error(), "no Debian kernel") {
+		t.Fatalf("create without a kernel: %v", err)
+	}
+	if leaks := h.Leaks(sb.ID); len(leaks) > 0 {
+		t.Fatalf("failed create left %v", leaks)
 	}
 }

@@ -70,20 +70,27 @@ func Create(t *testing.T, h Harness, name string) *Sandbox {
 	defer cancel()
 	sb := NewSandbox(name, h.TemplateID)
 	if wp, ok := h.Backend.(core.WarmPool); ok {
-		if id, ok := wp.TakeWarm(h.TemplateID); ok {
+		if id, ok := wp.TakeWarm(sb); ok {
 			sb.ID = id
 		}
 	}
 	if err := h.Backend.Create(ctx, sb); err != nil {
 		t.Fatalf("create %s: %v", name, err)
 	}
-	s := &Sandbox{Sandbox: sb, h: h}
-	s.Agent = agent.NewClient(func(ctx context.Context) (net.Conn, error) { return h.Backend.DialAgent(ctx, sb) })
-	t.Cleanup(func() { s.Destroy(t) })
+	s := Adopt(t, h, sb)
 	// As the daemon does: the agent gives the sandbox its identity.
 	if err := s.Agent.Configure(ctx, &agent.ConfigureRequest{Hostname: sb.Name, Env: sb.Env}); err != nil {
 		t.Fatalf("agent of %s does not answer: %v", name, err)
 	}
+	return s
+}
+
+// Adopt wraps a sandbox the backend created with an agent client, and
+// registers its destruction (and a leak check) with t.
+func Adopt(t *testing.T, h Harness, sb *core.Sandbox) *Sandbox {
+	s := &Sandbox{Sandbox: sb, h: h}
+	s.Agent = agent.NewClient(func(ctx context.Context) (net.Conn, error) { return h.Backend.DialAgent(ctx, sb) })
+	t.Cleanup(func() { s.Destroy(t) })
 	return s
 }
 

@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/testutil"
+)
+
+func requireVM(t *testing.T) {
+	t.Helper()
+	testutil.RequireCommand(t, "qemu-system-x86_64", "qemu-system-x86")
+	testutil.RequireCommand(t, "qemu-img", "qemu-utils")
+}
+
+// A vm sandbox through the CLI: its own kernel, inspect says how it runs,
+// processes survive a daemon restart, and a killed QEMU is reported with
+// the disk kept until rm.
+func TestVMSandbox(t *testing.T) {
+	requireVM(t)
+	d := newDaemon(t)
+	// The shape the backend tests use, so the template snapshot is shared.
+	d.must("create", "--isolation", "vm", "--name", "vm1", "--cpus", "1", "--memory", "512M")
+	var uts syscall.Utsname
+	syscall.Uname(&uts)
+	out := d.must("exec", "vm1", "--", "uname", "-a")
+	if !strings.Contains(out, "6.1.0-") || !strings.Contains(out, "Debian") {
+		t.Fatalf("uname -a in the vm: %q; want Debian's 6.1 guest kernel", out)
+	}
+	var sb api.Sandbox
+	json.Unmarshal([]byte(d.must("inspect", "vm1", "--json")), &sb)
+	if sb.Isolation != "vm" || sb.Accelerator == "" || sb.Boot == "" || !strings.HasPrefix(sb.GuestKernel, "6.1.0-") {
+		t.Fatalf("inspect: %+v", sb)
+	}
+	if !strings.Contains(d.must("inspect", "vm1"), "accelerator:") {
+		t.Fatal("inspect does not show the accelerator")
+	}
+	if info := d.must("info"); !strings.Contains(info, "vm") || !strings.Contains(info, "accelerator: ") {
+		t.Fatalf("info: %s", info)
+	}
+	if got := d.must("exec", "vm1", "--", "hostname"); got != "vm1\n" {
+		t.Fatalf("hostname %q", got)
+	}
+
+	// A background process and a file survive a daemon restart.
+	d.must("exec", "-d", "vm1", "--", "sh", "-c", "echo kept > /root/f; sleep 600")
+	d.stop(syscall.SIGTERM)
+	d.start()
+	if got := d.must("exec", "vm1", "--", "cat", "/root/f"); got != "kept\n" {
+		t.Fatalf("after restart: %q", got)
+	}
+	if ps := d.must("ps", "vm1"); !strings.Contains(ps, "sleep 600") {
+		t.Fatalf("ps after restart: %s", ps)
+	}
+
+	// QEMU killed: failed, with a reason, disk kept until rm.
+	pid := qemuPID(t, filepath.Join(d.data, "vms", sb.ID))
+	syscall.Kill(pid, syscall.SIGKILL)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		json.Unmarshal([]byte(d.must("inspect", "vm1", "--json")), &sb)
+		if sb.State == api.StateFailed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("vm still %s after its QEMU was killed", sb.State)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !strings.Contains(sb.Reason, "QEMU") {
+		t.Fatalf("reason %q does not say QEMU stopped", sb.Reason)
+	}
+	if _, err := os.Stat(filepath.Join(d.data, "vms", sb.ID, "disk.qcow2")); err != nil {
+		t.Fatalf("disk of the failed vm is gone: %v", err)
+	}
+	d.must("rm", "vm1")
+	res := d.resources()
+	res.StateDir = filepath.Join(d.data, "vms")
+	if leaks := res.Leaks(sb.ID); len(leaks) > 0 {
+		t.Fatalf("rm left: %v", leaks)
+	}
+}
+
+// qemuPID finds the QEMU process serving a vm sandbox directory.
+func qemuPID(t *testing.T, dir string) int {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err == nil && strings.Contains(string(b), dir+"/disk.qcow2") {
+			var pid int
+			if _, err := fmt.Sscan(filepath.Base(filepath.Dir(p)), &pid); err == nil {
+				return pid
+			}
+		}
+	}
+	t.Fatalf("no QEMU for %s", dir)
+	return 0
+}
