@@ -15,6 +15,7 @@ have qemu-system-x86_64 || need+=(qemu-system-x86)
 have qemu-img   || need+=(qemu-utils)
 have mkfs.ext4  || need+=(e2fsprogs)
 have xz         || need+=(xz-utils)
+have depmod     || need+=(kmod)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "nook needs these packages: ${need[*]}; run make as root (or apt-get install them)" >&2

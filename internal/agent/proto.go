@@ -13,6 +13,7 @@
 package agent
 
 import (
+	"net/netip"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -84,6 +85,18 @@ type ConfigureRequest struct {
 	// Seed is mixed into the kernel's random pool, which is then reseeded:
 	// every vm restored from one snapshot starts with the same pool.
 	Seed []byte `json:"seed,omitempty"`
+	// Net is the sandbox's network. The agent writes /etc/resolv.conf, and
+	// in a vm (whose interface only the guest can configure) sets eth0's
+	// address and default route; a container's are set from the host.
+	Net *NetConfig `json:"net,omitempty"`
+}
+
+// NetConfig is a sandbox's IPv4 network.
+type NetConfig struct {
+	Address string `json:"address"` // CIDR, e.g. 10.89.0.2/30
+	Gateway string `json:"gateway"` // and the DNS resolver nook runs for the sandbox
+	// SetLink: configure eth0 from inside (vms).
+	SetLink bool `json:"set_link,omitempty"`
 }
 
 // ExecRequest starts a process in the sandbox.
@@ -188,6 +201,14 @@ func (c *ConfigureRequest) validate() error {
 	}
 	if len(c.Seed) > 512 {
 		return fmt.Errorf("seed is longer than 512 bytes")
+	}
+	if c.Net != nil {
+		if p, err := netip.ParsePrefix(c.Net.Address); err != nil || !p.Addr().Is4() {
+			return fmt.Errorf("network address %q is not an IPv4 CIDR", c.Net.Address)
+		}
+		if a, err := netip.ParseAddr(c.Net.Gateway); err != nil || !a.Is4() {
+			return fmt.Errorf("gateway %q is not an IPv4 address", c.Net.Gateway)
+		}
 	}
 	for k, v := range c.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {

@@ -201,6 +201,11 @@ func (s *Server) configure(c *ConfigureRequest) error {
 			return fmt.Errorf("reseed the random pool: %w", err)
 		}
 	}
+	if c.Net != nil {
+		if err := configureNet(c.Net); err != nil {
+			return fmt.Errorf("network: %w", err)
+		}
+	}
 	if cur, _ := os.Hostname(); cur != c.Hostname {
 		if err := syscall.Sethostname([]byte(c.Hostname)); err != nil {
 			return fmt.Errorf("set hostname: %w", err)

@@ -61,6 +61,7 @@ const (
 	RuntimeAbsent  RuntimeState = iota // nothing of the sandbox is on the host
 	RuntimeStopped                     // resources remain, but nothing runs
 	RuntimeRunning                     // its processes run
+	RuntimeSaved                       // paused to disk: nothing runs, everything is kept to resume
 )
 
 func (s RuntimeState) String() string {
@@ -69,6 +70,8 @@ func (s RuntimeState) String() string {
 		return "running"
 	case RuntimeStopped:
 		return "stopped"
+	case RuntimeSaved:
+		return "saved"
 	default:
 		return "absent"
 	}
@@ -116,4 +119,19 @@ type Describer interface {
 // console output, attached to errors when its agent never answers.
 type ConsoleLogger interface {
 	ConsoleTail(id string) string
+}
+
+// NetHooks is how a backend gives its sandboxes their network, through
+// the daemon's network manager. A backend calls them for every sandbox it
+// starts, warm ones included (a warm sandbox's ID becomes the sandbox's),
+// and Detach from Destroy; all three are idempotent. A nil NetHooks
+// leaves sandboxes with loopback only.
+type NetHooks interface {
+	// AttachNetns gives a started container, whose network namespace is
+	// at netnsPath (e.g. /proc/PID/ns/net), its interface and address.
+	AttachNetns(ctx context.Context, id, netnsPath string) error
+	// AttachTap makes the tap device a vm's QEMU opens, before QEMU starts.
+	AttachTap(ctx context.Context, id string) (tap string, err error)
+	// Detach removes every network resource of the sandbox.
+	Detach(ctx context.Context, id string) error
 }

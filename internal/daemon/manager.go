@@ -602,6 +602,8 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool) (*core
 		if err := m.store.UpdateSandbox(cctx, sb); err != nil {
 			return nil, err
 		}
+		// A vm paused to disk ends its QEMU, and the agent session with it.
+		defer m.dropAgent(sb.ID)
 		if err := p.Pause(cctx, sb.ID); err != nil {
 			// A freeze that failed half-way must not leave it frozen.
 			if rerr := p.Resume(cctx, sb.ID); rerr != nil {
@@ -617,6 +619,14 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool) (*core
 	}
 	if err := p.Resume(cctx, sb.ID); err != nil {
 		return nil, fmt.Errorf("resume sandbox %s: %w", name, err)
+	}
+	if sb.Isolation == api.IsolationVM {
+		// A vm restored from disk wakes at the time it was paused, on a new
+		// agent connection: give it the time (and fresh entropy) again.
+		m.dropAgent(sb.ID)
+		if err := m.waitAgent(cctx, sb); err != nil {
+			return nil, fmt.Errorf("resume sandbox %s: %w", name, err)
+		}
 	}
 	sb.State = core.StateRunning
 	return sb, m.store.UpdateSandbox(cctx, sb)
@@ -778,7 +788,7 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 		return false
 	}
 	rs, err := b.Status(ctx, sb)
-	if err != nil || rs.State == core.RuntimeRunning {
+	if err != nil || rs.State == core.RuntimeRunning || rs.State == core.RuntimeSaved {
 		return true
 	}
 	unlock := m.lockName(sb.Name)

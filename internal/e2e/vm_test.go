@@ -60,6 +60,33 @@ func TestVMSandbox(t *testing.T) {
 		t.Fatalf("ps after restart: %s", ps)
 	}
 
+	// Paused to disk: no QEMU left; survives a daemon restart; an exec
+	// wakes it, with the background process and the clock intact.
+	d.must("pause", "vm1")
+	json.Unmarshal([]byte(d.must("inspect", "vm1", "--json")), &sb)
+	if sb.State != api.StatePaused || !strings.Contains(sb.PauseKind, "disk") {
+		t.Fatalf("paused vm: %+v", sb)
+	}
+	if pid := findQEMU(filepath.Join(d.data, "vms", sb.ID)); pid != 0 {
+		t.Fatalf("a paused vm still has QEMU %d", pid)
+	}
+	d.stop(syscall.SIGKILL)
+	d.start()
+	json.Unmarshal([]byte(d.must("inspect", "vm1", "--json")), &sb)
+	if sb.State != api.StatePaused {
+		t.Fatalf("after a daemon kill -9, the paused vm is %s", sb.State)
+	}
+	if ps := d.must("ps", "vm1"); !strings.Contains(ps, "sleep 600") {
+		t.Fatalf("ps after resume: %s", ps)
+	}
+	if guest := strings.TrimSpace(d.must("exec", "vm1", "--", "date", "+%s")); guest != fmt.Sprint(time.Now().Unix()) && guest != fmt.Sprint(time.Now().Unix()-1) {
+		t.Fatalf("guest clock after resume: %s, host %d", guest, time.Now().Unix())
+	}
+	d.expectCLI(t, []cliCase{{[]string{"resume", "vm1"}, 1, "not paused"}})
+	d.must("pause", "vm1")
+	d.expectCLI(t, []cliCase{{[]string{"pause", "vm1"}, 1, "already paused"}})
+	d.must("resume", "vm1")
+
 	// QEMU killed: failed, with a reason, disk kept until rm.
 	pid := qemuPID(t, filepath.Join(d.data, "vms", sb.ID))
 	syscall.Kill(pid, syscall.SIGKILL)
@@ -91,6 +118,14 @@ func TestVMSandbox(t *testing.T) {
 // qemuPID finds the QEMU process serving a vm sandbox directory.
 func qemuPID(t *testing.T, dir string) int {
 	t.Helper()
+	pid := findQEMU(dir)
+	if pid == 0 {
+		t.Fatalf("no QEMU for %s", dir)
+	}
+	return pid
+}
+
+func findQEMU(dir string) int {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
@@ -101,6 +136,5 @@ func qemuPID(t *testing.T, dir string) int {
 			}
 		}
 	}
-	t.Fatalf("no QEMU for %s", dir)
 	return 0
 }

@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -39,15 +40,23 @@ type Recipe struct {
 	Packages    []string
 }
 
+// basePackages are what the base template adds to Debian's minbase.
+var basePackages = []string{
+	"ca-certificates", "curl", "wget", "git", "python3", "python3-venv", "procps", "iproute2",
+	"iputils-ping", "less", "jq", "unzip", "xz-utils", "openssh-client", "sudo", "vim-tiny", "file", "gnupg",
+}
+
 // Recipes are the templates nook can build.
 var Recipes = []Recipe{{
 	Name:        "base",
 	Description: "Debian 12 (bookworm) minbase with curl, git, python3 and the tools an agent reaches for first",
 	Suite:       "bookworm",
-	Packages: []string{
-		"ca-certificates", "curl", "wget", "git", "python3", "python3-venv", "procps", "iproute2",
-		"iputils-ping", "less", "jq", "unzip", "xz-utils", "openssh-client", "sudo", "vim-tiny", "file", "gnupg",
-	},
+	Packages:    basePackages,
+}, {
+	Name:        "dev",
+	Description: "base plus build-essential and Docker (docker.io): in a vm sandbox dockerd runs and docker run works",
+	Suite:       "bookworm",
+	Packages:    append(slices.Clone(basePackages), "build-essential", "pkg-config", "docker.io", "kmod", "iptables"),
 }}
 
 func recipe(name string) (Recipe, bool) {

@@ -118,7 +118,11 @@ func TemplatesDir() string {
 
 // BaseTemplate returns the shared template store and the base template's
 // build ID, building it first if it is missing.
-func BaseTemplate(t testing.TB) (*template.Store, string) {
+func BaseTemplate(t testing.TB) (*template.Store, string) { return Template(t, "base") }
+
+// Template returns the shared template store and the build ID of a
+// template, building it first if it is missing.
+func Template(t testing.TB, name string) (*template.Store, string) {
 	t.Helper()
 	RequireRoot(t)
 	RequireCommand(t, "mmdebstrap", "mmdebstrap")
@@ -126,9 +130,9 @@ func BaseTemplate(t testing.TB) (*template.Store, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	var progress bytes.Buffer
-	tpl, err := st.EnsureBuilt(ctx, "base", &progress)
+	tpl, err := st.EnsureBuilt(ctx, name, &progress)
 	if err != nil {
-		t.Fatalf("base template: %v\n%s", err, progress.String())
+		t.Fatalf("%s template: %v\n%s", name, err, progress.String())
 	}
 	return st, tpl.ID
 }

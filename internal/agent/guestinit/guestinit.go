@@ -82,7 +82,7 @@ func Boot() error {
 	if err := loadModules(); err != nil {
 		return err
 	}
-	root, err := waitFor("/dev/vda", 10*time.Second)
+	root, err := findByLabel(RootLabel, 10*time.Second)
 	if err != nil {
 		return fmt.Errorf("root disk: %w", err)
 	}
@@ -119,7 +119,75 @@ func Boot() error {
 	if err := unix.Chdir("/"); err != nil {
 		return err
 	}
+	if err := mountModules(); err != nil {
+		return err
+	}
 	return setupRoot()
+}
+
+// The disks' ext4 labels: the guest tells them apart by label, not by the
+// order the kernel found them in.
+const (
+	RootLabel    = "nookroot"
+	ModulesLabel = "nookmods"
+)
+
+// mountModules mounts the kernel's modules disk (read-only, shared by
+// every vm) at /lib/modules/RELEASE, so that modprobe works in the guest
+// (dockerd needs overlay, bridge and netfilter modules).
+func mountModules() error {
+	dev, err := findByLabel(ModulesLabel, 0)
+	if err != nil {
+		return nil // a guest without the modules disk
+	}
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		return err
+	}
+	dir := "/lib/modules/" + unix.ByteSliceToString(uts.Release[:])
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(dev, dir, "ext4", unix.MS_RDONLY|unix.MS_NODEV|unix.MS_NOSUID, "noload"); err != nil {
+		return fmt.Errorf("mount kernel modules: %w", err)
+	}
+	return nil
+}
+
+// findByLabel finds the virtio disk whose ext4 volume label is label,
+// waiting up to timeout for it to appear.
+func findByLabel(label string, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		devs, _ := filepath.Glob("/dev/vd[a-z]")
+		for _, d := range devs {
+			if ext4Label(d) == label {
+				return d, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no disk labelled %s (found %v)", label, devs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// ext4Label reads the volume name from an ext4 superblock (at byte 1024;
+// the name at 0x78, 16 bytes), "" if the device has none.
+func ext4Label(dev string) string {
+	f, err := os.Open(dev)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sb := make([]byte, 0x88)
+	if _, err := f.ReadAt(sb, 1024); err != nil {
+		return ""
+	}
+	if sb[0x38] != 0x53 || sb[0x39] != 0xef { // s_magic
+		return ""
+	}
+	return unix.ByteSliceToString(sb[0x78:0x88])
 }
 
 // setupRoot mounts what a Debian userland (and dockerd) expects.
@@ -213,19 +281,6 @@ func ModuleParams(cmdline, module string) string {
 		}
 	}
 	return strings.Join(out, " ")
-}
-
-func waitFor(path string, timeout time.Duration) (string, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return path, nil
-		}
-		if time.Now().After(deadline) {
-			return "", fmt.Errorf("%s did not appear within %s", path, timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // FindPort returns the device of the virtio-serial port with the given name.

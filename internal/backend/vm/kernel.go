@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/nookhq/nook/internal/agent/guestinit"
@@ -26,7 +27,7 @@ var guestModules = []string{"virtio_mmio", "virtio_blk", "virtio_console", "virt
 
 // initramfsLayout changes whenever what buildInitramfs writes does, so
 // that caches of older initramfs images are not reused.
-const initramfsLayout = 2
+const initramfsLayout = 3
 
 // Kernel is a guest kernel ready to boot: the uncompressed vmlinux (PVH
 // boot) and an initramfs with nook-agent as /init and the modules it loads.
@@ -34,6 +35,7 @@ type Kernel struct {
 	Release string // e.g. 6.1.0-56-amd64
 	Vmlinux string
 	Initrd  string
+	Modules string // ext4 image of lib/modules/RELEASE, mounted read-only by every guest
 	// Hash identifies the kernel, the initramfs and the agent in it: a
 	// memory snapshot is only valid for the exact same guest.
 	Hash string
@@ -309,8 +311,9 @@ func prepareKernel(ctx context.Context, cacheDir, kernelRoot, agentBinary string
 	fmt.Fprintln(h, initramfsLayout, guestModules)
 	hash := hex.EncodeToString(h.Sum(nil))[:16]
 	dir := filepath.Join(cacheDir, src.release+"-"+hash)
-	k := &Kernel{Release: src.release, Vmlinux: filepath.Join(dir, "vmlinux"), Initrd: filepath.Join(dir, "initrd.cpio"), Hash: hash}
-	if _, err := os.Stat(k.Initrd); err == nil {
+	k := &Kernel{Release: src.release, Vmlinux: filepath.Join(dir, "vmlinux"), Initrd: filepath.Join(dir, "initrd.cpio"),
+		Modules: filepath.Join(dir, "modules.ext4"), Hash: hash}
+	if _, err := os.Stat(k.Modules); err == nil {
 		return k, nil
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -326,7 +329,43 @@ func prepareKernel(ctx context.Context, cacheDir, kernelRoot, agentBinary string
 	if err := buildInitramfs(k.Initrd, agentBinary, mods); err != nil {
 		return nil, err
 	}
+	if err := buildModulesImage(ctx, src, k.Modules); err != nil {
+		return nil, err
+	}
 	return k, nil
+}
+
+// buildModulesImage makes the read-only disk of the kernel's modules, with
+// the modules.dep that modprobe needs (depmod writes it if the package
+// came without one, as a downloaded one does).
+func buildModulesImage(ctx context.Context, src *kernelSource, dst string) error {
+	modDir := filepath.Join(src.root, "lib", "modules", src.release)
+	if _, err := os.Stat(filepath.Join(modDir, "modules.dep")); err != nil {
+		if out, err := exec.CommandContext(ctx, "depmod", "-b", src.root, src.release).CombinedOutput(); err != nil {
+			return fmt.Errorf("depmod (apt-get install kmod): %w: %s", err, lastLines(string(out), 3))
+		}
+	}
+	var size int64
+	filepath.WalkDir(modDir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if fi, err := d.Info(); err == nil {
+				size += fi.Size() + 4096
+			}
+		}
+		return nil
+	})
+	tmp := dst + ".tmp"
+	os.Remove(tmp)
+	defer os.Remove(tmp)
+	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-L", guestinit.ModulesLabel, "-O", "^has_journal",
+		"-E", "root_owner=0:0", "-d", modDir, tmp, strconv.FormatInt((size*5/4+(64<<20))>>20, 10)+"M").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("mkfs.ext4 of the kernel modules: %w: %s", err, bytes.TrimSpace(out))
+	}
+	if err := os.Chmod(tmp, 0o400); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
 }
 
 func lastLines(s string, n int) string {

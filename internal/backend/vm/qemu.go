@@ -34,6 +34,10 @@ type launch struct {
 	ConsoleLog string
 	Incoming   bool // wait for a migration stream (restore) instead of booting
 	RunAs      string
+	// Tap is the host's tap device for the guest's NIC; empty: the NIC is
+	// on an empty hub (no network). Every vm has the NIC, so that a
+	// snapshot's devices match whatever network a restore gives it.
+	Tap string
 	// ExtraCmdline is appended to the kernel command line.
 	ExtraCmdline string
 }
@@ -79,7 +83,9 @@ func (l launch) args() []string {
 	if l.Disk != "" {
 		a = append(a,
 			"-blockdev", fmt.Sprintf("driver=qcow2,node-name=root,file.driver=file,file.filename=%s,file.aio=threads,cache.direct=off", l.Disk),
-			"-device", "virtio-blk-device,drive=root")
+			"-device", "virtio-blk-device,drive=root",
+			"-blockdev", fmt.Sprintf("driver=raw,node-name=modules,read-only=on,file.driver=file,file.filename=%s", l.Kernel.Modules),
+			"-device", "virtio-blk-device,drive=modules")
 	}
 	if l.AgentSock != "" {
 		a = append(a,
@@ -87,6 +93,13 @@ func (l launch) args() []string {
 			"-chardev", fmt.Sprintf("socket,id=agent,path=%s,server=on,wait=off", l.AgentSock),
 			"-device", "virtserialport,chardev=agent,name=nook.agent",
 			"-device", "virtio-rng-device")
+	}
+	if l.Disk != "" {
+		netdev := "hubport,id=net0,hubid=0"
+		if l.Tap != "" {
+			netdev = fmt.Sprintf("tap,id=net0,ifname=%s,script=no,downscript=no", l.Tap)
+		}
+		a = append(a, "-netdev", netdev, "-device", "virtio-net-device,netdev=net0,mac=52:54:00:6e:6f:6b")
 	}
 	if l.ConsoleLog != "" {
 		a = append(a, "-chardev", fmt.Sprintf("file,id=console,path=%s,append=on", l.ConsoleLog), "-serial", "chardev:console")
@@ -153,8 +166,8 @@ func (m *monitor) runFile(cmd string, args any, f *os.File, out any) error {
 	var resp struct {
 		Return json.RawMessage `json:"return"`
 	}
-	if err := json.Unmarshal(raw, &resp); err != nil {
-		return fmt.Errorf("qmp %s: %w", cmd, err)
+	if err := json.Unmarshal(raw, &resp); err != nil || len(resp.Return) == 0 {
+		return fmt.Errorf("qmp %s: unexpected answer %q", cmd, raw)
 	}
 	return json.Unmarshal(resp.Return, out)
 }

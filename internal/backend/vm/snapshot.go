@@ -13,12 +13,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nookhq/nook/internal/agent/guestinit"
 	"github.com/nookhq/nook/internal/core"
 )
 
 // The template's root image is this big (sparse): the most a sandbox can
 // write before its disk is full.
 const defaultImageSize = 8 << 30
+
+// deviceLayout changes whenever the vm's devices do (QEMU's args): a
+// snapshot restores only into the same devices.
+const deviceLayout = 2
 
 // snapshot is a template's saved running guest: sandboxes start from it.
 type snapshot struct {
@@ -74,7 +79,7 @@ func (b *Backend) ensureImage(ctx context.Context, templateID string) (string, e
 	start := time.Now()
 	// Inode tables are written now (no lazy init), so that no guest spends
 	// its first minutes zeroing them into its own copy-on-write layer.
-	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-i", "65536", "-L", "nookroot",
+	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-i", "65536", "-L", guestinit.RootLabel,
 		"-E", "lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0", "-d", rootfs, tmp, strconv.FormatInt(defaultImageSize>>20, 10)+"M").CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("mkfs.ext4 -d %s: %w: %s", rootfs, err, bytes.TrimSpace(out))
@@ -92,7 +97,7 @@ func (b *Backend) ensureImage(ctx context.Context, templateID string) (string, e
 // ensureSnapshot returns the template's snapshot for a machine shape,
 // booting the template once and saving it if there is none yet.
 func (b *Backend) ensureSnapshot(ctx context.Context, templateID string, m machine) (*snapshot, error) {
-	key := hashStrings(m.Kernel.Hash, m.Accel, strconv.Itoa(m.CPUs), strconv.FormatInt(m.MemoryMiB, 10), b.qemuVersion())
+	key := hashStrings(strconv.Itoa(deviceLayout), m.Kernel.Hash, m.Accel, strconv.Itoa(m.CPUs), strconv.FormatInt(m.MemoryMiB, 10), b.qemuVersion())
 	dir := filepath.Join(b.templateDir(templateID), "snap-"+key)
 	s := &snapshot{dir: dir, mem: filepath.Join(dir, "mem"), state: filepath.Join(dir, "state"), child: filepath.Join(dir, "child.qcow2")}
 	done := filepath.Join(dir, "ok")

@@ -60,6 +60,8 @@ type Config struct {
 	// WarmPool is how many restored vms to keep ready per template build
 	// and machine shape in use (0: none).
 	WarmPool int
+	// Net gives sandboxes their network (a tap device per vm); nil: none.
+	Net core.NetHooks
 	// BootTimeout bounds a cold boot until the agent answers.
 	BootTimeout time.Duration
 	Log         *slog.Logger
@@ -142,7 +144,7 @@ func (b *Backend) Isolation() string { return api.IsolationVM }
 
 // Capabilities implements core.Backend.
 func (b *Backend) Capabilities() api.Capabilities {
-	return api.Capabilities{CPULimit: true, MemoryLimit: true}
+	return api.Capabilities{CPULimit: true, MemoryLimit: true, Pause: true}
 }
 
 // Available implements core.Backend.
@@ -192,6 +194,12 @@ type state struct {
 	Accel     string `json:"accel"`
 	Boot      string `json:"boot"` // snapshot or cold
 	Kernel    string `json:"kernel"`
+	// The machine, as a resume from disk must start it again.
+	KernelHash string  `json:"kernel_hash"`
+	CPUs       int     `json:"cpus"`
+	CPULimit   float64 `json:"cpu_limit"`
+	MemoryMiB  int64   `json:"memory_mib"`
+	TSCKHz     int64   `json:"tsc_khz"`
 }
 
 // ensureKernel prepares the guest kernel once per process.
@@ -269,7 +277,12 @@ func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
 		machine: m, Disk: filepath.Join(dir, "disk.qcow2"), AgentSock: filepath.Join(dir, "agent.sock"),
 		QMPSock: filepath.Join(dir, "qmp.sock"), ConsoleLog: filepath.Join(dir, "console.log"),
 	}
-	st := state{Accel: m.Accel, Kernel: k.Release}
+	st := state{Accel: m.Accel, Kernel: k.Release, KernelHash: k.Hash, CPUs: m.CPUs, CPULimit: sb.CPUs, MemoryMiB: m.MemoryMiB, TSCKHz: m.TSCKHz}
+	if b.cfg.Net != nil {
+		if l.Tap, err = b.cfg.Net.AttachTap(ctx, sb.ID); err != nil {
+			return fmt.Errorf("network: %w", err)
+		}
+	}
 	if snap != nil {
 		if err := copyFile(snap.child, l.Disk); err != nil {
 			return err
@@ -293,6 +306,9 @@ func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
 	t1 := time.Now()
 	st.PID, st.StartTime = proc.pid, procStartTime(proc.pid)
 	sb.BackendState, _ = json.Marshal(st)
+	if err := b.writeRun(sb.ID, st); err != nil {
+		return err
+	}
 	if snap != nil {
 		mon, err := proc.monitor(ctx)
 		if err != nil {
@@ -322,6 +338,7 @@ type qemuProc struct {
 	pid    int
 	qmp    string
 	exited chan struct{}
+	status string // how it exited, once exited is closed
 	log    string
 }
 
@@ -364,7 +381,11 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch) (*qemuP
 		return nil, fmt.Errorf("start QEMU: %w", err)
 	}
 	p := &qemuProc{pid: cmd.Process.Pid, qmp: l.QMPSock, exited: make(chan struct{}), log: logPath}
-	go func() { cmd.Wait(); close(p.exited) }()
+	go func() {
+		cmd.Wait()
+		p.status = cmd.ProcessState.String()
+		close(p.exited)
+	}()
 	// The guest's RAM plus QEMU's own (code cache, devices, the kernel image it keeps).
 	lim := cgroups.Limits{CPUs: max(sb.CPUs, 0.01), MemoryBytes: l.MemoryMiB<<20 + 384<<20, Pids: 512}
 	if err := cgroups.Create(b.cfg.CgroupParent, sb.ID, lim, p.pid); err != nil {
@@ -376,12 +397,11 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch) (*qemuP
 
 // Status implements core.Backend.
 func (b *Backend) Status(ctx context.Context, sb *core.Sandbox) (core.RuntimeStatus, error) {
-	st, err := decodeState(sb)
-	if err != nil {
-		return core.RuntimeStatus{}, err
-	}
-	if st.PID > 0 && st.StartTime != 0 && procStartTime(st.PID) == st.StartTime {
+	if _, live := b.running(sb.ID); live {
 		return core.RuntimeStatus{State: core.RuntimeRunning}, nil
+	}
+	if paused, _ := b.Paused(ctx, sb.ID); paused {
+		return core.RuntimeStatus{State: core.RuntimeSaved, Detail: "paused to disk"}, nil
 	}
 	if _, err := os.Stat(b.dir(sb.ID)); err == nil {
 		detail := "the sandbox's QEMU process is not running"
@@ -457,6 +477,11 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		syscall.Kill(pid, syscall.SIGKILL)
 		for i := 0; i < 200 && procStartTime(pid) != 0; i++ {
 			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if b.cfg.Net != nil {
+		if err := b.cfg.Net.Detach(ctx, id); err != nil {
+			errs = append(errs, fmt.Errorf("network: %w", err))
 		}
 	}
 	if err := os.RemoveAll(b.dir(id)); err != nil {

@@ -182,3 +182,44 @@ func TestMissingKernel(t *testing.T) {
 		t.Fatalf("failed create left %v", leaks)
 	}
 }
+
+// TestDevDocker: in a vm of the dev template, dockerd starts and docker
+// runs a locally imported image (no network needed: --network none).
+func TestDevDocker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the dev template and starts dockerd under TCG: minutes")
+	}
+	_, h := newTestBackend(t, testConfig{})
+	_, devID := testutil.Template(t, "dev")
+	h.TemplateID = devID
+	sb := conformance.NewSandbox("vm-dev", devID)
+	sb.CPUs, sb.MemoryBytes = 2, 2<<30
+	ctx := context.Background()
+	if err := h.Backend.Create(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	s := conformance.Adopt(t, h, sb)
+	if err := s.Agent.Configure(ctx, &agent.ConfigureRequest{Hostname: "vm-dev", TimeUnixNano: time.Now().UnixNano()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Agent.Start(ctx, &agent.ExecRequest{Argv: []string{"sh", "-c", "dockerd >/var/log/dockerd.log 2>&1"}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		r, err := s.Exec(t, &agent.ExecRequest{Argv: []string{"docker", "info", "--format", "{{.ServerVersion}}"}})
+		if err == nil && r.Exit.ExitCode == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dockerd did not come up: %s", s.Sh(t, "tail -20 /var/log/dockerd.log"))
+		}
+		time.Sleep(time.Second)
+	}
+	// A minimal image from the guest's own dash and libc, imported locally.
+	s.Sh(t, "tar -C / -cf /tmp/mini.tar bin lib lib64 usr/bin/dash usr/lib/x86_64-linux-gnu/libc.so.6 usr/lib64/ld-linux-x86-64.so.2 usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 && docker import /tmp/mini.tar local/mini")
+	out := s.Sh(t, "docker run --rm --network none local/mini /usr/bin/dash -c 'echo hello from docker in a vm'")
+	if out != "hello from docker in a vm\n" {
+		t.Fatalf("docker run: %q", out)
+	}
+}

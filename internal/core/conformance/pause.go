@@ -47,7 +47,8 @@ func testPause(t *testing.T, h Harness) {
 		t.Fatalf("a request with a 300ms deadline took %v to give up", waited)
 	}
 	s.Agent.Close() // the timed-out request broke the session
-	if st, err := h.Backend.Status(ctx, s.Sandbox); err != nil || st.State != core.RuntimeRunning {
+	// Frozen in place (running) or saved to disk (saved): either way intact.
+	if st, err := h.Backend.Status(ctx, s.Sandbox); err != nil || (st.State != core.RuntimeRunning && st.State != core.RuntimeSaved) {
 		t.Fatalf("a paused sandbox's status: %v %v", st.State, err)
 	}
 	if err := p.Resume(ctx, s.ID); err != nil {
