@@ -13,9 +13,9 @@
 package agent
 
 import (
-	"net/netip"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"regexp"
 	"strings"
 	"time"
