@@ -35,6 +35,7 @@ type Config struct {
 	TemplatesDir string
 	VMCacheDir   string // guest kernel, vm template images and snapshots
 	VM           bool   // also measure the vm backend
+	OnlyVM       bool   // measure only the vm backend
 	Out          io.Writer
 	coldVM       bool // vm sandboxes boot instead of restoring the template snapshot
 }
@@ -72,6 +73,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer os.RemoveAll(root)
+	if cfg.OnlyVM {
+		return runVM(ctx, cfg, root)
+	}
 
 	fmt.Fprintf(cfg.Out, "baseline: bare runc run of the same rootfs, %d times...\n", cfg.Creates)
 	bare, err := bareRunc(ctx, root, rootfs, cfg.Creates)

@@ -320,6 +320,9 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 		if !caps.DiskLimit {
 			return nil, errdefs.Invalid("the %s backend cannot limit disk size: omit --disk (the sandbox shares the host's disk)", req.Isolation)
 		}
+		if req.Isolation == api.IsolationVM && disk < vm.MinDisk {
+			return nil, errdefs.Invalid("disk %s is too small for a vm sandbox: its disk is at least %s (the template image's size)", req.Disk, core.FormatBytes(vm.MinDisk))
+		}
 		var fs syscall.Statfs_t
 		if syscall.Statfs(m.cfg.DataDir, &fs) == nil && disk > int64(fs.Bavail)*fs.Bsize {
 			return nil, errdefs.Invalid("disk %s is more than %s has free (%s)", req.Disk, m.cfg.DataDir, core.FormatBytes(int64(fs.Bavail)*fs.Bsize))

@@ -90,22 +90,44 @@ func (b *Backend) startWarm(ctx context.Context, key string) (warm, error) {
 
 // warmUp runs one command in a fresh vm and disconnects.
 func (b *Backend) warmUp(ctx context.Context, id string) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	if err := b.guestRun(ctx, id, "true"); err != nil {
+		return fmt.Errorf("warm up: %w", err)
+	}
+	return nil
+}
+
+// guestRun runs a shell command in a vm through its agent (on a
+// connection of its own, closed after) and fails unless it exits 0.
+func (b *Backend) guestRun(ctx context.Context, id, script string) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	sock := filepath.Join(b.dir(id), "agent.sock")
 	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return dialAgent(ctx, sock) })
 	defer c.Close()
-	p, err := c.Exec(ctx, &agent.ExecRequest{Argv: []string{"true"}})
+	p, err := c.Exec(ctx, &agent.ExecRequest{Argv: []string{"sh", "-c", script}})
 	if err != nil {
-		return fmt.Errorf("warm up: %w", err)
+		return err
 	}
 	defer p.Close()
+	var stderr []byte
 	for {
-		kind, _, err := p.Next()
+		kind, data, err := p.Next()
 		if err != nil {
-			return fmt.Errorf("warm up: %w", err)
+			return err
 		}
-		if kind == api.FrameExit {
+		switch kind {
+		case api.FrameStderr:
+			if len(stderr) < 4096 {
+				stderr = append(stderr, data...)
+			}
+		case api.FrameExit:
+			var st api.ExitStatus
+			if err := json.Unmarshal(data, &st); err != nil {
+				return err
+			}
+			if st.ExitCode != 0 || st.Signal != "" {
+				return fmt.Errorf("%s: exit %d %s: %s", script, st.ExitCode, st.Signal, strings.TrimSpace(string(stderr)))
+			}
 			return nil
 		}
 	}

@@ -109,9 +109,14 @@ func (l launch) args() []string {
 	if l.QMPSock != "" {
 		a = append(a, "-qmp", fmt.Sprintf("unix:%s,server=on,wait=off", l.QMPSock))
 	}
-	a = append(a, "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny")
 	if l.RunAs != "" {
-		a = append(a, "-runas", l.RunAs)
+		// QEMU opens everything it needs (disks, sockets, tap, RAM file)
+		// as root, then becomes RunAs for good. Seccomp's set*uid filter
+		// would stop that drop itself; without CAP_SETUID, the unprivileged
+		// QEMU cannot get root back anyway.
+		a = append(a, "-runas", l.RunAs, "-sandbox", "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny")
+	} else {
+		a = append(a, "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny")
 	}
 	if l.Incoming {
 		a = append(a, "-incoming", "defer")

@@ -21,6 +21,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -60,6 +61,9 @@ type Config struct {
 	// WarmPool is how many restored vms to keep ready per template build
 	// and machine shape in use (0: none).
 	WarmPool int
+	// RunAs is the user QEMU drops to once it has opened its files;
+	// default "nobody" (if it exists); "root" keeps root.
+	RunAs string
 	// Net gives sandboxes their network (a tap device per vm); nil: none.
 	Net core.NetHooks
 	// BootTimeout bounds a cold boot until the agent answers.
@@ -98,6 +102,14 @@ func New(cfg Config) *Backend {
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "nook"
+	}
+	if cfg.RunAs == "" {
+		if _, err := user.Lookup("nobody"); err == nil {
+			cfg.RunAs = "nobody"
+		}
+	}
+	if cfg.RunAs == "root" {
+		cfg.RunAs = ""
 	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 60 * time.Second
@@ -144,7 +156,7 @@ func (b *Backend) Isolation() string { return api.IsolationVM }
 
 // Capabilities implements core.Backend.
 func (b *Backend) Capabilities() api.Capabilities {
-	return api.Capabilities{CPULimit: true, MemoryLimit: true, Pause: true}
+	return api.Capabilities{CPULimit: true, MemoryLimit: true, DiskLimit: true, Pause: true}
 }
 
 // Available implements core.Backend.
@@ -232,7 +244,7 @@ func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) error {
 	if w, ok := b.pool.Claimed(sb.ID); ok {
 		err := b.claim(w, sb)
 		if err == nil {
-			return nil
+			return b.growDisk(ctx, sb)
 		}
 		b.cfg.Log.Warn("warm vm unusable; starting a new one", "sandbox", sb.ID, "err", err)
 		if err := b.Destroy(ctx, sb.ID); err != nil {
@@ -243,6 +255,31 @@ func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) error {
 		return err
 	}
 	b.Prewarm(sb)
+	return b.growDisk(ctx, sb)
+}
+
+// MinDisk is a vm's smallest disk: the template image's size.
+const MinDisk = defaultImageSize
+
+// growDisk gives a sandbox that asked for more than the template image's
+// size its disk: QEMU grows the block device (the guest sees the new
+// capacity at once) and the guest grows its root filesystem online.
+func (b *Backend) growDisk(ctx context.Context, sb *core.Sandbox) error {
+	if sb.DiskBytes <= defaultImageSize {
+		return nil
+	}
+	mon, err := dialQMP(ctx, filepath.Join(b.dir(sb.ID), "qmp.sock"))
+	if err != nil {
+		return err
+	}
+	defer mon.close()
+	size := sb.DiskBytes &^ (1<<20 - 1)
+	if err := mon.run("block_resize", map[string]any{"node-name": "root", "size": size}, nil); err != nil {
+		return fmt.Errorf("grow the disk to %s: %w", core.FormatBytes(size), err)
+	}
+	if err := b.guestRun(ctx, sb.ID, "resize2fs \"$(findfs LABEL="+guestinit.RootLabel+")\" >/dev/null 2>&1 || { sleep 0.2; resize2fs \"$(findfs LABEL="+guestinit.RootLabel+")\"; }"); err != nil {
+		return fmt.Errorf("grow the root filesystem: %w", err)
+	}
 	return nil
 }
 
@@ -372,6 +409,7 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch) (*qemuP
 		return nil, err
 	}
 	defer logFile.Close()
+	l.RunAs = b.cfg.RunAs
 	cmd := exec.Command(b.cfg.QEMU, l.args()...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Dir = dir

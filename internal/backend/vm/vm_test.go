@@ -223,3 +223,19 @@ func TestDevDocker(t *testing.T) {
 		t.Fatalf("docker run: %q", out)
 	}
 }
+
+// TestDisk: --disk above the template image's size grows the vm's disk
+// and its root filesystem.
+func TestDisk(t *testing.T) {
+	_, h := newTestBackend(t, testConfig{})
+	sb := conformance.NewSandbox("vm-disk", h.TemplateID)
+	sb.DiskBytes = 12 << 30
+	if err := h.Backend.Create(context.Background(), sb); err != nil {
+		t.Fatal(err)
+	}
+	s := conformance.Adopt(t, h, sb)
+	size, _ := strconv.ParseInt(strings.TrimSpace(s.Sh(t, "df -B1 --output=size / | tail -1")), 10, 64)
+	if size < 11<<30 || size > 12<<30 {
+		t.Fatalf("root filesystem is %d bytes, want about 12 GiB", size)
+	}
+}
