@@ -277,6 +277,15 @@ func buildInitramfs(dst, agentBinary string, modules []string) error {
 // booting it needs under cacheDir, reusing an earlier build of the same
 // kernel and agent.
 func prepareKernel(ctx context.Context, cacheDir, kernelRoot, agentBinary string) (*Kernel, error) {
+	// Daemons and test binaries share the cache: one prepares at a time.
+	if err := os.MkdirAll(cacheDir, 0o700); err != nil {
+		return nil, err
+	}
+	unlock, err := flock(ctx, filepath.Join(cacheDir, ".lock"))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	fetched := filepath.Join(cacheDir, "linux-image")
 	if kernelRoot != "" {
 		fetched = kernelRoot // given: use it or fail
@@ -285,9 +294,6 @@ func prepareKernel(ctx context.Context, cacheDir, kernelRoot, agentBinary string
 	if err != nil {
 		if kernelRoot != "" {
 			return nil, fmt.Errorf("no Debian kernel (boot/vmlinuz-* with lib/modules) under %s", kernelRoot)
-		}
-		if err := os.MkdirAll(cacheDir, 0o700); err != nil {
-			return nil, err
 		}
 		if ferr := fetchKernel(ctx, fetched); ferr != nil {
 			return nil, fmt.Errorf("no guest kernel, and fetching Debian's linux-image-amd64 failed: %w", ferr)

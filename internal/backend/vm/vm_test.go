@@ -35,6 +35,7 @@ type testConfig struct {
 	cold       bool
 	warm       int
 	kernelRoot string
+	boot       time.Duration
 }
 
 func newTestBackend(t *testing.T, tc testConfig) (*Backend, conformance.Harness) {
@@ -48,7 +49,7 @@ func newTestBackend(t *testing.T, tc testConfig) (*Backend, conformance.Harness)
 	testutil.CleanupCgroupParent(t, res.CgroupParent)
 	b := New(Config{
 		StateDir: res.StateDir, CacheDir: cacheDir(), AgentBinary: testutil.AgentBinary(t), KernelRoot: tc.kernelRoot,
-		CgroupParent: res.CgroupParent, TemplateRootfs: tpls.Rootfs, ColdBoot: tc.cold, WarmPool: tc.warm,
+		CgroupParent: res.CgroupParent, TemplateRootfs: tpls.Rootfs, ColdBoot: tc.cold, WarmPool: tc.warm, BootTimeout: tc.boot,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	t.Cleanup(func() {
@@ -237,5 +238,20 @@ func TestDisk(t *testing.T) {
 	size, _ := strconv.ParseInt(strings.TrimSpace(s.Sh(t, "df -B1 --output=size / | tail -1")), 10, 64)
 	if size < 11<<30 || size > 12<<30 {
 		t.Fatalf("root filesystem is %d bytes, want about 12 GiB", size)
+	}
+}
+
+// TestBootTimeout: a guest that does not answer in time is a clear error
+// (with the guest console's last lines when it printed any), and nothing
+// of it is left.
+func TestBootTimeout(t *testing.T) {
+	b, h := newTestBackend(t, testConfig{cold: true, boot: 300 * time.Millisecond})
+	sb := conformance.NewSandbox("vm-slow", h.TemplateID)
+	err := b.Create(context.Background(), sb)
+	if err == nil || !strings.Contains(err.Error(), "did not answer within 300ms") {
+		t.Fatalf("create with a boot timeout: %v", err)
+	}
+	if leaks := h.Leaks(sb.ID); len(leaks) > 0 {
+		t.Fatalf("failed create left %v", leaks)
 	}
 }
