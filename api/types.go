@@ -51,6 +51,17 @@ type Sandbox struct {
 	Env         map[string]string `json:"env,omitempty"`
 	CreatedAt   time.Time         `json:"created_at"`
 	ExpiresAt   time.Time         `json:"expires_at"`
+	// IdlePause is how long the sandbox may be idle before it pauses
+	// itself (e.g. "10m"); absent: never.
+	IdlePause string `json:"idle_pause,omitempty"`
+	// OnExpire is what the TTL does when it runs out: destroy or pause.
+	OnExpire string `json:"on_expire"`
+	// Expired: the TTL of an on_expire=pause sandbox ran out and it was
+	// paused; it does not expire again until a new TTL is set.
+	Expired bool `json:"expired,omitempty"`
+	// Network is the sandbox's network and egress policy; absent when the
+	// daemon runs without networking (loopback only).
+	Network *Network `json:"network,omitempty"`
 }
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes. Sizes are strings
@@ -64,6 +75,18 @@ type CreateSandboxRequest struct {
 	Disk      string            `json:"disk,omitempty"`
 	TTL       string            `json:"ttl,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
+	// IdlePause pauses the sandbox after this long without activity, e.g.
+	// "10m"; "off" (or "0") never; empty: the daemon's default.
+	IdlePause string `json:"idle_pause,omitempty"`
+	// OnExpire is what the TTL does when it runs out: "destroy" (the
+	// default) or "pause".
+	OnExpire string `json:"on_expire,omitempty"`
+	// Net is the network mode: "allowlist" (the default: only what Allow
+	// names) or "none" (nothing leaves the sandbox).
+	Net string `json:"net,omitempty"`
+	// Allow and Deny are egress rules (see Network); deny wins.
+	Allow []string `json:"allow,omitempty"`
+	Deny  []string `json:"deny,omitempty"`
 }
 
 // SetTTLRequest is the body of PUT /v1/sandboxes/{name}/ttl: the new remaining lifetime.

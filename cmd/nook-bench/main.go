@@ -20,6 +20,7 @@ func main() {
 	flag.StringVar(&cfg.VMCacheDir, "vm-cache-dir", "/var/lib/nook/vm", "vm guest kernel, template images and snapshots")
 	flag.BoolVar(&cfg.VM, "vm", true, "also measure the vm backend (QEMU)")
 	flag.BoolVar(&cfg.OnlyVM, "only-vm", false, "measure only the vm backend")
+	flag.BoolVar(&cfg.OnlyNet, "only-net", false, "measure only sandbox networking")
 	flag.Parse()
 	cfg.Out = os.Stdout
 	if cfg.Creates < 20 {

@@ -42,6 +42,17 @@ func (c *Client) Close() error {
 	return nil
 }
 
+// Streams returns how many requests to the agent are open now (execs,
+// attaches, transfers, watches), without connecting if the client is not.
+func (c *Client) Streams() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess == nil || c.sess.IsClosed() {
+		return 0
+	}
+	return c.sess.NumStreams()
+}
+
 // AgentError is an error the agent reported (e.g. command not found).
 type AgentError struct {
 	Code    string

@@ -36,6 +36,7 @@ type Config struct {
 	VMCacheDir   string // guest kernel, vm template images and snapshots
 	VM           bool   // also measure the vm backend
 	OnlyVM       bool   // measure only the vm backend
+	OnlyNet      bool   // measure only sandbox networking
 	Out          io.Writer
 	coldVM       bool // vm sandboxes boot instead of restoring the template snapshot
 }
@@ -75,6 +76,9 @@ func Run(ctx context.Context, cfg Config) error {
 	defer os.RemoveAll(root)
 	if cfg.OnlyVM {
 		return runVM(ctx, cfg, root)
+	}
+	if cfg.OnlyNet {
+		return runNetwork(ctx, cfg, root)
 	}
 
 	fmt.Fprintf(cfg.Out, "baseline: bare runc run of the same rootfs, %d times...\n", cfg.Creates)
@@ -134,6 +138,10 @@ func Run(ctx context.Context, cfg Config) error {
 	fmt.Fprintf(tw, "peak RSS while streaming: agent\t%d MiB\tdaemon+client process\t%d MiB\tbounded\n", warm.agentRSS>>20, warm.selfRSS>>20)
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	fmt.Fprintln(cfg.Out)
+	if err := runNetwork(ctx, cfg, root); err != nil {
+		return fmt.Errorf("network benchmarks: %w", err)
 	}
 	if cfg.VM {
 		return runVM(ctx, cfg, root)

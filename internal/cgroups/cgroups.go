@@ -71,6 +71,12 @@ func Create(parent, id string, lim Limits, pid int) error {
 		}
 	}
 	for ctrl, files := range groups {
+		if _, err := os.Stat(filepath.Join(root, ctrl)); err != nil {
+			if len(files) == 0 {
+				continue // optional (cpuacct)
+			}
+			return fmt.Errorf("cgroup controller %s is not mounted at %s", ctrl, filepath.Join(root, ctrl))
+		}
 		dir := filepath.Join(root, ctrl, parent, id)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("create cgroup %s: %w", dir, err)
@@ -116,4 +122,76 @@ func Remove(parent, id string, thaw func()) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// CPUUsage returns the CPU time a sandbox's processes have used, from its
+// cgroups: cpuacct.usage (v1), else cpu.stat's usage_usec (v2, and the
+// unified hierarchy of hybrid hosts), else the sum of the CPU times of
+// the processes in them now (a v1 host whose cpuacct hierarchy holds no
+// group for the sandbox, e.g. a vm's QEMU).
+func CPUUsage(parent, id string) (time.Duration, error) {
+	dirs := Dirs(parent, id)
+	if len(dirs) == 0 {
+		return 0, fmt.Errorf("sandbox %s has no cgroup under %s", id, parent)
+	}
+	for _, d := range dirs {
+		if b, err := os.ReadFile(filepath.Join(d, "cpuacct.usage")); err == nil {
+			if ns, err := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64); err == nil {
+				return time.Duration(ns), nil
+			}
+		}
+	}
+	for _, d := range dirs {
+		if b, err := os.ReadFile(filepath.Join(d, "cpu.stat")); err == nil {
+			sc := bufio.NewScanner(bytes.NewReader(b))
+			for sc.Scan() {
+				if v, ok := bytes.CutPrefix(sc.Bytes(), []byte("usage_usec ")); ok {
+					if us, err := strconv.ParseInt(string(v), 10, 64); err == nil {
+						return time.Duration(us) * time.Microsecond, nil
+					}
+				}
+			}
+		}
+	}
+	// Fall back to the processes' own CPU times.
+	seen := map[int]bool{}
+	var ticks int64
+	for _, d := range dirs {
+		procs, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(bytes.NewReader(procs))
+		for sc.Scan() {
+			pid, err := strconv.Atoi(sc.Text())
+			if err != nil || seen[pid] {
+				continue
+			}
+			seen[pid] = true
+			ticks += procTicks(pid)
+		}
+	}
+	// USER_HZ is 100 on every Linux architecture nook runs on.
+	return time.Duration(ticks) * (time.Second / 100), nil
+}
+
+// procTicks returns a process's user and system CPU time in clock ticks.
+func procTicks(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) may hold spaces: fields are counted after its ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := bytes.Fields(b[i+1:])
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(string(f[11]), 10, 64)
+	s, _ := strconv.ParseInt(string(f[12]), 10, 64)
+	return u + s
 }

@@ -87,7 +87,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(serveCmd(), createCmd(), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd())
+	root.AddCommand(serveCmd(), createCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd())
 	return root
 }
 
@@ -120,16 +120,30 @@ func printJSON(w io.Writer, v any) error {
 func serveCmd() *cobra.Command {
 	var cfg server.Config
 	var debug bool
+	var netFlags serveNetFlags
+	var idlePause string
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the nook daemon",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			minIdle := cfg.Daemon.MinIdlePause
+			if minIdle <= 0 {
+				minIdle = core.MinIdlePause
+			}
+			d, err := core.ParseIdlePause(idlePause, minIdle)
+			if err != nil {
+				return &usageError{fmt.Errorf("--idle-pause: %w", err)}
+			}
+			cfg.Daemon.IdlePause = d
 			level := slog.LevelInfo
 			if debug {
 				level = slog.LevelDebug
 			}
 			cfg.Daemon.Log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			if err := netFlags.apply(&cfg.Daemon.Net); err != nil {
+				return &usageError{err}
+			}
 			return server.Serve(cmd.Context(), cfg)
 		},
 	}
@@ -145,7 +159,11 @@ func serveCmd() *cobra.Command {
 	c.Flags().StringVar(&cfg.Daemon.Accel, "accel", "", "vm accelerator: kvm or tcg (default: kvm where a stock guest kernel runs under it, else tcg)")
 	c.Flags().StringVar(&cfg.Daemon.KernelRoot, "kernel", "", "an unpacked Debian linux-image package for vm guests (default: fetched with apt on first use)")
 	c.Flags().StringVar(&cfg.Daemon.VMCacheDir, "vm-cache-dir", "", "guest kernels, vm template images and snapshots (default DATA-DIR/vm)")
+	c.Flags().StringVar(&idlePause, "idle-pause", "off", "pause sandboxes created without --idle-pause after this long idle, e.g. 30m (off: never)")
+	c.Flags().DurationVar(&cfg.Daemon.MinIdlePause, "min-idle-pause", 0, "the shortest idle pause accepted (tests)")
+	c.Flags().MarkHidden("min-idle-pause")
 	c.Flags().BoolVar(&debug, "debug", false, "log every API request")
+	netFlags.add(c)
 	return c
 }
 
@@ -154,7 +172,7 @@ func createCmd() *cobra.Command {
 	var env []string
 	var asJSON bool
 	c := &cobra.Command{
-		Use:   "create [--name NAME] [--template T] [--isolation container|vm] [--cpus N] [--memory 2G] [--disk 10G] [--ttl 1h] [--env K=V]...",
+		Use:   "create [--name NAME] [--template T] [--isolation container|vm] [--cpus N] [--memory 2G] [--disk 10G] [--ttl 1h] [--idle-pause 10m] [--on-expire destroy|pause] [--env K=V]... [--net allowlist|none] [--allow RULE]... [--deny RULE]...",
 		Short: "Create a sandbox and print its name",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -197,7 +215,12 @@ func createCmd() *cobra.Command {
 	f.StringVar(&req.Memory, "memory", "", "memory limit, e.g. 512M or 2G (default 2G)")
 	f.StringVar(&req.Disk, "disk", "", "writable disk size, e.g. 10G (vm only)")
 	f.StringVar(&req.TTL, "ttl", "", "time to live, e.g. 90m, 2h, 3d (default 1h; extend with nook ttl)")
+	f.StringVar(&req.IdlePause, "idle-pause", "", "pause it after this long without use, e.g. 10m, or off (default: the daemon's --idle-pause); any call wakes it")
+	f.StringVar(&req.OnExpire, "on-expire", "", "what the TTL does when it runs out: destroy (default) or pause")
 	f.StringArrayVar(&env, "env", nil, "environment variable K=V for every process (repeatable)")
+	f.StringVar(&req.Net, "net", "", "network mode: allowlist (default: only what --allow names) or none (nothing leaves the sandbox)")
+	f.StringArrayVar(&req.Allow, "allow", nil, "allow egress to a domain, *.wildcard, CIDR or @preset, optionally :PORTS, e.g. github.com:443, @registries (repeatable)")
+	f.StringArrayVar(&req.Deny, "deny", nil, "deny egress to a domain, *.wildcard or CIDR, even if allowed (repeatable)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return c
 }
@@ -286,7 +309,17 @@ func inspectCmd() *cobra.Command {
 			if sb.Accelerator != "" {
 				fmt.Fprintf(tw, "accelerator:\t%s\nguest kernel:\t%s\nstarted by:\t%s\n", sb.Accelerator, sb.GuestKernel, sb.Boot)
 			}
-			fmt.Fprintf(tw, "created:\t%s\nexpires:\t%s (in %s)\n", sb.CreatedAt.Local().Format(time.RFC3339), sb.ExpiresAt.Local().Format(time.RFC3339), until(sb.ExpiresAt))
+			fmt.Fprintf(tw, "created:\t%s\n", sb.CreatedAt.Local().Format(time.RFC3339))
+			if sb.Expired {
+				fmt.Fprintf(tw, "expired:\t%s (kept, not destroyed: on expire pause; set a new TTL with nook ttl)\n", sb.ExpiresAt.Local().Format(time.RFC3339))
+			} else {
+				fmt.Fprintf(tw, "expires:\t%s (in %s)\n", sb.ExpiresAt.Local().Format(time.RFC3339), until(sb.ExpiresAt))
+			}
+			idle := sb.IdlePause
+			if idle == "" {
+				idle = "off"
+			}
+			fmt.Fprintf(tw, "idle pause:\t%s\non expire:\t%s\n", idle, sb.OnExpire)
 			keys := make([]string, 0, len(sb.Env))
 			for k := range sb.Env {
 				keys = append(keys, k)

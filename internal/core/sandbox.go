@@ -60,6 +60,14 @@ type Sandbox struct {
 	Env         map[string]string
 	CreatedAt   time.Time
 	ExpiresAt   time.Time
+	// IdlePause is how long the sandbox may be idle before the daemon
+	// pauses it; 0: never.
+	IdlePause time.Duration
+	// OnExpire is what happens when ExpiresAt passes: OnExpireDestroy or
+	// OnExpirePause. Expired records that a pause-on-expire sandbox's TTL
+	// ran out and it was paused; it no longer expires until a new TTL is set.
+	OnExpire string
+	Expired  bool
 	// BackendState is opaque to everything but the backend that wrote it
 	// (e.g. the container's init PID); it is persisted with the sandbox.
 	BackendState []byte
@@ -67,12 +75,20 @@ type Sandbox struct {
 
 // API returns the sandbox as the API reports it.
 func (sb *Sandbox) API() api.Sandbox {
-	return api.Sandbox{
+	v := api.Sandbox{
 		ID: sb.ID, Name: sb.Name, Template: sb.Template, Isolation: sb.Isolation,
 		State: string(sb.State), Reason: sb.Reason, CPUs: sb.CPUs,
 		MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes, PidsLimit: sb.PidsLimit,
 		Env: sb.Env, CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
+		OnExpire: sb.OnExpire, Expired: sb.Expired,
 	}
+	if v.OnExpire == "" {
+		v.OnExpire = OnExpireDestroy
+	}
+	if sb.IdlePause > 0 {
+		v.IdlePause = FormatDuration(sb.IdlePause)
+	}
+	return v
 }
 
 func (sb *Sandbox) String() string { return fmt.Sprintf("%s (%s)", sb.Name, sb.ID) }

@@ -195,3 +195,68 @@ func HostSize() (int, int64) {
 	}
 	return runtime.NumCPU(), mem
 }
+
+// Idle pause and TTL expiry.
+const (
+	MinIdlePause = time.Minute
+	MaxIdlePause = 30 * 24 * time.Hour
+	// OnExpireDestroy and OnExpirePause are what a sandbox's TTL does
+	// when it runs out.
+	OnExpireDestroy = "destroy"
+	OnExpirePause   = "pause"
+)
+
+// ParseIdlePause parses how long a sandbox may be idle before it is
+// paused: "0", "off" or "never" mean never (0); otherwise a duration
+// between min and MaxIdlePause. min is MinIdlePause unless the daemon was
+// told otherwise (tests).
+func ParseIdlePause(s string, min time.Duration) (time.Duration, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "0", "off", "never":
+		return 0, nil
+	}
+	d, err := ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("idle pause: %w (or off to never pause)", err)
+	}
+	if d < min || d > MaxIdlePause {
+		return 0, errdefs.Invalid("idle pause %q is out of range: use between %s and 30d, or off to never pause", clip(s), FormatDuration(min))
+	}
+	return d, nil
+}
+
+// ValidateOnExpire checks what a TTL does when it runs out; empty means destroy.
+func ValidateOnExpire(s string) (string, error) {
+	switch s {
+	case "", OnExpireDestroy:
+		return OnExpireDestroy, nil
+	case OnExpirePause:
+		return OnExpirePause, nil
+	}
+	return "", errdefs.Invalid("on expire %q is not valid: use destroy or pause", clip(s))
+}
+
+// FormatDuration renders a duration the way ParseDuration reads it, with
+// days and without zero trailing units: "3d", "1d12h", "1h30m", "10m".
+func FormatDuration(d time.Duration) string {
+	if d <= 0 {
+		return "0"
+	}
+	var b strings.Builder
+	if days := d / (24 * time.Hour); days > 0 {
+		fmt.Fprintf(&b, "%dd", days)
+		d -= days * 24 * time.Hour
+	}
+	if d > 0 {
+		s := d.String()
+		// Drop zero trailing units: "1h30m0s" -> "1h30m", "2h0m0s" -> "2h".
+		if strings.HasSuffix(s, "m0s") {
+			s = strings.TrimSuffix(s, "0s")
+		}
+		if strings.HasSuffix(s, "h0m") {
+			s = strings.TrimSuffix(s, "0m")
+		}
+		b.WriteString(s)
+	}
+	return b.String()
+}

@@ -108,3 +108,44 @@ func FuzzParseDuration(f *testing.F) {
 		}
 	})
 }
+
+func TestParseIdlePause(t *testing.T) {
+	for in, want := range map[string]time.Duration{"off": 0, "0": 0, "never": 0, "10m": 10 * time.Minute, "1m": time.Minute, "30d": 30 * 24 * time.Hour, "1h30m": 90 * time.Minute} {
+		if got, err := ParseIdlePause(in, MinIdlePause); err != nil || got != want {
+			t.Errorf("ParseIdlePause(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "59s", "31d", "soon", "-5m", "1y"} {
+		if _, err := ParseIdlePause(in, MinIdlePause); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("ParseIdlePause(%q): %v", in, err)
+		}
+	}
+	if got, err := ParseIdlePause("2s", time.Second); err != nil || got != 2*time.Second {
+		t.Errorf("a lowered minimum: %v %v", got, err)
+	}
+}
+
+func TestValidateOnExpire(t *testing.T) {
+	for in, want := range map[string]string{"": OnExpireDestroy, "destroy": OnExpireDestroy, "pause": OnExpirePause} {
+		if got, err := ValidateOnExpire(in); err != nil || got != want {
+			t.Errorf("ValidateOnExpire(%q) = %q, %v", in, got, err)
+		}
+	}
+	if _, err := ValidateOnExpire("Pause"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("Pause: %v", err)
+	}
+}
+
+func TestFormatDuration(t *testing.T) {
+	for d, want := range map[time.Duration]string{0: "0", 2 * time.Second: "2s", 10 * time.Minute: "10m", 90 * time.Minute: "1h30m",
+		2 * time.Hour: "2h", 24 * time.Hour: "1d", 36 * time.Hour: "1d12h", 30 * 24 * time.Hour: "30d", 90 * time.Second: "1m30s"} {
+		if got := FormatDuration(d); got != want {
+			t.Errorf("FormatDuration(%v) = %q, want %q", d, got, want)
+		}
+		if d > 0 {
+			if back, err := ParseDuration(FormatDuration(d)); err != nil || back != d {
+				t.Errorf("ParseDuration(FormatDuration(%v)) = %v, %v", d, back, err)
+			}
+		}
+	}
+}

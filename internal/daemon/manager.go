@@ -49,6 +49,9 @@ type Config struct {
 	VMCacheDir   string        // guest kernels, vm template images and snapshots; default DataDir/vm
 	KernelRoot   string        // an unpacked Debian linux-image package for vm guests; default: fetched with apt
 	VMColdBoot   bool          // boot vm sandboxes instead of restoring their template's snapshot (benchmarks)
+	Net          NetConfig     // sandbox networking (network.go); zero: off, loopback only
+	IdlePause    time.Duration // idle pause of sandboxes created without one; default 0: never
+	MinIdlePause time.Duration // the shortest idle pause accepted; default core.MinIdlePause (tests lower it)
 	Log          *slog.Logger
 }
 
@@ -83,6 +86,9 @@ func (c Config) withDefaults() Config {
 	if c.ReapInterval == 0 {
 		c.ReapInterval = 5 * time.Second
 	}
+	if c.MinIdlePause == 0 {
+		c.MinIdlePause = core.MinIdlePause
+	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -115,6 +121,10 @@ type Manager struct {
 	mu     sync.Mutex
 	locks  map[string]*nameLock     // serializes lifecycle operations per sandbox name
 	agents map[string]*agent.Client // by sandbox ID
+
+	net *sandboxNets // sandbox networks (network.go); nil when networking is off
+
+	idle *idleTracker // when each sandbox was last used (idle.go)
 }
 
 type nameLock struct {
@@ -147,19 +157,32 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		cfg: cfg, log: cfg.Log, store: st,
 		templates: template.NewStore(cfg.TemplatesDir, cfg.Log),
 		locks:     map[string]*nameLock{}, agents: map[string]*agent.Client{},
+		idle: newIdleTracker(),
+	}
+	var hooks core.NetHooks // stays a nil interface when networking is off
+	if cfg.Net.Enabled {
+		if m.net, err = newSandboxNets(ctx, cfg, st); err != nil {
+			st.Close()
+			return nil, err
+		}
+		hooks = m.net
 	}
 	ctr := container.New(container.Config{
 		RuncRoot: filepath.Join(cfg.RunDir, "runc"), StateDir: filepath.Join(cfg.DataDir, "sandboxes"),
 		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, Log: cfg.Log,
-		WarmPool: max(cfg.WarmPool, 0),
+		WarmPool: max(cfg.WarmPool, 0), Net: hooks,
 	})
 	vmb := vm.New(vm.Config{
 		StateDir: filepath.Join(cfg.DataDir, "vms"), CacheDir: cfg.VMCacheDir, KernelRoot: cfg.KernelRoot,
 		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, Accel: cfg.Accel,
 		TemplateRootfs: m.templates.Rootfs, Log: cfg.Log, WarmPool: max(cfg.WarmPool, 0), ColdBoot: cfg.VMColdBoot,
+		Net: hooks,
 	})
 	m.backends = map[string]core.Backend{ctr.Isolation(): ctr, vmb.Isolation(): vmb}
 	if err := m.reconcile(ctx); err != nil {
+		if m.net != nil {
+			m.net.close()
+		}
 		st.Close()
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
@@ -187,6 +210,9 @@ func (m *Manager) Close() error {
 		delete(m.agents, id)
 	}
 	m.mu.Unlock()
+	if m.net != nil {
+		m.net.close()
+	}
 	return m.store.Close()
 }
 
@@ -284,6 +310,10 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err != nil {
 		return nil, err
 	}
+	idlePause, onExpire, err := m.idleSettings(req, b)
+	if err != nil {
+		return nil, err
+	}
 	hostCPUs, hostMem := core.HostSize()
 	cpus := req.CPUs
 	switch {
@@ -331,6 +361,10 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err := core.ValidateEnv(req.Env); err != nil {
 		return nil, err
 	}
+	pol, err := m.createPolicy(req)
+	if err != nil {
+		return nil, err
+	}
 	tplName := req.Template
 	if tplName == "" {
 		tplName = "base"
@@ -358,7 +392,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	sb := &core.Sandbox{
 		ID: newID(), Name: req.Name, Template: tpl.Name, TemplateID: tpl.ID, Isolation: req.Isolation,
 		State: core.StateCreating, CPUs: cpus, MemoryBytes: mem, DiskBytes: disk, PidsLimit: 4096,
-		Env: req.Env, CreatedAt: now, ExpiresAt: now.Add(ttl),
+		Env: req.Env, CreatedAt: now, ExpiresAt: now.Add(ttl), IdlePause: idlePause, OnExpire: onExpire,
 	}
 	if sb.Env == nil {
 		sb.Env = map[string]string{}
@@ -405,6 +439,9 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	start := time.Now()
 	err = b.Create(cctx, sb)
 	backendDone := time.Now()
+	if err == nil && m.net != nil {
+		err = m.net.setup(cctx, sb, pol)
+	}
 	if err == nil {
 		err = m.waitAgent(cctx, sb)
 	}
@@ -416,6 +453,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 		m.abandonCreate(cctx, b, sb)
 		return nil, fmt.Errorf("create sandbox %s: %w", sb.Name, err)
 	}
+	m.idle.touch(sb.ID)
 	m.log.Info("sandbox created", "sandbox", sb.Name, "id", sb.ID, "template", sb.TemplateID, "duration", time.Since(start),
 		"backend", backendDone.Sub(start), "agent", time.Since(backendDone))
 	return sb, nil
@@ -452,6 +490,12 @@ func (m *Manager) waitAgent(ctx context.Context, sb *core.Sandbox) error {
 		env[k] = v
 	}
 	req := &agent.ConfigureRequest{Hostname: sb.Name, Env: env}
+	if m.net != nil {
+		if addr, gw, ok := m.net.agentNet(sb); ok {
+			// A vm's eth0 only the guest can configure; a container's the host did.
+			req.Net = &agent.NetConfig{Address: addr, Gateway: gw, SetLink: sb.Isolation == api.IsolationVM}
+		}
+	}
 	if sb.Isolation == api.IsolationVM {
 		// A vm restored from a snapshot wakes at the snapshot's time and
 		// with the snapshot's random pool: give it the time and fresh entropy.
@@ -522,6 +566,9 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 // View is a sandbox as the API shows it, with what the backend says of its pause.
 func (m *Manager) View(sb *core.Sandbox) api.Sandbox {
 	v := sb.API()
+	if m.net != nil {
+		v.Network = m.net.view(sb.ID)
+	}
 	if d, ok := m.backends[sb.Isolation].(core.Describer); ok {
 		d.Describe(sb, &v)
 	}
@@ -541,7 +588,11 @@ func (m *Manager) Pause(ctx context.Context, name string) (*core.Sandbox, error)
 
 // Resume continues a paused sandbox.
 func (m *Manager) Resume(ctx context.Context, name string) (*core.Sandbox, error) {
-	return m.setPaused(ctx, name, false)
+	sb, err := m.setPaused(ctx, name, false)
+	if err == nil {
+		m.resumed(ctx, sb)
+	}
+	return sb, err
 }
 
 // wake resumes a sandbox if it is (still) paused. Unlike Resume, finding
@@ -551,6 +602,9 @@ func (m *Manager) wake(ctx context.Context, name string) (*core.Sandbox, error) 
 	sb, err := m.setPaused(ctx, name, false)
 	if errors.Is(err, errNotPaused) {
 		return m.Get(ctx, name)
+	}
+	if err == nil {
+		m.resumed(ctx, sb)
 	}
 	return sb, err
 }
@@ -678,7 +732,7 @@ func (m *Manager) SetTTL(ctx context.Context, name, ttl string) (*core.Sandbox, 
 	if sb.State == core.StateDestroying {
 		return nil, errdefs.Precondition("sandbox %s is being destroyed", name)
 	}
-	sb.ExpiresAt = time.Now().Add(d)
+	sb.ExpiresAt, sb.Expired = time.Now().Add(d), false
 	return sb, m.store.UpdateSandbox(ctx, sb)
 }
 
@@ -743,6 +797,16 @@ func (m *Manager) runningAgent(ctx context.Context, name string) (*core.Sandbox,
 	c, err := m.agentFor(sb)
 	if err != nil {
 		return nil, nil, err
+	}
+	// The call restarts the idle clock; if the reaper is pausing the
+	// sandbox for idleness right now, wait for that, then wake it.
+	if pausing := m.idle.use(sb.ID); pausing != nil {
+		select {
+		case <-pausing:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		return m.runningAgent(ctx, name)
 	}
 	return sb, c, nil
 }
@@ -858,6 +922,17 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			}
 		}
 	}
+	if m.net != nil {
+		// Policies, resolvers and exposed ports come back; networks no
+		// record owns go.
+		left, err := m.store.ListSandboxes(ctx)
+		if err != nil {
+			return err
+		}
+		if err := m.net.reconcile(ctx, left); err != nil {
+			m.log.Error("reconcile sandbox networks", "err", err)
+		}
+	}
 	return nil
 }
 
@@ -885,7 +960,12 @@ func (m *Manager) reapOnce(ctx context.Context) {
 		m.log.Info("sandbox expired", "sandbox", sb.Name, "expired_at", sb.ExpiresAt)
 		unlock := m.lockName(sb.Name)
 		cur, err := m.store.GetSandbox(ctx, sb.Name)
-		if err == nil && cur.ID == sb.ID && !cur.ExpiresAt.After(time.Now()) {
+		if err == nil && cur.ID == sb.ID && !cur.ExpiresAt.After(time.Now()) && !cur.Expired {
+			if cur.OnExpire == core.OnExpirePause {
+				unlock() // it takes the lock itself
+				m.expirePause(ctx, cur)
+				continue
+			}
 			if err := m.destroyLocked(ctx, cur); err != nil {
 				m.log.Error("destroy expired sandbox", "sandbox", sb.Name, "err", err)
 			}
@@ -910,6 +990,7 @@ func (m *Manager) reapOnce(ctx context.Context) {
 			unlock()
 		}
 	}
+	m.pauseIdle(ctx, all)
 }
 
 // Info describes the host and the backends.

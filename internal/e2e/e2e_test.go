@@ -47,15 +47,26 @@ type daemon struct {
 	cgroup string
 	cmd    *exec.Cmd
 	log    *bytes.Buffer
+	// netns, if set, is the network namespace (a path) the daemon runs
+	// in, with sandbox networking on; otherwise it runs in the host's
+	// without (network_test.go).
+	netns string
 }
 
 func newDaemon(t *testing.T, extra ...string) *daemon {
+	t.Helper()
+	return newDaemonIn(t, "", extra...)
+}
+
+// newDaemonIn starts a daemon in the network namespace at netnsPath ("":
+// the host's, without sandbox networking).
+func newDaemonIn(t *testing.T, netnsPath string, extra ...string) *daemon {
 	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequireCommand(t, "runc", "runc")
 	testutil.BaseTemplate(t)
 	root := filepath.Join(testutil.TempRoot(t), testutil.RandomName("d"))
-	d := &daemon{t: t, bin: binaries(t), data: filepath.Join(root, "data"), run: filepath.Join(root, "run"), cgroup: testutil.RandomName("nook-e2e-")}
+	d := &daemon{t: t, bin: binaries(t), data: filepath.Join(root, "data"), run: filepath.Join(root, "run"), cgroup: testutil.RandomName("nook-e2e-"), netns: netnsPath}
 	testutil.CleanupCgroupParent(t, d.cgroup)
 	d.start(extra...)
 	t.Cleanup(func() {
@@ -107,7 +118,12 @@ func (d *daemon) start(extra ...string) {
 	if d.log == nil {
 		d.log = &bytes.Buffer{}
 	}
-	d.cmd = exec.Command(d.bin, args...)
+	// Sandbox networking owns its namespace's nftables table: daemons
+	// sharing the host's namespace run without it.
+	d.cmd = exec.Command(d.bin, append([]string{"serve", "--network=false"}, args[1:]...)...)
+	if d.netns != "" {
+		d.cmd = exec.Command("nsenter", append([]string{"--net=" + d.netns, d.bin}, args...)...)
+	}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)
@@ -262,6 +278,12 @@ func TestBadInput(t *testing.T) {
 		{[]string{"create", "--disk", "10G"}, 1, "cannot limit disk"},
 		{[]string{"create", "--ttl", "10s"}, 1, "out of range"},
 		{[]string{"create", "--ttl", "1y"}, 1, "not valid"},
+		{[]string{"create", "--idle-pause", "10s"}, 1, "idle pause \"10s\" is out of range: use between 1m and 30d, or off"},
+		{[]string{"create", "--idle-pause", "31d"}, 1, "out of range"},
+		{[]string{"create", "--idle-pause", "soon"}, 1, "not valid"},
+		{[]string{"create", "--idle-pause", "-5m"}, 1, "negative"},
+		{[]string{"create", "--on-expire", "explode"}, 1, "use destroy or pause"},
+		{[]string{"serve", "--idle-pause", "5s"}, 2, "out of range"},
 		{[]string{"create", "--isolation", "vm", "--memory", "128M"}, 1, "too small for a vm sandbox"},
 		{[]string{"create", "--isolation", "jail"}, 1, "not valid"},
 		{[]string{"create", "--env", "NOEQUALS"}, 2, "KEY=VALUE"},
@@ -310,6 +332,9 @@ func TestBadInput(t *testing.T) {
 		{"GET", "/v1/sandboxes/ghost", ``, 404, api.CodeNotFound},
 		{"POST", "/v1/sandboxes/taken/exec", `{"cmd": []}`, 400, api.CodeInvalidArgument},
 		{"PUT", "/v1/sandboxes/taken/ttl", `{"ttl": "-5m"}`, 400, api.CodeInvalidArgument},
+		{"POST", "/v1/sandboxes", `{"name": "x", "idle_pause": "1s"}`, 400, api.CodeInvalidArgument},
+		{"POST", "/v1/sandboxes", `{"name": "x", "idle_pause": 600}`, 400, api.CodeInvalidArgument},
+		{"POST", "/v1/sandboxes", `{"name": "x", "on_expire": "keep"}`, 400, api.CodeInvalidArgument},
 		{"GET", "/v2/nothing", ``, 404, api.CodeNotFound},
 	}
 	for _, tc := range apiCases {

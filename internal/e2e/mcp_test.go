@@ -150,7 +150,12 @@ func TestMCPTools(t *testing.T) {
 	if res, _ := call("sandbox_create", map[string]any{"name": "Bad Name"}); !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "not valid") {
 		t.Fatalf("bad name: %+v", res)
 	}
-	call("sandbox_create", map[string]any{"name": "mcp-tools"})
+	if res, _ := call("sandbox_create", map[string]any{"name": "mcp-idle", "idle_pause": "5s"}); !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "out of range") {
+		t.Fatalf("idle_pause 5s: %+v", res)
+	}
+	if _, sc := call("sandbox_create", map[string]any{"name": "mcp-tools", "idle_pause": "2h", "on_expire": "pause"}); sc["idle_pause"] != "2h" || sc["on_expire"] != "pause" {
+		t.Fatalf("sandbox_create with idle_pause and on_expire: %+v", sc)
+	}
 	if res, _ := call("exec", map[string]any{"sandbox": "ghost", "command": "true"}); !res.IsError {
 		t.Fatal("exec in a missing sandbox is not a tool error")
 	}

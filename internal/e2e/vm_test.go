@@ -138,3 +138,34 @@ func findQEMU(dir string) int {
 	}
 	return 0
 }
+
+// A vm left idle pauses itself to disk (no QEMU left) and an exec wakes
+// it with its files and background process intact: part of the issue's
+// "agent's day" (snapshots, rollback and fork are not built yet).
+func TestVMIdlePause(t *testing.T) {
+	requireVM(t)
+	d := newDaemon(t, "--min-idle-pause", "1s")
+	d.must("create", "--isolation", "vm", "--name", "vm-idle", "--cpus", "1", "--memory", "512M", "--idle-pause", "3s")
+	d.must("exec", "vm-idle", "--", "sh", "-c", "echo work > /root/notes")
+	pid := strings.TrimSpace(d.must("exec", "-d", "vm-idle", "--", "sh", "-c", "python3 -m http.server 8000 >/dev/null 2>&1"))
+	// A background process started through nook keeps it awake...
+	time.Sleep(5 * time.Second)
+	if sb := d.inspect("vm-idle"); sb.State != api.StateRunning {
+		t.Fatalf("a vm running a background server was paused: %+v", sb)
+	}
+	// ...until it ends.
+	d.must("kill", "vm-idle", pid)
+	sb := d.waitState("vm-idle", api.StatePaused, 60*time.Second)
+	// The record says paused first; the save to disk follows.
+	for deadline := time.Now().Add(20 * time.Second); findQEMU(filepath.Join(d.data, "vms", sb.ID)) != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("an idle-paused vm still has its QEMU")
+		}
+	}
+	if got := d.must("exec", "vm-idle", "--", "cat", "/root/notes"); got != "work\n" {
+		t.Fatalf("after waking: %q", got)
+	}
+	if sb := d.inspect("vm-idle"); sb.State != api.StateRunning {
+		t.Fatalf("exec did not wake the vm: %s", sb.State)
+	}
+}

@@ -44,6 +44,9 @@ func New(c *sdk.Client, version string) *mcp.Server {
 		"Waits up to wait_seconds (default 2) for more output if there is none yet. Returns the output, next_offset, and whether it is still running (with its exit code once it has exited)."}, t.output)
 	mcp.AddTool(s, &mcp.Tool{Name: "process_list", Description: "List the processes started with process_start (and exec) in a sandbox, running or recently finished, with their pids and exit codes."}, t.processes)
 	mcp.AddTool(s, &mcp.Tool{Name: "process_kill", Description: "Send a signal (default TERM; KILL to force) to a background process and everything it started."}, t.kill)
+	mcp.AddTool(s, &mcp.Tool{Name: "network_log", Description: "Show what a sandbox was denied on the network: blocked connections and refused DNS lookups, newest last, each with the destination and why " +
+		"(policy: not in the allowlist; not-allowed: a name the policy does not allow; tunnel: a lookup shaped like data smuggling). " +
+		"Use it when a download, git clone or API call fails inside a sandbox, to see which domain the task needs allowed."}, t.netLog)
 	addFileTools(s, t)
 	return s
 }
@@ -63,14 +66,43 @@ type CreateInput struct {
 	Memory   string            `json:"memory,omitempty" jsonschema:"memory limit such as 1G or 512M; default 2G"`
 	TTL      string            `json:"ttl,omitempty" jsonschema:"how long it lives before it is destroyed, e.g. 90m, 2h, 3d; default 1h"`
 	Env      map[string]string `json:"env,omitempty" jsonschema:"environment variables for every command"`
+	// Optional: idle pause and what the TTL does.
+	IdlePause string `json:"idle_pause,omitempty" jsonschema:"pause the sandbox after this long without use, e.g. 10m, or off; the next call wakes it with everything intact. A running command keeps it awake. Default: the daemon's setting"`
+	OnExpire  string `json:"on_expire,omitempty" jsonschema:"what happens when the ttl runs out: destroy (default) or pause (kept until a new ttl is set)"`
+	// Optional: the network policy.
+	Net   string   `json:"net,omitempty" jsonschema:"network mode: allowlist (default: the sandbox reaches only what allow names) or none (no network at all)"`
+	Allow []string `json:"allow,omitempty" jsonschema:"what the sandbox may reach on the network; by default nothing. Each entry is a domain (github.com), a wildcard (*.pythonhosted.org), an IPv4 CIDR, or a preset (@registries: GitHub, Debian, PyPI, npm, the Go proxy, crates.io; @internet: everything public), optionally with ports (example.com:443). Ask for only what the task needs"`
+	Deny  []string `json:"deny,omitempty" jsonschema:"domains, wildcards or CIDRs the sandbox may never reach, even if allow names them"`
 }
 
 func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, any, error) {
-	sb, err := t.c.CreateSandbox(ctx, api.CreateSandboxRequest{Name: in.Name, Template: in.Template, CPUs: in.CPUs, Memory: in.Memory, TTL: in.TTL, Env: in.Env})
+	sb, err := t.c.CreateSandbox(ctx, api.CreateSandboxRequest{Name: in.Name, Template: in.Template, CPUs: in.CPUs, Memory: in.Memory, TTL: in.TTL, Env: in.Env,
+		IdlePause: in.IdlePause, OnExpire: in.OnExpire, Net: in.Net, Allow: in.Allow, Deny: in.Deny})
 	if err != nil {
 		return fail(err)
 	}
 	return nil, sb, nil
+}
+
+// NetLogInput is network_log's input.
+type NetLogInput struct {
+	Sandbox string `json:"sandbox" jsonschema:"the sandbox's name"`
+	Limit   int    `json:"limit,omitempty" jsonschema:"at most this many of the newest entries; default 50"`
+}
+
+func (t *tools) netLog(ctx context.Context, _ *mcp.CallToolRequest, in NetLogInput) (*mcp.CallToolResult, any, error) {
+	l, err := t.c.NetLog(ctx, in.Sandbox)
+	if err != nil {
+		return fail(err)
+	}
+	limit := in.Limit
+	if limit <= 0 {
+		limit = 50
+	}
+	if len(l.Entries) > limit {
+		l.Entries = l.Entries[len(l.Entries)-limit:]
+	}
+	return nil, l, nil
 }
 
 // ListOutput is sandbox_list's output.

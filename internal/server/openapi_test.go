@@ -190,6 +190,12 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"MkdirRequest":         api.MkdirRequest{},
 		"MoveRequest":          api.MoveRequest{},
 		"ChmodRequest":         api.ChmodRequest{},
+		"Network":              api.Network{},
+		"SetNetworkRequest":    api.SetNetworkRequest{},
+		"ExposeRequest":        api.ExposeRequest{},
+		"ExposedPort":          api.ExposedPort{},
+		"NetLogEntry":          api.NetLogEntry{},
+		"NetLog":               api.NetLog{},
 	} {
 		t.Run(name, func(t *testing.T) {
 			checkSchema(t, schema(t, doc, name), reflect.TypeOf(v))
@@ -248,6 +254,9 @@ var timeType = reflect.TypeOf(time.Time{})
 func checkType(t *testing.T, name string, s *openapi3.Schema, typ reflect.Type) {
 	t.Helper()
 	want, format := "", ""
+	if typ.Kind() == reflect.Pointer { // omitempty: absent when nil
+		typ = typ.Elem()
+	}
 	switch {
 	case typ == timeType:
 		want, format = openapi3.TypeString, "date-time"

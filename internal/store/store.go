@@ -47,6 +47,35 @@ var migrations = []string{
 		hash       BLOB NOT NULL UNIQUE,
 		created_at INTEGER NOT NULL
 	);`,
+	// 2: idle pause (nanoseconds, 0: never), what the TTL does, and
+	// whether a pause-on-expire TTL has run out.
+	`ALTER TABLE sandboxes ADD COLUMN idle_pause INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN on_expire TEXT NOT NULL DEFAULT 'destroy';
+	ALTER TABLE sandboxes ADD COLUMN expired INTEGER NOT NULL DEFAULT 0;`,
+	// 3: each sandbox's network (subnet, policy, exposed ports) and its
+	// log of denied connections and refused DNS queries; both go with
+	// the sandbox's record.
+	`CREATE TABLE sandbox_net (
+		id      TEXT PRIMARY KEY,
+		subnet  TEXT NOT NULL,
+		policy  TEXT NOT NULL,
+		exposed TEXT NOT NULL DEFAULT '{}'
+	);
+	CREATE TABLE net_log (
+		seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+		sandbox_id  TEXT NOT NULL,
+		time        INTEGER NOT NULL,
+		kind        TEXT NOT NULL,
+		destination TEXT NOT NULL,
+		reason      TEXT NOT NULL,
+		detail      TEXT NOT NULL DEFAULT '',
+		suppressed  INTEGER NOT NULL DEFAULT 0
+	);
+	CREATE INDEX net_log_sandbox ON net_log(sandbox_id, seq);
+	CREATE TRIGGER sandboxes_delete_net AFTER DELETE ON sandboxes BEGIN
+		DELETE FROM sandbox_net WHERE id = old.id;
+		DELETE FROM net_log WHERE sandbox_id = old.id;
+	END;`,
 }
 
 // Store is the daemon's database.
@@ -110,7 +139,7 @@ func (s *Store) migrate(ctx context.Context) error {
 	return nil
 }
 
-const sandboxCols = `id, name, template, template_id, isolation, state, reason, cpus, memory_bytes, disk_bytes, pids_limit, env, created_at, expires_at, backend_state`
+const sandboxCols = `id, name, template, template_id, isolation, state, reason, cpus, memory_bytes, disk_bytes, pids_limit, env, created_at, expires_at, backend_state, idle_pause, on_expire, expired`
 
 // InsertSandbox records a new sandbox. A taken name is an ErrAlreadyExists.
 func (s *Store) InsertSandbox(ctx context.Context, sb *core.Sandbox) error {
@@ -118,9 +147,10 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *core.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Name, sb.Template, sb.TemplateID, sb.Isolation, string(sb.State), sb.Reason, sb.CPUs,
-		sb.MemoryBytes, sb.DiskBytes, sb.PidsLimit, string(env), sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.BackendState)
+		sb.MemoryBytes, sb.DiskBytes, sb.PidsLimit, string(env), sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.BackendState,
+		int64(sb.IdlePause), onExpire(sb), sb.Expired)
 	if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed: sandboxes.name") {
 		return ErrNameTaken(sb.Name)
 	}
@@ -132,10 +162,18 @@ func ErrNameTaken(name string) error {
 	return errdefs.Exists("a sandbox named %q already exists: pick another name or remove it with `nook rm %s`", name, name)
 }
 
-// UpdateSandbox writes a sandbox's mutable fields: state, reason, expiry and backend state.
+func onExpire(sb *core.Sandbox) string {
+	if sb.OnExpire == "" {
+		return core.OnExpireDestroy
+	}
+	return sb.OnExpire
+}
+
+// UpdateSandbox writes a sandbox's mutable fields: state, reason, expiry
+// (and whether it has expired) and backend state.
 func (s *Store) UpdateSandbox(ctx context.Context, sb *core.Sandbox) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, expires_at = ?, backend_state = ? WHERE id = ?`,
-		string(sb.State), sb.Reason, sb.ExpiresAt.UnixNano(), sb.BackendState, sb.ID)
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, expires_at = ?, expired = ?, backend_state = ? WHERE id = ?`,
+		string(sb.State), sb.Reason, sb.ExpiresAt.UnixNano(), sb.Expired, sb.BackendState, sb.ID)
 	if err != nil {
 		return err
 	}
@@ -168,9 +206,10 @@ func (s *Store) ListSandboxes(ctx context.Context) ([]*core.Sandbox, error) {
 	return s.query(ctx, `ORDER BY created_at, name`)
 }
 
-// Expired returns the sandboxes whose TTL ran out before now.
+// Expired returns the sandboxes whose TTL ran out before now, except
+// those already paused for it (Expired).
 func (s *Store) Expired(ctx context.Context, now time.Time) ([]*core.Sandbox, error) {
-	return s.query(ctx, `WHERE expires_at <= ? AND state != ? ORDER BY expires_at`, now.UnixNano(), string(core.StateDestroying))
+	return s.query(ctx, `WHERE expires_at <= ? AND state != ? AND expired = 0 ORDER BY expires_at`, now.UnixNano(), string(core.StateDestroying))
 }
 
 // CountByTemplate returns how many sandboxes use a template build.
@@ -190,11 +229,13 @@ func (s *Store) query(ctx context.Context, where string, args ...any) ([]*core.S
 	for rows.Next() {
 		var sb core.Sandbox
 		var state, env string
-		var created, expires int64
+		var created, expires, idle int64
 		if err := rows.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.TemplateID, &sb.Isolation, &state, &sb.Reason, &sb.CPUs,
-			&sb.MemoryBytes, &sb.DiskBytes, &sb.PidsLimit, &env, &created, &expires, &sb.BackendState); err != nil {
+			&sb.MemoryBytes, &sb.DiskBytes, &sb.PidsLimit, &env, &created, &expires, &sb.BackendState,
+			&idle, &sb.OnExpire, &sb.Expired); err != nil {
 			return nil, err
 		}
+		sb.IdlePause = time.Duration(idle)
 		sb.State = core.State(state)
 		sb.CreatedAt = time.Unix(0, created)
 		sb.ExpiresAt = time.Unix(0, expires)

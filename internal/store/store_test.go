@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"path/filepath"
 	"testing"
@@ -106,5 +107,73 @@ func TestTokens(t *testing.T) {
 	}
 	if err := s.DeleteToken(ctx, "t1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatal(err)
+	}
+}
+
+// A database of schema 1 (before idle pause) is migrated in place: its
+// sandboxes keep everything and get the defaults (never idle-pause, destroy on expiry).
+func TestMigrateIdlePause(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "nook.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(migrations[0] + `; PRAGMA user_version = 1`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO sandboxes (id, name, template, template_id, isolation, state, cpus, memory_bytes, disk_bytes, pids_limit, created_at, expires_at)
+		VALUES ('id1', 'old', 'base', 'base-1', 'container', 'running', 1, 1024, 0, 10, 1, 2)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if v, _ := s.SchemaVersion(ctx); v != len(migrations) {
+		t.Fatalf("schema version %d", v)
+	}
+	sb, err := s.GetSandbox(ctx, "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.IdlePause != 0 || sb.OnExpire != core.OnExpireDestroy || sb.Expired || sb.ExpiresAt.UnixNano() != 2 {
+		t.Fatalf("migrated sandbox: %+v", sb)
+	}
+}
+
+// Idle pause and on-expire round-trip; a sandbox paused at expiry is no
+// longer listed as expired, until a new TTL clears the mark.
+func TestIdlePauseAndExpiry(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "nook.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sb := sample("id1", "keeper")
+	sb.IdlePause, sb.OnExpire = 10*time.Minute, core.OnExpirePause
+	if err := s.InsertSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetSandbox(ctx, "keeper")
+	if err != nil || got.IdlePause != 10*time.Minute || got.OnExpire != core.OnExpirePause || got.Expired {
+		t.Fatalf("round trip: %+v %v", got, err)
+	}
+	later := sb.ExpiresAt.Add(time.Second)
+	if exp, err := s.Expired(ctx, later); err != nil || len(exp) != 1 {
+		t.Fatalf("expired: %v %v", exp, err)
+	}
+	got.Expired, got.State = true, core.StatePaused
+	if err := s.UpdateSandbox(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	if exp, err := s.Expired(ctx, later); err != nil || len(exp) != 0 {
+		t.Fatalf("a sandbox paused at expiry is listed as expired again: %v %v", exp, err)
+	}
+	if got, _ = s.GetSandbox(ctx, "keeper"); !got.Expired {
+		t.Fatalf("expired mark lost: %+v", got)
 	}
 }

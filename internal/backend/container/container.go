@@ -41,7 +41,11 @@ type Config struct {
 	// WarmPool is how many started containers to keep ready per template
 	// build in use (0: none; every create starts a container).
 	WarmPool int
-	Log      *slog.Logger
+	// Net gives every container, warm ones included, its network: the
+	// backend attaches the network namespace runc made for it once its
+	// init runs, and detaches it on Destroy. nil: loopback only.
+	Net core.NetHooks
+	Log *slog.Logger
 }
 
 // Backend runs container sandboxes.
@@ -213,6 +217,13 @@ func (b *Backend) createCold(ctx context.Context, sb *core.Sandbox) (err error) 
 	}
 	st := state{PID: pid, StartTime: procStartTime(pid)}
 	sb.BackendState, _ = json.Marshal(st)
+	if b.cfg.Net != nil {
+		netStart := time.Now()
+		if err := b.cfg.Net.AttachNetns(ctx, sb.ID, fmt.Sprintf("/proc/%d/ns/net", pid)); err != nil {
+			return fmt.Errorf("network: %w", err)
+		}
+		b.cfg.Log.Debug("network attach", "sandbox", sb.ID, "duration", time.Since(netStart))
+	}
 	return nil
 }
 
@@ -306,6 +317,13 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if out, err := exec.CommandContext(ctx, b.cfg.Runc, "--root", b.cfg.RuncRoot, "delete", "--force", id).CombinedOutput(); err != nil &&
 		!bytes.Contains(out, []byte("does not exist")) && !bytes.Contains(out, []byte("not exist")) {
 		errs = append(errs, fmt.Errorf("runc delete: %v: %s", err, bytes.TrimSpace(out)))
+	}
+	// The container's namespace is gone with its processes; the rest of
+	// its network (rules, resolver, exposed ports) goes now.
+	if b.cfg.Net != nil {
+		if err := b.cfg.Net.Detach(ctx, id); err != nil {
+			errs = append(errs, fmt.Errorf("network: %w", err))
+		}
 	}
 	// A create interrupted between cgroup creation and runc's state leaves
 	// cgroups runc no longer knows about.

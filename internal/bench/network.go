@@ -1,0 +1,354 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/network/nettest"
+	"github.com/nookhq/nook/sdk"
+)
+
+// The network benchmarks run the daemon in a simulated host whose only
+// uplink leads into a simulated world, both namespaces made here: no
+// packet leaves the machine.
+const (
+	benchWeb  = "203.0.113.10"
+	benchDNS  = "203.0.113.53"
+	benchSink = benchWeb + ":5001"
+)
+
+type simNet struct {
+	host, world netns.NsHandle
+}
+
+func (s *simNet) close() {
+	s.host.Close()
+	s.world.Close()
+}
+
+// newSimNet makes the simulated host and world: a veth between them
+// (192.0.2.1 and .2), a default route into the world, and the world's
+// server addresses.
+func newSimNet() (*simNet, error) {
+	host, err := nettest.NewNetns()
+	if err != nil {
+		return nil, err
+	}
+	world, err := nettest.NewNetns()
+	if err != nil {
+		host.Close()
+		return nil, err
+	}
+	s := &simNet{host: host, world: world}
+	if err := s.wire(); err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *simNet) wire() error {
+	hh, err := netlink.NewHandleAt(s.host, unix.NETLINK_ROUTE)
+	if err != nil {
+		return err
+	}
+	defer hh.Close()
+	wh, err := netlink.NewHandleAt(s.world, unix.NETLINK_ROUTE)
+	if err != nil {
+		return err
+	}
+	defer wh.Close()
+	addr := func(a string, bits int) *netlink.Addr {
+		return &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(a).To4(), Mask: net.CIDRMask(bits, 32)}}
+	}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink"}, PeerName: "down", PeerNamespace: netlink.NsFd(s.world)}
+	if err := hh.LinkAdd(veth); err != nil {
+		return err
+	}
+	if err := hh.AddrAdd(veth, addr("192.0.2.1", 24)); err != nil {
+		return err
+	}
+	if err := hh.LinkSetUp(veth); err != nil {
+		return err
+	}
+	for _, h := range []*netlink.Handle{hh, wh} {
+		lo, err := h.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := h.LinkSetUp(lo); err != nil {
+			return err
+		}
+	}
+	down, err := wh.LinkByName("down")
+	if err != nil {
+		return err
+	}
+	if err := wh.AddrAdd(down, addr("192.0.2.2", 24)); err != nil {
+		return err
+	}
+	if err := wh.LinkSetUp(down); err != nil {
+		return err
+	}
+	wlo, _ := wh.LinkByName("lo")
+	for _, a := range []string{benchWeb, benchDNS} {
+		if err := wh.AddrAdd(wlo, addr(a, 32)); err != nil {
+			return err
+		}
+	}
+	return hh.RouteAdd(&netlink.Route{LinkIndex: veth.Attrs().Index, Gw: net.ParseIP("192.0.2.2").To4()})
+}
+
+// serveDNS answers allowed.test with benchWeb in the world.
+func (s *simNet) serveDNS() (func(), error) {
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		if len(r.Question) == 1 && strings.EqualFold(r.Question[0].Name, "allowed.test.") && r.Question[0].Qtype == dns.TypeA {
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 300}, A: net.ParseIP(benchWeb)})
+		} else {
+			m.Rcode = dns.RcodeNameError
+		}
+		w.WriteMsg(m)
+	})
+	var pc net.PacketConn
+	if err := nettest.Do(s.world, func() (err error) { pc, err = net.ListenPacket("udp4", benchDNS+":53"); return err }); err != nil {
+		return nil, err
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: h}
+	go srv.ActivateAndServe()
+	return func() { srv.Shutdown() }, nil
+}
+
+// sink accepts connections in the world and reports, for each, how many
+// bytes it read and how fast.
+func (s *simNet) sink() (<-chan float64, func(), error) {
+	var ln net.Listener
+	if err := nettest.Do(s.world, func() (err error) { ln, err = net.Listen("tcp4", benchSink); return err }); err != nil {
+		return nil, nil, err
+	}
+	rates := make(chan float64, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				start := time.Now()
+				n, _ := io.Copy(io.Discard, c)
+				if n > 0 {
+					rates <- float64(n) / time.Since(start).Seconds() / 1e6
+				}
+			}()
+		}
+	}()
+	return rates, func() { ln.Close() }, nil
+}
+
+// netDaemon runs `nook serve` in the simulated host.
+func netDaemon(ctx context.Context, cfg Config, s *simNet, root string, network bool) (*sdk.Client, func(), error) {
+	bin := filepath.Join(filepath.Dir(cfg.AgentBinary), "nook")
+	sock := filepath.Join(root, "nook.sock")
+	cmd := exec.CommandContext(ctx, "nsenter", fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), int(s.host)), bin, "serve",
+		"--data-dir", filepath.Join(root, "data"), "--run-dir", filepath.Join(root, "run"), "--socket", sock,
+		"--templates-dir", cfg.TemplatesDir, "--agent", cfg.AgentBinary, "--cgroup-parent", "nook-bench-net",
+		"--warm-pool", "-1", "--dns-upstream", benchDNS+":53", fmt.Sprintf("--network=%v", network))
+	var log strings.Builder
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	stop := func() {
+		cmd.Process.Signal(unix.SIGTERM)
+		cmd.Wait()
+		for _, c := range []string{"cpu", "cpuacct", "cpuset", "pids", "memory", "blkio", "devices", "freezer", "systemd", "unified"} {
+			os.Remove(filepath.Join("/sys/fs/cgroup", c, "nook-bench-net"))
+		}
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, nil, fmt.Errorf("daemon in the simulated host did not start:\n%s", log.String())
+		}
+	}
+	cl, err := sdk.New("unix://"+sock, "")
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return cl, stop, nil
+}
+
+// coldCreates times n creates to first exec output on a daemon without a
+// warm pool.
+func coldCreates(ctx context.Context, cl *sdk.Client, n int) ([]time.Duration, error) {
+	var out []time.Duration
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("netbench-%d", i)
+		start := time.Now()
+		if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: name}); err != nil {
+			return nil, err
+		}
+		fw := &firstWrite{start: start}
+		if _, err := cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"echo", "hi"}}, fw, io.Discard); err != nil {
+			return nil, err
+		}
+		out = append(out, fw.at)
+		if err := cl.DeleteSandbox(ctx, name); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// dnsLatency times n A queries for allowed.test to server from the
+// simulated host, paced under the resolver's per-sandbox rate limit.
+func dnsLatency(s *simNet, server string, n int) ([]time.Duration, error) {
+	var out []time.Duration
+	err := nettest.Do(s.host, func() error {
+		c := &dns.Client{Net: "udp", Timeout: 2 * time.Second}
+		conn, err := c.Dial(server)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		for i := 0; i < n; i++ {
+			m := new(dns.Msg)
+			m.SetQuestion("allowed.test.", dns.TypeA)
+			r, rtt, err := c.ExchangeWithConn(m, conn)
+			if err != nil {
+				return err
+			}
+			if r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 {
+				return fmt.Errorf("query %s: %s", server, dns.RcodeToString[r.Rcode])
+			}
+			out = append(out, rtt)
+			time.Sleep(25 * time.Millisecond)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// runNetwork measures network setup's share of create latency, TCP
+// throughput through NAT and DNS latency through the resolver.
+func runNetwork(ctx context.Context, cfg Config, root string) error {
+	if _, err := exec.LookPath("nsenter"); err != nil {
+		fmt.Fprintln(cfg.Out, "network benchmarks skipped: nsenter is not installed")
+		return nil
+	}
+	s, err := newSimNet()
+	if err != nil {
+		return fmt.Errorf("simulated network: %w", err)
+	}
+	defer s.close()
+	stopDNS, err := s.serveDNS()
+	if err != nil {
+		return err
+	}
+	defer stopDNS()
+	rates, stopSink, err := s.sink()
+	if err != nil {
+		return err
+	}
+	defer stopSink()
+
+	fmt.Fprintf(cfg.Out, "network: cold creates with and without sandbox networking, %d each, in a simulated host...\n", cfg.Creates)
+	cl, stop, err := netDaemon(ctx, cfg, s, filepath.Join(root, "net-off"), false)
+	if err != nil {
+		return err
+	}
+	without, err := coldCreates(ctx, cl, cfg.Creates)
+	stop()
+	if err != nil {
+		return err
+	}
+	cl, stop, err = netDaemon(ctx, cfg, s, filepath.Join(root, "net-on"), true)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	with, err := coldCreates(ctx, cl, cfg.Creates)
+	if err != nil {
+		return err
+	}
+
+	fmt.Fprintln(cfg.Out, "network: TCP throughput sandbox -> world server through NAT, and host -> server...")
+	if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: "netbench-tcp", Allow: []string{"allowed.test", benchWeb}}); err != nil {
+		return err
+	}
+	const size = 1 << 30
+	var sandboxMBs, hostMBs float64
+	st, err := cl.Exec(ctx, "netbench-tcp", api.ExecRequest{Cmd: []string{"bash", "-c", fmt.Sprintf("dd if=/dev/zero bs=1M count=%d status=none > /dev/tcp/%s/5001", size>>20, benchWeb)}}, io.Discard, io.Discard)
+	if err != nil || st.ExitCode != 0 {
+		return fmt.Errorf("sandbox -> server: %v %+v", err, st)
+	}
+	sandboxMBs = <-rates
+	if err := nettest.Do(s.host, func() error {
+		c, err := net.Dial("tcp4", benchSink)
+		if err != nil {
+			return err
+		}
+		_, err = io.CopyN(c, zeroReader{}, size)
+		c.Close()
+		return err
+	}); err != nil {
+		return fmt.Errorf("host -> server: %w", err)
+	}
+	hostMBs = <-rates
+
+	fmt.Fprintln(cfg.Out, "network: DNS lookup latency through the sandbox's resolver, and straight to the upstream...")
+	n, err := cl.Network(ctx, "netbench-tcp")
+	if err != nil {
+		return err
+	}
+	viaNook, err := dnsLatency(s, netip.AddrPortFrom(netip.MustParseAddr(n.Gateway), 53).String(), 100)
+	if err != nil {
+		return fmt.Errorf("DNS through nook: %w", err)
+	}
+	direct, err := dnsLatency(s, benchDNS+":53", 100)
+	if err != nil {
+		return fmt.Errorf("DNS to the upstream: %w", err)
+	}
+	if err := cl.DeleteSandbox(ctx, "netbench-tcp"); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(cfg.Out)
+	tw := tabwriter.NewWriter(cfg.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "network\tp50\tp99\tbaseline\tbaseline p50\tbaseline p99\tdifference p50\ttarget")
+	share := pct(with, .5) - pct(without, .5)
+	fmt.Fprintf(tw, "create (cold) -> first exec output, with network\t%s\t%s\tthe same without network\t%s\t%s\t%s (%.0f%% of create)\tnetwork setup <= 10ms\n",
+		ms(pct(with, .5)), ms(pct(with, .99)), ms(pct(without, .5)), ms(pct(without, .99)), ms(share), 100*float64(share)/float64(pct(with, .5)))
+	fmt.Fprintf(tw, "DNS lookup (A, allowed name) through the sandbox's resolver\t%s\t%s\tstraight to the upstream\t%s\t%s\t%s\t-\n",
+		ms(pct(viaNook, .5)), ms(pct(viaNook, .99)), ms(pct(direct, .5)), ms(pct(direct, .99)), ms(pct(viaNook, .5)-pct(direct, .5)))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(cfg.Out)
+	tw = tabwriter.NewWriter(cfg.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TCP (1 GiB, one connection)\tthroughput\tbaseline\tbaseline throughput\tratio")
+	fmt.Fprintf(tw, "sandbox -> allowed world server (veth, nftables, NAT)\t%.0f MB/s\tsimulated host -> the same server\t%.0f MB/s\t%.2fx\n", sandboxMBs, hostMBs, sandboxMBs/hostMBs)
+	return tw.Flush()
+}

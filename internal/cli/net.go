@@ -1,0 +1,175 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/daemon"
+	"github.com/nookhq/nook/sdk"
+)
+
+// serveNetFlags are serve's networking flags; all but --network are
+// hidden test switches.
+type serveNetFlags struct {
+	enabled   bool
+	pool      string
+	upstreams []string
+}
+
+func (f *serveNetFlags) add(c *cobra.Command) {
+	c.Flags().BoolVar(&f.enabled, "network", true, "give every sandbox its own network with an egress policy (false: loopback only)")
+	c.Flags().StringVar(&f.pool, "net-pool", "", "IPv4 prefix sandbox subnets come from (default 10.89.0.0/16)")
+	c.Flags().StringArrayVar(&f.upstreams, "dns-upstream", nil, "resolver ADDR:PORT for allowed DNS queries (default: /etc/resolv.conf)")
+	c.Flags().MarkHidden("net-pool")
+	c.Flags().MarkHidden("dns-upstream")
+}
+
+func (f *serveNetFlags) apply(cfg *daemon.NetConfig) error {
+	cfg.Enabled = f.enabled
+	if f.pool != "" {
+		p, err := netip.ParsePrefix(f.pool)
+		if err != nil || !p.Addr().Is4() {
+			return fmt.Errorf("--net-pool %q is not an IPv4 prefix such as 10.89.0.0/16", f.pool)
+		}
+		cfg.Pool = p
+	}
+	for _, u := range f.upstreams {
+		a, err := netip.ParseAddrPort(u)
+		if err != nil {
+			return fmt.Errorf("--dns-upstream %q is not ADDR:PORT", u)
+		}
+		cfg.DNSUpstreams = append(cfg.DNSUpstreams, a)
+	}
+	return nil
+}
+
+func netCmd() *cobra.Command {
+	var req api.SetNetworkRequest
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "net NAME [--net allowlist|none] [--allow RULE]... [--deny RULE]...",
+		Short: "Show a sandbox's network, or replace its egress policy",
+		Long: `Show a sandbox's network (address, mode, rules, exposed ports), or, with
+--net, --allow or --deny, replace its whole egress policy. The new policy
+takes effect at once and is exactly what the flags say: rules not given
+again are removed (see the current ones with nook net NAME first).
+
+Rules: a domain (github.com), a wildcard for its subdomains
+(*.pythonhosted.org), an IPv4 address or CIDR (192.0.2.0/24), each with
+optional ports (example.com:443, 10.0.0.0/8:80,8000-8100), or a preset
+(@registries, @internet). Deny rules win over allow rules. The host, other
+sandboxes and link-local/metadata addresses are never reachable.`,
+		Args: cobra.ExactArgs(1),
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
+			var n *api.Network
+			var err error
+			f := cmd.Flags()
+			if f.Changed("net") || f.Changed("allow") || f.Changed("deny") {
+				n, err = cl.SetNetwork(cmd.Context(), args[0], req)
+			} else {
+				n, err = cl.Network(cmd.Context(), args[0])
+			}
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), n)
+			}
+			printNetwork(cmd, n)
+			return nil
+		}),
+	}
+	f := c.Flags()
+	f.StringVar(&req.Net, "net", "", "network mode: allowlist or none")
+	f.StringArrayVar(&req.Allow, "allow", nil, "allow rule (repeatable; replaces every allow rule)")
+	f.StringArrayVar(&req.Deny, "deny", nil, "deny rule (repeatable; replaces every deny rule)")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	c.AddCommand(netLogCmd())
+	return c
+}
+
+func printNetwork(cmd *cobra.Command, n *api.Network) {
+	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "mode:\t%s\n", n.Mode)
+	if n.Address != "" {
+		fmt.Fprintf(tw, "address:\t%s\ngateway:\t%s (DNS)\n", n.Address, n.Gateway)
+	}
+	for _, r := range n.Allow {
+		fmt.Fprintf(tw, "allow:\t%s\n", r)
+	}
+	for _, r := range n.Deny {
+		fmt.Fprintf(tw, "deny:\t%s\n", r)
+	}
+	if n.Mode == api.NetAllowlist && len(n.Allow) == 0 {
+		fmt.Fprintf(tw, "allow:\t(nothing)\n")
+	}
+	for _, e := range n.Exposed {
+		fmt.Fprintf(tw, "exposed:\t%d -> %s\n", e.Port, e.HostAddress)
+	}
+	tw.Flush()
+}
+
+func netLogCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "log NAME",
+		Short: "Show what a sandbox was denied: connections and DNS queries, with why",
+		Args:  cobra.ExactArgs(1),
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
+			l, err := cl.NetLog(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), l)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TIME\tKIND\tDESTINATION\tREASON\tDETAIL")
+			for _, e := range l.Entries {
+				detail := e.Detail
+				if e.Suppressed > 0 {
+					detail = strings.TrimSpace(fmt.Sprintf("%s (%d more not logged)", detail, e.Suppressed))
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.Time.Local().Format(time.RFC3339), e.Kind, e.Destination, e.Reason, detail)
+			}
+			return tw.Flush()
+		}),
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func exposeCmd(expose bool) *cobra.Command {
+	use, short := "expose NAME PORT", "Make a sandbox's TCP port reachable from the host; prints the host address"
+	if !expose {
+		use, short = "unexpose NAME PORT", "Close an exposed port"
+	}
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.ExactArgs(2),
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
+			port, err := strconv.Atoi(args[1])
+			if err != nil {
+				return &usageError{errors.New("PORT must be a number, e.g. 8000")}
+			}
+			if !expose {
+				return cl.Unexpose(cmd.Context(), args[0], port)
+			}
+			e, err := cl.Expose(cmd.Context(), args[0], port)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), e.HostAddress)
+			return nil
+		}),
+	}
+}

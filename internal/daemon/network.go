@@ -1,0 +1,682 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/network"
+	"github.com/nookhq/nook/internal/network/dns"
+	"github.com/nookhq/nook/internal/network/policy"
+	"github.com/nookhq/nook/internal/store"
+)
+
+// NetConfig configures sandbox networking.
+type NetConfig struct {
+	// Enabled gives every sandbox its own network: an address from Pool,
+	// an egress policy in the kernel and a DNS resolver (`nook serve`
+	// turns it on). Off, sandboxes have loopback only; tests that run
+	// several daemons in one network namespace turn it off, because the
+	// dataplane (one nftables table) is one per namespace.
+	Enabled bool
+	// Pool is where sandbox subnets (/30 each) come from; default
+	// network.DefaultPool (10.89.0.0/16).
+	Pool netip.Prefix
+	// DNSUpstreams are the resolvers allowed queries go to; default the
+	// nameservers of /etc/resolv.conf.
+	DNSUpstreams []netip.AddrPort
+}
+
+// netLogKeep is how many entries a sandbox's network log keeps.
+const netLogKeep = 1000
+
+// netState is what the daemon knows of one sandbox's network; it mirrors
+// the sandbox_net record.
+type netState struct {
+	subnet  netip.Prefix
+	policy  policy.Policy
+	exposed map[uint16]netip.AddrPort
+}
+
+// sandboxNets gives sandboxes their networks: it is the backends'
+// core.NetHooks (attach and detach, through network.Manager), runs each
+// sandbox's DNS resolver, applies and persists policies, and keeps the
+// network logs.
+type sandboxNets struct {
+	mgr   *network.Manager
+	dns   *dns.Server
+	store *store.Store
+	log   *slog.Logger
+
+	// allocMu makes choosing a free subnet and attaching it one step.
+	allocMu sync.Mutex
+
+	mu    sync.Mutex
+	state map[string]*netState // sandboxes with a record, by ID
+
+	logc   chan store.NetLogEntry
+	flushc chan chan struct{}
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+var _ core.NetHooks = (*sandboxNets)(nil)
+
+func newSandboxNets(ctx context.Context, cfg Config, st *store.Store) (*sandboxNets, error) {
+	n := &sandboxNets{
+		store: st, log: cfg.Log, state: map[string]*netState{},
+		logc: make(chan store.NetLogEntry, 4096), flushc: make(chan chan struct{}),
+		stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	mgr, err := network.New(ctx, network.Config{
+		Pool: cfg.Net.Pool, NetnsDir: filepath.Join(cfg.RunDir, "netns"), Log: cfg.Log, OnDenied: n.packetDenied,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox networking: %w", err)
+	}
+	srv, err := dns.New(dns.Config{Upstreams: cfg.Net.DNSUpstreams, Logger: cfg.Log})
+	if err != nil {
+		mgr.Close()
+		return nil, fmt.Errorf("sandbox DNS resolver: %w", err)
+	}
+	n.mgr, n.dns = mgr, srv
+	go n.writeLog()
+	return n, nil
+}
+
+// close stops the resolvers and the log writer. Sandbox interfaces and
+// rules stay: sandboxes outlive the daemon, and the next one adopts them.
+func (n *sandboxNets) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	n.dns.Close(ctx)
+	n.mgr.Close()
+	close(n.stop)
+	<-n.done
+}
+
+// AttachNetns implements core.NetHooks.
+func (n *sandboxNets) AttachNetns(ctx context.Context, id, netnsPath string) error {
+	n.allocMu.Lock()
+	defer n.allocMu.Unlock()
+	subnet, err := n.subnetFor(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := n.mgr.AttachContainer(ctx, id, subnet, netnsPath); err != nil {
+		return err
+	}
+	return n.restore(ctx, id)
+}
+
+// AttachTap implements core.NetHooks.
+func (n *sandboxNets) AttachTap(ctx context.Context, id string) (string, error) {
+	n.allocMu.Lock()
+	defer n.allocMu.Unlock()
+	subnet, err := n.subnetFor(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	tap, err := n.mgr.SetupTap(ctx, id, subnet)
+	if err != nil {
+		return "", err
+	}
+	return tap, n.restore(ctx, id)
+}
+
+// Detach implements core.NetHooks.
+func (n *sandboxNets) Detach(ctx context.Context, id string) error {
+	if err := n.dns.Remove(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return err
+	}
+	n.mu.Lock()
+	delete(n.state, id)
+	n.mu.Unlock()
+	return n.mgr.Teardown(ctx, id)
+}
+
+// subnetFor returns the subnet a sandbox has (attached now, or recorded),
+// or the lowest free one. The caller holds allocMu.
+func (n *sandboxNets) subnetFor(ctx context.Context, id string) (netip.Prefix, error) {
+	if s, ok := n.mgr.Subnet(id); ok {
+		return s, nil
+	}
+	n.mu.Lock()
+	st := n.state[id]
+	var taken []netip.Prefix
+	for _, s := range n.state {
+		taken = append(taken, s.subnet)
+	}
+	n.mu.Unlock()
+	if st != nil {
+		return st.subnet, nil
+	}
+	atts, err := n.mgr.List(ctx)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	for _, a := range atts {
+		if a.Subnet.IsValid() && a.ID != id {
+			taken = append(taken, a.Subnet)
+		}
+	}
+	return n.mgr.Pool().Allocate(taken)
+}
+
+// restore applies a known sandbox's policy again after an attachment,
+// which starts deny-all (a vm's tap made again on resume).
+func (n *sandboxNets) restore(ctx context.Context, id string) error {
+	n.mu.Lock()
+	st := n.state[id]
+	n.mu.Unlock()
+	if st == nil {
+		return nil // a new sandbox: the daemon applies its policy after create
+	}
+	return n.apply(ctx, id, st.subnet, st.policy, false)
+}
+
+// apply puts a policy into the kernel and the resolver.
+func (n *sandboxNets) apply(ctx context.Context, id string, subnet netip.Prefix, p policy.Policy, resetLearned bool) error {
+	kp := n.kernelPolicy(p)
+	kp.ResetLearned = resetLearned
+	if err := n.mgr.SetPolicy(ctx, id, kp); err != nil {
+		return err
+	}
+	if p.Mode == policy.None {
+		if err := n.dns.Remove(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return err
+		}
+		return nil
+	}
+	if _, ok := n.dns.Addr(id); ok {
+		return n.dns.Update(id, p)
+	}
+	_, err := n.dns.Add(id, netip.AddrPortFrom(network.Gateway(subnet), 53), p, dns.Hooks{
+		OnResolved: n.resolved,
+		OnDenied:   n.dnsDenied,
+	})
+	return err
+}
+
+// kernelPolicy turns a policy's CIDR rules and @internet into the
+// dataplane's sets; domains are the resolver's (it adds what it answers).
+func (n *sandboxNets) kernelPolicy(p policy.Policy) network.Policy {
+	var kp network.Policy
+	if p.Mode == policy.None {
+		return kp
+	}
+	allow, deny := p.CIDRs()
+	for _, r := range allow {
+		kp.Allow = append(kp.Allow, network.Rule{Prefix: r.Prefix, Ports: kernelPorts(r.Ports)})
+	}
+	for _, r := range deny {
+		kp.Deny = append(kp.Deny, network.Rule{Prefix: r.Prefix, Ports: kernelPorts(r.Ports)})
+	}
+	if ok, ports := p.Internet(); ok {
+		if ports == nil {
+			kp.Public = true
+		} else {
+			// @internet on some ports: every public range, on those ports.
+			exclude := append(append(policy.AlwaysBlocked(), policy.Private()...), n.mgr.Pool().Prefix())
+			for _, pf := range complement(exclude) {
+				kp.Allow = append(kp.Allow, network.Rule{Prefix: pf, Ports: kernelPorts(ports)})
+			}
+		}
+	}
+	return kp
+}
+
+func kernelPorts(ps []policy.PortRange) []network.PortRange {
+	var out []network.PortRange
+	for _, p := range ps {
+		out = append(out, network.PortRange{First: p.From, Last: p.To})
+	}
+	return out
+}
+
+// complement returns the IPv4 prefixes that cover everything outside
+// exclude.
+func complement(exclude []netip.Prefix) []netip.Prefix {
+	type ivl struct{ lo, hi uint64 }
+	var ex []ivl
+	for _, p := range exclude {
+		p = p.Masked()
+		if !p.Addr().Is4() {
+			continue
+		}
+		b := p.Addr().As4()
+		lo := uint64(b[0])<<24 | uint64(b[1])<<16 | uint64(b[2])<<8 | uint64(b[3])
+		ex = append(ex, ivl{lo, lo + 1<<(32-p.Bits()) - 1})
+	}
+	sort.Slice(ex, func(i, j int) bool { return ex[i].lo < ex[j].lo })
+	var out []netip.Prefix
+	add := func(lo, hi uint64) { // the CIDR blocks of [lo, hi]
+		for lo <= hi {
+			bits := 32
+			for bits > 0 {
+				size := uint64(1) << (32 - bits + 1)
+				if lo%size != 0 || lo+size-1 > hi {
+					break
+				}
+				bits--
+			}
+			a := netip.AddrFrom4([4]byte{byte(lo >> 24), byte(lo >> 16), byte(lo >> 8), byte(lo)})
+			out = append(out, netip.PrefixFrom(a, bits))
+			lo += uint64(1) << (32 - bits)
+		}
+	}
+	next := uint64(0)
+	for _, e := range ex {
+		if e.lo > next {
+			add(next, e.lo-1)
+		}
+		next = max(next, e.hi+1)
+	}
+	if next <= 0xffffffff {
+		add(next, 0xffffffff)
+	}
+	return out
+}
+
+// resolved lets a sandbox reach the addresses its resolver just answered.
+func (n *sandboxNets) resolved(ctx context.Context, id string, r dns.Resolved) error {
+	for _, a := range r.Addrs {
+		if err := n.mgr.AllowLearned(ctx, id, a, kernelPorts(r.Ports), r.TTL); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (n *sandboxNets) dnsDenied(id string, ev dns.Event) {
+	n.record(store.NetLogEntry{SandboxID: id, Time: ev.Time, Kind: api.NetLogDNS, Destination: ev.Name + " " + ev.QType,
+		Reason: string(ev.Reason), Detail: ev.Detail, Suppressed: ev.Suppressed})
+}
+
+func (n *sandboxNets) packetDenied(id string, ev network.Event) {
+	dst := ev.Dst.Addr().String()
+	if ev.Dst.Port() != 0 {
+		dst = ev.Dst.String()
+	}
+	n.record(store.NetLogEntry{SandboxID: id, Time: ev.Time, Kind: api.NetLogConnection, Destination: dst + "/" + ev.Proto,
+		Reason: ev.Reason, Detail: denyDetail[ev.Reason], Suppressed: ev.Suppressed})
+}
+
+var denyDetail = map[string]string{
+	network.ReasonSandbox: "another sandbox",
+	network.ReasonBlocked: "always blocked (loopback, link-local and metadata, multicast, reserved)",
+	network.ReasonDNS:     "DNS goes only to the sandbox's own resolver",
+	network.ReasonDenied:  "a deny rule",
+	network.ReasonPrivate: "a private range no allow rule names",
+	network.ReasonPolicy:  "not allowed by the policy (a domain is reachable only after resolving it through nook)",
+	network.ReasonHost:    "the host itself",
+	network.ReasonInbound: "a connection into the sandbox",
+	network.ReasonNotIPv4: "sandboxes have IPv4 only",
+}
+
+// record queues a log entry; when the queue is full the entry is dropped
+// rather than slowing down the dataplane.
+func (n *sandboxNets) record(e store.NetLogEntry) {
+	select {
+	case n.logc <- e:
+	default:
+	}
+}
+
+// writeLog writes queued log entries in batches, one transaction each.
+func (n *sandboxNets) writeLog() {
+	defer close(n.done)
+	var batch []store.NetLogEntry
+	drain := func() {
+		for {
+			select {
+			case e := <-n.logc:
+				batch = append(batch, e)
+				if len(batch) < 512 {
+					continue
+				}
+			default:
+			}
+			if len(batch) == 0 {
+				return
+			}
+			if err := n.store.AppendNetLog(context.Background(), batch, netLogKeep); err != nil {
+				n.log.Warn("write network log", "entries", len(batch), "err", err)
+			}
+			batch = batch[:0]
+		}
+	}
+	for {
+		select {
+		case e := <-n.logc:
+			batch = append(batch, e)
+			drain()
+		case ch := <-n.flushc:
+			drain()
+			close(ch)
+		case <-n.stop:
+			drain()
+			return
+		}
+	}
+}
+
+// flushLog waits until every entry queued so far is written.
+func (n *sandboxNets) flushLog(ctx context.Context) {
+	ch := make(chan struct{})
+	select {
+	case n.flushc <- ch:
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+	case <-ctx.Done():
+	}
+}
+
+// setup gives a sandbox the backend just created its policy, and records
+// both. A backend without network hooks leaves the sandbox loopback only.
+func (n *sandboxNets) setup(ctx context.Context, sb *core.Sandbox, p policy.Policy) error {
+	subnet, ok := n.mgr.Subnet(sb.ID)
+	if !ok {
+		if p.Mode != policy.None && (len(p.Allow) > 0 || len(p.Deny) > 0) {
+			return errdefs.Precondition("the %s backend does not give sandboxes a network yet: leave out --allow and --deny", sb.Isolation)
+		}
+		n.log.Warn("sandbox has no network: its backend did not attach one", "sandbox", sb.Name, "isolation", sb.Isolation)
+		return nil
+	}
+	if err := n.apply(ctx, sb.ID, subnet, p, false); err != nil {
+		return err
+	}
+	st := &netState{subnet: subnet, policy: p, exposed: map[uint16]netip.AddrPort{}}
+	if err := n.persist(ctx, sb.ID, st); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.state[sb.ID] = st
+	n.mu.Unlock()
+	return nil
+}
+
+func (n *sandboxNets) persist(ctx context.Context, id string, st *netState) error {
+	pol, err := json.Marshal(st.policy)
+	if err != nil {
+		return err
+	}
+	rec := store.Net{Subnet: st.subnet.String(), Policy: pol, Exposed: map[uint16]uint16{}}
+	for p, a := range st.exposed {
+		rec.Exposed[p] = a.Port()
+	}
+	return n.store.PutNet(ctx, id, rec)
+}
+
+// get returns a copy of a sandbox's network state.
+func (n *sandboxNets) get(id string) (netState, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st := n.state[id]
+	if st == nil {
+		return netState{}, false
+	}
+	cp := *st
+	cp.exposed = make(map[uint16]netip.AddrPort, len(st.exposed))
+	for k, v := range st.exposed {
+		cp.exposed[k] = v
+	}
+	return cp, true
+}
+
+// change replaces a sandbox's policy at once: kernel sets and resolver
+// first (all or nothing), then the record; a failed record puts the old
+// policy back.
+func (n *sandboxNets) change(ctx context.Context, sb *core.Sandbox, p policy.Policy) error {
+	st, ok := n.get(sb.ID)
+	if !ok {
+		return errdefs.Precondition("sandbox %s has no network", sb.Name)
+	}
+	_, attached := n.mgr.Subnet(sb.ID)
+	if attached {
+		if err := n.apply(ctx, sb.ID, st.subnet, p, narrows(st.policy, p)); err != nil {
+			if rerr := n.apply(ctx, sb.ID, st.subnet, st.policy, false); rerr != nil {
+				n.log.Error("restore network policy", "sandbox", sb.Name, "err", rerr)
+			}
+			return err
+		}
+	}
+	old := st.policy
+	st.policy = p
+	if err := n.persist(ctx, sb.ID, &st); err != nil {
+		if attached {
+			if rerr := n.apply(ctx, sb.ID, st.subnet, old, false); rerr != nil {
+				n.log.Error("restore network policy", "sandbox", sb.Name, "err", rerr)
+			}
+		}
+		return err
+	}
+	n.mu.Lock()
+	if cur := n.state[sb.ID]; cur != nil {
+		cur.policy = p
+	}
+	n.mu.Unlock()
+	return nil
+}
+
+// narrows reports whether a new policy may refuse a name the old one
+// allowed, so addresses learned under the old one must go.
+func narrows(old, p policy.Policy) bool {
+	if p.Mode == policy.None {
+		return true
+	}
+	has := func(rules []policy.Rule, r policy.Rule) bool {
+		for _, o := range rules {
+			if o.Equal(r) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, r := range old.Allow {
+		if !has(p.Allow, r) {
+			return true
+		}
+	}
+	for _, r := range p.Deny {
+		if !has(old.Deny, r) {
+			return true
+		}
+	}
+	return false
+}
+
+// expose makes a sandbox's TCP port reachable from the host.
+func (n *sandboxNets) expose(ctx context.Context, sb *core.Sandbox, port uint16) (netip.AddrPort, error) {
+	st, ok := n.get(sb.ID)
+	if !ok {
+		return netip.AddrPort{}, errdefs.Precondition("sandbox %s has no network", sb.Name)
+	}
+	if a, ok := st.exposed[port]; ok {
+		return a, nil
+	}
+	addr, err := n.mgr.Expose(ctx, sb.ID, port, 0)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	st.exposed[port] = addr
+	if err := n.persist(ctx, sb.ID, &st); err != nil {
+		n.mgr.Unexpose(ctx, sb.ID, port)
+		return netip.AddrPort{}, err
+	}
+	n.mu.Lock()
+	if cur := n.state[sb.ID]; cur != nil {
+		cur.exposed[port] = addr
+	}
+	n.mu.Unlock()
+	return addr, nil
+}
+
+func (n *sandboxNets) unexpose(ctx context.Context, sb *core.Sandbox, port uint16) error {
+	st, ok := n.get(sb.ID)
+	if !ok {
+		return errdefs.Precondition("sandbox %s has no network", sb.Name)
+	}
+	if _, ok := st.exposed[port]; !ok {
+		return errdefs.NotFound("port %d of sandbox %s is not exposed", port, sb.Name)
+	}
+	delete(st.exposed, port)
+	if err := n.persist(ctx, sb.ID, &st); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	if cur := n.state[sb.ID]; cur != nil {
+		delete(cur.exposed, port)
+	}
+	n.mu.Unlock()
+	if err := n.mgr.Unexpose(ctx, sb.ID, port); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
+// view is the API's description of a sandbox's network, or nil.
+func (n *sandboxNets) view(id string) *api.Network {
+	st, ok := n.get(id)
+	if !ok {
+		return nil
+	}
+	v := &api.Network{
+		Mode: string(st.policy.Mode), Allow: policy.Rules(st.policy.Allow), Deny: policy.Rules(st.policy.Deny),
+		Address: netip.PrefixFrom(network.SandboxAddr(st.subnet), st.subnet.Bits()).String(),
+		Gateway: network.Gateway(st.subnet).String(),
+	}
+	if v.Mode == "" {
+		v.Mode = api.NetAllowlist
+	}
+	for p, a := range st.exposed {
+		v.Exposed = append(v.Exposed, api.ExposedPort{Port: int(p), HostAddress: a.String()})
+	}
+	sort.Slice(v.Exposed, func(i, j int) bool { return v.Exposed[i].Port < v.Exposed[j].Port })
+	return v
+}
+
+// reconcile adopts the networks of the sandboxes a previous daemon left
+// running or paused: their policies, resolvers and exposed ports come
+// back, and attachments no record owns are removed.
+func (n *sandboxNets) reconcile(ctx context.Context, sbs []*core.Sandbox) error {
+	recs, err := n.store.ListNets(ctx)
+	if err != nil {
+		return err
+	}
+	var keep []string
+	for _, sb := range sbs {
+		keep = append(keep, sb.ID)
+		rec, ok := recs[sb.ID]
+		if !ok || (sb.State != core.StateRunning && sb.State != core.StatePaused) {
+			continue
+		}
+		st := &netState{exposed: map[uint16]netip.AddrPort{}}
+		if st.subnet, err = netip.ParsePrefix(rec.Subnet); err != nil {
+			n.log.Error("sandbox network record", "sandbox", sb.Name, "err", err)
+			continue
+		}
+		if err := json.Unmarshal(rec.Policy, &st.policy); err != nil {
+			n.log.Error("sandbox network policy", "sandbox", sb.Name, "err", err)
+			continue
+		}
+		n.mu.Lock()
+		n.state[sb.ID] = st
+		n.mu.Unlock()
+		if _, err := n.mgr.Adopt(ctx, sb.ID, st.subnet); err != nil {
+			// A vm paused to disk may have no tap: AttachTap restores the
+			// policy when it resumes.
+			n.log.Warn("adopt sandbox network", "sandbox", sb.Name, "err", err)
+			continue
+		}
+		if err := n.apply(ctx, sb.ID, st.subnet, st.policy, false); err != nil {
+			n.log.Error("restore sandbox network policy", "sandbox", sb.Name, "err", err)
+			continue
+		}
+		changed := false
+		for port, hostPort := range rec.Exposed {
+			addr, err := n.mgr.Expose(ctx, sb.ID, port, hostPort)
+			if err != nil {
+				// The old host port is taken: take another and say so.
+				if addr, err = n.mgr.Expose(ctx, sb.ID, port, 0); err != nil {
+					n.log.Error("expose port again", "sandbox", sb.Name, "port", port, "err", err)
+					changed = true
+					continue
+				}
+				n.log.Warn("exposed port moved to a new host address", "sandbox", sb.Name, "port", port, "address", addr.String())
+				changed = true
+			}
+			n.mu.Lock()
+			st.exposed[port] = addr
+			n.mu.Unlock()
+		}
+		if changed {
+			cp, _ := n.get(sb.ID)
+			if err := n.persist(ctx, sb.ID, &cp); err != nil {
+				n.log.Error("record exposed ports", "sandbox", sb.Name, "err", err)
+			}
+		}
+		n.log.Info("re-adopted sandbox network", "sandbox", sb.Name, "subnet", st.subnet.String(), "policy", st.policy.String())
+	}
+	removed, err := n.mgr.Reconcile(ctx, keep)
+	if len(removed) > 0 {
+		n.log.Info("removed orphaned sandbox networks", "ids", strings.Join(removed, ","))
+	}
+	return err
+}
+
+// parsePolicy validates a policy as a create or a change gives it: every
+// rule well formed, no allow rule reaching the host or other sandboxes.
+// Several bad rules come back as one line.
+func (n *sandboxNets) parsePolicy(mode string, allow, deny []string) (policy.Policy, error) {
+	p, err := policy.Parse(mode, allow, deny)
+	if err == nil {
+		err = p.CheckHostAddrs(n.hostPrefixes())
+	}
+	if err != nil {
+		msg := strings.ReplaceAll(err.Error(), "\n", "; ")
+		if errors.Is(err, errdefs.ErrInvalidArgument) {
+			return policy.Policy{}, errdefs.Invalid("%s", msg)
+		}
+		return policy.Policy{}, errors.New(msg)
+	}
+	return p, nil
+}
+
+// hostPrefixes are the host's own addresses and the sandbox pool: no
+// allow rule may name them.
+func (n *sandboxNets) hostPrefixes() []netip.Prefix {
+	out := []netip.Prefix{n.mgr.Pool().Prefix()}
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(ipn.IP); ok && ip.Unmap().Is4() {
+				out = append(out, netip.PrefixFrom(ip.Unmap(), 32))
+			}
+		}
+	}
+	return out
+}
+
+// agentNet is the network the agent configures in a sandbox, or nil.
+func (n *sandboxNets) agentNet(sb *core.Sandbox) (address, gateway string, ok bool) {
+	subnet, ok := n.mgr.Subnet(sb.ID)
+	if !ok {
+		return "", "", false
+	}
+	return netip.PrefixFrom(network.SandboxAddr(subnet), subnet.Bits()).String(), network.Gateway(subnet).String(), true
+}

@@ -1,0 +1,858 @@
+package network
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/network/nettest"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// World addresses. 203.0.113.0/24 and 198.51.100.0/24 are documentation
+// ranges (public to nook); they exist only inside the test's world.
+var (
+	webA     = netip.MustParseAddr("203.0.113.10")
+	webB     = netip.MustParseAddr("203.0.113.20")
+	learnIP  = netip.MustParseAddr("198.51.100.7")
+	metadata = netip.MustParseAddr("169.254.169.254")
+	privIP   = netip.MustParseAddr("10.99.0.5")
+)
+
+const shortTimeout = 700 * time.Millisecond
+
+// env is a simulated host with a Manager running against it and a world
+// holding servers.
+type env struct {
+	t      testing.TB
+	topo   *nettest.Topology
+	m      *Manager
+	dir    string
+	events chan deniedEvent
+}
+
+type deniedEvent struct {
+	id string
+	ev Event
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	nettest.RequireRoot(t)
+	topo := nettest.New(t)
+	e := &env{t: t, topo: topo, dir: filepath.Join(t.TempDir(), "netns"), events: make(chan deniedEvent, 1000)}
+	for _, a := range []netip.Addr{webA, webB, learnIP, metadata, privIP} {
+		topo.AddWorldAddr(t, a)
+		for _, port := range []int{80, 443, 53, 853} {
+			nettest.Serve(t, topo.World, fmt.Sprintf("%s:%d", a, port), "world:"+a.String())
+		}
+	}
+	nettest.ServeEcho(t, topo.World, webA.String()+":7")
+	// Host services: one on every address, one pretending to be the
+	// resolver on port 53 of every address.
+	nettest.Serve(t, topo.Host, "0.0.0.0:8080", "host")
+	nettest.Serve(t, topo.Host, "0.0.0.0:53", "resolver")
+	m, err := New(context.Background(), Config{
+		NetnsDir:  e.dir,
+		HostNetns: topo.Host,
+		Log:       slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		OnDenied: func(id string, ev Event) {
+			select {
+			case e.events <- deniedEvent{id, ev}:
+			default:
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m = m
+	t.Cleanup(func() {
+		e.checkClean()
+		// Whatever a failed test left, remove it so the next run starts clean.
+		if _, err := m.Reconcile(context.Background(), nil); err != nil {
+			t.Error(err)
+		}
+		if err := m.Uninstall(context.Background()); err != nil {
+			t.Error(err)
+		}
+		m.Close()
+		if tables := e.nftTables(); len(tables) != 0 {
+			t.Errorf("nftables tables left in the simulated host: %v", tables)
+		}
+	})
+	return e
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// sandbox sets up a container sandbox on the next free subnet and returns
+// its namespace.
+func (e *env) sandbox(id string) (netns.NsHandle, netip.Prefix) {
+	e.t.Helper()
+	var taken []netip.Prefix
+	for _, a := range e.list() {
+		taken = append(taken, a.Subnet)
+	}
+	subnet, err := e.m.Pool().Allocate(taken)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	path, err := e.m.SetupContainer(context.Background(), id, subnet)
+	if err != nil {
+		e.t.Fatalf("SetupContainer %s: %v", id, err)
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		ns.Close()
+		if err := e.m.Teardown(context.Background(), id); err != nil {
+			e.t.Errorf("Teardown %s: %v", id, err)
+		}
+	})
+	return ns, subnet
+}
+
+func (e *env) list() []Attachment {
+	e.t.Helper()
+	atts, err := e.m.List(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return atts
+}
+
+func (e *env) setPolicy(id string, p Policy) {
+	e.t.Helper()
+	if err := e.m.SetPolicy(context.Background(), id, p); err != nil {
+		e.t.Fatalf("SetPolicy %s: %v", id, err)
+	}
+}
+
+// reach asserts that addr answers from ns with a banner starting with want.
+func (e *env) reach(ns netns.NsHandle, addr, want string) string {
+	e.t.Helper()
+	got, err := nettest.Fetch(context.Background(), ns, addr, 2*time.Second)
+	if err != nil {
+		e.t.Fatalf("%s: want reachable, got %v\n%s", addr, err, e.ruleset())
+	}
+	if !strings.HasPrefix(got, want) {
+		e.t.Fatalf("%s: got %q, want %q...", addr, got, want)
+	}
+	return got
+}
+
+// refused asserts that a TCP connection from ns to addr is refused by
+// nook's rules: they answer TCP with a reset, so connect fails at once with
+// ECONNREFUSED. Every address and port the tests refuse has a listener.
+func (e *env) refused(ns netns.NsHandle, addr string) {
+	e.t.Helper()
+	start := time.Now()
+	got, err := nettest.Fetch(context.Background(), ns, addr, shortTimeout)
+	if err == nil {
+		e.t.Fatalf("%s: want refused, got through: %q\n%s", addr, got, e.ruleset())
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		e.t.Fatalf("%s: want ECONNREFUSED (rejected), got %v after %v", addr, err, time.Since(start))
+	}
+}
+
+// waitEvent waits for a denied event for id and dst.
+func (e *env) waitEvent(id string, dst netip.AddrPort, reason string) Event {
+	e.t.Helper()
+	deadline := time.After(3 * time.Second)
+	for {
+		select {
+		case de := <-e.events:
+			if de.id == id && de.ev.Dst == dst && de.ev.Reason == reason {
+				return de.ev
+			}
+		case <-deadline:
+			e.t.Fatalf("no denied event for %s -> %v (%s)", id, dst, reason)
+		}
+	}
+}
+
+// ruleset dumps the simulated host's nook table, for failure messages.
+func (e *env) ruleset() string {
+	out, err := e.nftCmd("list", "table", "inet", tableName)
+	if err != nil {
+		return fmt.Sprintf("(nft list failed: %v: %s)", err, out)
+	}
+	return out
+}
+
+// nftCmd runs the nft command line in the simulated host.
+func (e *env) nftCmd(args ...string) (string, error) {
+	fd, err := unix.Dup(int(e.topo.Host))
+	if err != nil {
+		return "", err
+	}
+	f := os.NewFile(uintptr(fd), "hostns")
+	defer f.Close()
+	cmd := exec.Command("nsenter", append([]string{"--net=/proc/self/fd/3", "nft"}, args...)...)
+	cmd.ExtraFiles = []*os.File{f}
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	err = cmd.Run()
+	return buf.String(), err
+}
+
+func (e *env) nftTables() []string {
+	c, err := nftables.New(nftables.WithNetNSFd(int(e.topo.Host)))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	tables, err := c.ListTables()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var names []string
+	for _, t := range tables {
+		names = append(names, t.Name)
+	}
+	return names
+}
+
+// checkClean asserts that no sandbox left anything in the simulated host:
+// no nook interface, no namespace mount, no sandbox chain or set, and no
+// entry in the shared sets.
+func (e *env) checkClean() {
+	e.t.Helper()
+	h, err := netlink.NewHandleAt(e.topo.Host, unix.NETLINK_ROUTE)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer h.Close()
+	links, err := h.LinkList()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, "nk") {
+			e.t.Errorf("interface left: %s (%s)", l.Attrs().Name, l.Attrs().Alias)
+		}
+	}
+	ents, _ := os.ReadDir(e.dir)
+	for _, ent := range ents {
+		e.t.Errorf("netns mount left: %s", ent.Name())
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(int(e.topo.Host)))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, ch := range chains {
+		if strings.HasPrefix(ch.Name, sandboxChainPfx) {
+			e.t.Errorf("chain left: %s", ch.Name)
+		}
+	}
+	sets, err := c.GetSets(e.m.lay.table)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, s := range sets {
+		if strings.HasPrefix(s.Name, "nk") {
+			e.t.Errorf("set left: %s", s.Name)
+		}
+		if s.Name == setIfaces || s.Name == setFwd || s.Name == setDNS {
+			elems, err := c.GetSetElements(s)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			if len(elems) != 0 {
+				e.t.Errorf("set %s has %d elements left", s.Name, len(elems))
+			}
+		}
+	}
+}
+
+func TestAllowedCIDR(t *testing.T) {
+	e := newEnv(t)
+	ns, _ := e.sandbox("sb-allow")
+	e.refused(ns, webA.String()+":80") // deny-all until a policy is set
+	e.setPolicy("sb-allow", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webA, 32)}}})
+	got := e.reach(ns, webA.String()+":80", "world:"+webA.String())
+	// The world saw the simulated host's uplink address: masqueraded.
+	if !strings.Contains(got, nettest.HostUplink.String()+":") {
+		t.Errorf("world saw %q, want the source masqueraded to %v", got, nettest.HostUplink)
+	}
+	e.refused(ns, webB.String()+":80")
+}
+
+func TestPortRules(t *testing.T) {
+	e := newEnv(t)
+	ns, _ := e.sandbox("sb-ports")
+	e.setPolicy("sb-ports", Policy{Allow: []Rule{
+		{Prefix: netip.PrefixFrom(webA, 32), Ports: []PortRange{Port(80)}},
+		{Prefix: netip.MustParsePrefix("203.0.113.0/24"), Ports: []PortRange{{First: 440, Last: 450}}},
+	}})
+	e.reach(ns, webA.String()+":80", "world:")
+	e.reach(ns, webA.String()+":443", "world:")
+	e.reach(ns, webB.String()+":443", "world:")
+	e.refused(ns, webB.String()+":80")
+	e.refused(ns, webA.String()+":7")
+}
+
+func TestLearnedExpires(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	ns, _ := e.sandbox("sb-learn")
+	e.setPolicy("sb-learn", Policy{})
+	addr := learnIP.String()
+	e.refused(ns, addr+":80")
+	if err := e.m.AllowLearned(ctx, "sb-learn", learnIP, nil, 1500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	e.reach(ns, addr+":80", "world:")
+	// Learning again resets the timeout.
+	time.Sleep(time.Second)
+	if err := e.m.AllowLearned(ctx, "sb-learn", learnIP, nil, 1500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	e.reach(ns, addr+":80", "world:")
+	time.Sleep(1200 * time.Millisecond)
+	e.refused(ns, addr+":80")
+
+	// A port-limited learned address.
+	if err := e.m.AllowLearned(ctx, "sb-learn", learnIP, []PortRange{Port(443)}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	e.reach(ns, addr+":443", "world:")
+	e.refused(ns, addr+":80")
+	// A learned private address stays blocked: DNS rebinding opens nothing.
+	if err := e.m.AllowLearned(ctx, "sb-learn", privIP, nil, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	e.refused(ns, privIP.String()+":80")
+	if err := e.m.AllowLearned(ctx, "sb-learn", metadata, nil, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	e.refused(ns, metadata.String()+":80")
+	// ResetLearned drops learned addresses with the policy change.
+	e.setPolicy("sb-learn", Policy{ResetLearned: true})
+	e.refused(ns, addr+":443")
+}
+
+func TestDenyWins(t *testing.T) {
+	e := newEnv(t)
+	ns, _ := e.sandbox("sb-deny")
+	deny := []Rule{{Prefix: netip.PrefixFrom(webB, 32)}, {Prefix: netip.PrefixFrom(webA, 32), Ports: []PortRange{Port(443)}}}
+	e.setPolicy("sb-deny", Policy{Allow: []Rule{{Prefix: netip.MustParsePrefix("203.0.113.0/24")}}, Deny: deny})
+	e.reach(ns, webA.String()+":80", "world:")
+	e.refused(ns, webA.String()+":443")
+	e.refused(ns, webB.String()+":80")
+	e.setPolicy("sb-deny", Policy{Public: true, Deny: deny})
+	e.reach(ns, learnIP.String()+":80", "world:")
+	e.refused(ns, webB.String()+":80")
+	if err := e.m.AllowLearned(context.Background(), "sb-deny", webB, nil, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	e.refused(ns, webB.String()+":80")
+}
+
+func TestPrivateRanges(t *testing.T) {
+	e := newEnv(t)
+	ns, _ := e.sandbox("sb-priv")
+	e.setPolicy("sb-priv", Policy{Public: true})
+	e.reach(ns, webA.String()+":80", "world:")
+	e.refused(ns, privIP.String()+":80")
+	e.setPolicy("sb-priv", Policy{Public: true, Allow: []Rule{{Prefix: netip.MustParsePrefix("10.99.0.0/24")}}})
+	e.reach(ns, privIP.String()+":80", "world:"+privIP.String())
+	// An allow rule covering the whole address space still leaves the
+	// private ranges it does not name closed.
+	e.setPolicy("sb-priv", Policy{Allow: []Rule{{Prefix: netip.MustParsePrefix("0.0.0.0/0")}}})
+	e.reach(ns, webA.String()+":80", "world:")
+	e.reach(ns, privIP.String()+":80", "world:") // 0.0.0.0/0 names 10/8 too
+}
+
+func TestAlwaysBlocked(t *testing.T) {
+	e := newEnv(t)
+	ns, _ := e.sandbox("sb-meta")
+	e.setPolicy("sb-meta", Policy{Public: true, Allow: []Rule{{Prefix: netip.MustParsePrefix("0.0.0.0/0")}}})
+	e.reach(ns, webA.String()+":80", "world:")
+	e.refused(ns, metadata.String()+":80")
+	e.waitEvent("sb-meta", netip.AddrPortFrom(metadata, 80), ReasonBlocked)
+	err := e.m.SetPolicy(context.Background(), "sb-meta", Policy{Allow: []Rule{{Prefix: netip.MustParsePrefix("169.254.169.254/32")}}})
+	if !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("allow 169.254.169.254: got %v, want invalid argument", err)
+	}
+	err = e.m.SetPolicy(context.Background(), "sb-meta", Policy{Allow: []Rule{{Prefix: netip.MustParsePrefix("10.89.0.0/24")}}})
+	if !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("allow part of the pool: got %v, want invalid argument", err)
+	}
+	// The failed updates changed nothing.
+	e.reach(ns, webA.String()+":80", "world:")
+}
+
+func TestHostUnreachable(t *testing.T) {
+	e := newEnv(t)
+	nsA, subA := e.sandbox("sb-host-a")
+	_, subB := e.sandbox("sb-host-b")
+	e.setPolicy("sb-host-a", Policy{Public: true, Allow: []Rule{{Prefix: netip.MustParsePrefix("0.0.0.0/0")}}})
+	gwA, gwB := Gateway(subA).String(), Gateway(subB).String()
+	// Every host address, for a service listening on 0.0.0.0.
+	for _, a := range []string{gwA, gwB, nettest.HostUplink.String()} {
+		e.refused(nsA, a+":8080")
+	}
+	e.waitEvent("sb-host-a", netip.MustParseAddrPort(gwA+":8080"), ReasonHost)
+	// DNS only to its own gateway.
+	e.reach(nsA, gwA+":53", "resolver")
+	e.refused(nsA, gwB+":53")
+	e.refused(nsA, nettest.HostUplink.String()+":53")
+	// DNS and DNS over TLS to anywhere else, even where public traffic goes.
+	e.refused(nsA, webA.String()+":53")
+	e.refused(nsA, webA.String()+":853")
+	e.waitEvent("sb-host-a", netip.AddrPortFrom(webA, 853), ReasonDNS)
+	e.reach(nsA, webA.String()+":443", "world:")
+}
+
+func TestSandboxIsolation(t *testing.T) {
+	e := newEnv(t)
+	nsA, _ := e.sandbox("sb-iso-a")
+	nsB, subB := e.sandbox("sb-iso-b")
+	for _, id := range []string{"sb-iso-a", "sb-iso-b"} {
+		e.setPolicy(id, Policy{Public: true, Allow: []Rule{{Prefix: netip.MustParsePrefix("0.0.0.0/0")}}})
+	}
+	inB := nettest.Serve(t, nsB, "0.0.0.0:9000", "sandbox-b")
+	bAddr := netip.AddrPortFrom(SandboxAddr(subB), inB.Addr.Port()).String()
+	e.reach(nsB, "127.0.0.1:9000", "sandbox-b")
+	e.refused(nsA, bAddr)
+	e.waitEvent("sb-iso-a", netip.MustParseAddrPort(bAddr), ReasonSandbox)
+	// Nothing outside may open a connection into a sandbox either.
+	e.topo.RouteWorldTo(t, DefaultPool)
+	e.refused(e.topo.World, bAddr)
+	e.waitEvent("sb-iso-b", netip.MustParseAddrPort(bAddr), ReasonInbound)
+}
+
+func TestSetPolicyRuntime(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	ns, _ := e.sandbox("sb-rt")
+	e.setPolicy("sb-rt", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webA, 32)}}})
+	conn, err := nettest.DialNS(ctx, ns, webA.String()+":7", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	echo := func() error {
+		if _, err := conn.Write([]byte("ping")); err != nil {
+			return err
+		}
+		conn.SetReadDeadline(time.Now().Add(shortTimeout))
+		buf := make([]byte, 4)
+		_, err := conn.Read(buf)
+		return err
+	}
+	if err := echo(); err != nil {
+		t.Fatalf("echo before the change: %v", err)
+	}
+	// Still allowed after an unrelated change: the connection lives on.
+	e.setPolicy("sb-rt", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webA, 32)}, {Prefix: netip.PrefixFrom(webB, 32)}}})
+	if err := echo(); err != nil {
+		t.Fatalf("echo after an unrelated change: %v", err)
+	}
+	e.reach(ns, webB.String()+":80", "world:")
+	// No longer allowed: new connections are refused at once and the
+	// existing one is cut.
+	e.setPolicy("sb-rt", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webB, 32)}}})
+	e.refused(ns, webA.String()+":80")
+	if err := echo(); err == nil {
+		t.Fatal("echo went through after the policy stopped allowing it")
+	}
+}
+
+func TestDeniedEvents(t *testing.T) {
+	e := newEnv(t)
+	ns, _ := e.sandbox("sb-events")
+	e.setPolicy("sb-events", Policy{})
+	e.refused(ns, webB.String()+":80")
+	ev := e.waitEvent("sb-events", netip.AddrPortFrom(webB, 80), ReasonPolicy)
+	if ev.Proto != "tcp" || time.Since(ev.Time) > time.Minute {
+		t.Errorf("event %+v: want tcp, recent", ev)
+	}
+	e.refused(ns, privIP.String()+":443")
+	e.waitEvent("sb-events", netip.AddrPortFrom(privIP, 443), ReasonPrivate)
+	// A flood is rate limited: far fewer events than packets arrive.
+	for len(e.events) > 0 {
+		<-e.events
+	}
+	for i := 0; i < 200; i++ {
+		nettest.DialNS(context.Background(), ns, webB.String()+":443", 50*time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := len(e.events); n == 0 || n > 60 {
+		t.Errorf("200 denied connections gave %d events, want 1..60", n)
+	}
+}
+
+func TestExpose(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	ns, _ := e.sandbox("sb-expose")
+	nettest.Serve(t, ns, "0.0.0.0:8000", "inside")
+	hostAddr, err := e.m.Expose(ctx, "sb-expose", 8000, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hostAddr.Addr().IsLoopback() || hostAddr.Port() == 0 {
+		t.Fatalf("exposed at %v, want a loopback port", hostAddr)
+	}
+	got := e.reach(e.topo.Host, hostAddr.String(), "inside")
+	t.Logf("through the forwarder: %q", got)
+	again, err := e.m.Expose(ctx, "sb-expose", 8000, 0)
+	if err != nil || again != hostAddr {
+		t.Fatalf("Expose again: %v, %v; want %v", again, err, hostAddr)
+	}
+	if ex := e.m.Exposures("sb-expose"); len(ex) != 1 || ex[0].HostAddr != hostAddr {
+		t.Fatalf("Exposures: %+v", ex)
+	}
+	if err := e.m.Unexpose(ctx, "sb-expose", 8000); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nettest.Fetch(ctx, e.topo.Host, hostAddr.String(), shortTimeout); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("after Unexpose: %v, want connection refused", err)
+	}
+	// A fixed host port, as the daemon asks for after a restart.
+	fixed, err := e.m.Expose(ctx, "sb-expose", 8000, hostAddr.Port())
+	if err != nil || fixed != hostAddr {
+		t.Fatalf("Expose at %v: %v, %v", hostAddr, fixed, err)
+	}
+	e.reach(e.topo.Host, hostAddr.String(), "inside")
+}
+
+func TestTap(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	subnet, err := e.m.Pool().Allocate(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, err := e.m.SetupTap(ctx, "vm-1", subnet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name != IfaceName("vm-1") {
+		t.Fatalf("tap %q, want %q", name, IfaceName("vm-1"))
+	}
+	atts := e.list()
+	if len(atts) != 1 || atts[0].Kind != KindTap || atts[0].Subnet != subnet || atts[0].ID != "vm-1" {
+		t.Fatalf("List: %+v", atts)
+	}
+	// Open it by name the way QEMU does (-netdev tap,ifname=...).
+	err = nettest.Do(e.topo.Host, func() error {
+		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		ifr, err := unix.NewIfreq(name)
+		if err != nil {
+			return err
+		}
+		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+		return unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr)
+	})
+	if err != nil {
+		t.Fatalf("attach to tap %s: %v", name, err)
+	}
+	if !strings.Contains(e.ruleset(), name) {
+		t.Fatalf("no rules for %s", name)
+	}
+	// Setting it up again adopts it.
+	if _, err := e.m.SetupTap(ctx, "vm-1", subnet); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Teardown(ctx, "vm-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Teardown(ctx, "vm-1"); err != nil {
+		t.Fatalf("second Teardown: %v", err)
+	}
+	e.checkClean()
+}
+
+func TestRestartAndReconcile(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	nsA, _ := e.sandbox("sb-keep")
+	subB, _ := e.m.Pool().Allocate([]netip.Prefix{e.list()[0].Subnet})
+	if _, err := e.m.SetupContainer(ctx, "sb-orphan", subB); err != nil {
+		t.Fatal(err)
+	}
+	subC, _ := e.m.Pool().Allocate([]netip.Prefix{e.list()[0].Subnet, subB})
+	if _, err := e.m.SetupTap(ctx, "vm-orphan", subC); err != nil {
+		t.Fatal(err)
+	}
+	e.setPolicy("sb-keep", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webA, 32)}}})
+	e.reach(nsA, webA.String()+":80", "world:")
+
+	// A daemon restart: a second manager on the same host adopts the kernel
+	// state. Rules survive the restart until it sets them again.
+	m2, err := New(ctx, Config{NetnsDir: e.dir, HostNetns: e.topo.Host, Log: e.m.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	e.reach(nsA, webA.String()+":80", "world:")
+	atts, err := m2.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(atts) != 3 {
+		t.Fatalf("List after restart: %+v", atts)
+	}
+	path, err := m2.SetupContainer(ctx, "sb-keep", e.list()[0].Subnet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if path != filepath.Join(e.dir, "sb-keep") {
+		t.Fatalf("adopted path %s", path)
+	}
+	if err := m2.SetPolicy(ctx, "sb-keep", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webA, 32)}}}); err != nil {
+		t.Fatal(err)
+	}
+	e.reach(nsA, webA.String()+":80", "world:") // the same namespace, still connected
+	removed, err := m2.Reconcile(ctx, []string{"sb-keep"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 2 {
+		t.Fatalf("Reconcile removed %v, want the two orphans", removed)
+	}
+	atts, _ = m2.List(ctx)
+	if len(atts) != 1 || atts[0].ID != "sb-keep" {
+		t.Fatalf("after Reconcile: %+v", atts)
+	}
+	e.reach(nsA, webA.String()+":80", "world:")
+}
+
+func TestBadInput(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sub := netip.MustParsePrefix("10.89.0.4/30")
+	for _, tc := range []struct {
+		id     string
+		subnet netip.Prefix
+	}{
+		{"", sub},
+		{"../etc", sub},
+		{"a/b", sub},
+		{"ok", netip.MustParsePrefix("10.90.0.0/30")},
+		{"ok", netip.MustParsePrefix("10.89.0.4/29")},
+		{"ok", netip.MustParsePrefix("10.89.0.5/30")},
+	} {
+		if _, err := e.m.SetupContainer(ctx, tc.id, tc.subnet); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("SetupContainer(%q, %v): %v, want invalid argument", tc.id, tc.subnet, err)
+		}
+	}
+	e.sandbox("sb-bad")
+	if _, err := e.m.SetupContainer(ctx, "sb-other", e.list()[0].Subnet); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("subnet in use: %v, want already exists", err)
+	}
+	for _, p := range []Policy{
+		{Allow: []Rule{{Prefix: netip.MustParsePrefix("2001:db8::/32")}}},
+		{Allow: []Rule{{Prefix: netip.MustParsePrefix("203.0.113.1/24")}}},
+		{Deny: []Rule{{Prefix: netip.MustParsePrefix("203.0.113.0/24"), Ports: []PortRange{{First: 0, Last: 10}}}}},
+		{Allow: []Rule{{Prefix: netip.MustParsePrefix("203.0.113.0/24"), Ports: []PortRange{{First: 90, Last: 80}}}}},
+		{Allow: []Rule{{Prefix: netip.MustParsePrefix("127.0.0.1/32")}}},
+	} {
+		if err := e.m.SetPolicy(ctx, "sb-bad", p); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("SetPolicy(%+v): %v, want invalid argument", p, err)
+		}
+	}
+	if err := e.m.SetPolicy(ctx, "nope", Policy{}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("SetPolicy on unknown sandbox: %v", err)
+	}
+	if err := e.m.AllowLearned(ctx, "sb-bad", netip.MustParseAddr("2001:db8::1"), nil, time.Minute); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("AllowLearned IPv6: %v", err)
+	}
+	if err := e.m.AllowLearned(ctx, "sb-bad", learnIP, []PortRange{{First: 1, Last: 65535}}, time.Minute); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("AllowLearned all ports: %v", err)
+	}
+}
+
+func TestContainerInside(t *testing.T) {
+	e := newEnv(t)
+	ns, subnet := e.sandbox("sb-inside")
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := h.AddrList(eth, unix.AF_UNSPEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(addrs) != 1 || !addrs[0].IP.Equal(SandboxAddr(subnet).AsSlice()) {
+		t.Fatalf("eth0 addresses %v: want only %v (no IPv6)", addrs, SandboxAddr(subnet))
+	}
+	routes, err := h.RouteList(eth, unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gw bool
+	for _, r := range routes {
+		gw = gw || (r.Dst == nil || r.Dst.String() == "0.0.0.0/0") && r.Gw.Equal(Gateway(subnet).AsSlice())
+	}
+	if !gw {
+		t.Fatalf("no default route via %v: %v", Gateway(subnet), routes)
+	}
+	var v6 string
+	nettest.Do(ns, func() error {
+		b, err := os.ReadFile("/proc/sys/net/ipv6/conf/all/disable_ipv6")
+		v6 = strings.TrimSpace(string(b))
+		return err
+	})
+	if v6 != "1" {
+		t.Fatalf("disable_ipv6 = %q inside the sandbox", v6)
+	}
+	e.setPolicy("sb-inside", Policy{Public: true})
+	e.reach(ns, webA.String()+":80", "world:")
+}
+
+// TestMain checks, after all tests, that the real host was never touched.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if os.Geteuid() == 0 {
+		if links, err := netlink.LinkList(); err == nil {
+			for _, l := range links {
+				if strings.HasPrefix(l.Attrs().Name, "nk") {
+					fmt.Fprintf(os.Stderr, "FAIL: interface %s created in the real host\n", l.Attrs().Name)
+					code = 1
+				}
+			}
+		}
+		// No namespace mount left under the temporary directory.
+		if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+			for _, line := range strings.Split(string(b), "\n") {
+				f := strings.Fields(line)
+				if len(f) > 4 && strings.Contains(line, " - nsfs ") && strings.HasPrefix(f[4], os.TempDir()) {
+					fmt.Fprintf(os.Stderr, "FAIL: namespace mount left at %s\n", f[4])
+					code = 1
+				}
+			}
+		}
+		if c, err := nftables.New(); err == nil {
+			if t, err := c.ListTableOfFamily(tableName, nftables.TableFamilyINet); err == nil && t != nil {
+				fmt.Fprintf(os.Stderr, "FAIL: table inet %s created in the real host\n", tableName)
+				code = 1
+			}
+		}
+	}
+	os.Exit(code)
+}
+
+// TestVerdictMatchesKernel checks the userspace verdict (used to cut
+// connections on a policy change) against the kernel's, for every world
+// server under several policies.
+func TestVerdictMatchesKernel(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	ns, _ := e.sandbox("sb-verdict")
+	pfx := netip.MustParsePrefix
+	policies := []Policy{
+		{},
+		{Public: true},
+		{Allow: []Rule{{Prefix: pfx("203.0.113.0/24"), Ports: []PortRange{Port(443)}}, {Prefix: pfx("10.0.0.0/8")}}},
+		{Public: true, Deny: []Rule{{Prefix: pfx("198.51.100.0/24"), Ports: []PortRange{{First: 80, Last: 100}}}}},
+		{Allow: []Rule{{Prefix: pfx("0.0.0.0/0"), Ports: []PortRange{Port(80), Port(53)}}}, Deny: []Rule{{Prefix: pfx("203.0.113.20/32")}}},
+	}
+	for i, p := range policies {
+		e.setPolicy("sb-verdict", p)
+		comp, _ := compilePolicy(p, e.m.Pool().Prefix())
+		for _, a := range []netip.Addr{webA, webB, learnIP, metadata, privIP} {
+			for _, port := range []uint16{80, 443, 53, 853} {
+				dst := netip.AddrPortFrom(a, port)
+				want := verdict(&comp, e.m.Pool().Prefix(), nil, time.Now(), a, protoTCP, port) == reasonAccepted
+				c, err := nettest.DialNS(ctx, ns, dst.String(), shortTimeout)
+				if err == nil {
+					c.Close()
+				} else if !errors.Is(err, syscall.ECONNREFUSED) {
+					t.Fatalf("policy %d, %v: %v", i, dst, err)
+				}
+				if got := err == nil; got != want {
+					t.Errorf("policy %d (%+v), %v: kernel allows = %v, verdict allows = %v", i, p, dst, got, want)
+				}
+			}
+		}
+	}
+}
+
+// AttachContainer joins a namespace someone else made (runc's), and a
+// restarted Manager adopts it without touching the inside.
+func TestAttachExistingNetns(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	ns, err := nettest.NewNetns()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	path := fmt.Sprintf("/proc/self/fd/%d", int(ns))
+	subnet := netip.MustParsePrefix("10.89.0.8/30")
+	if err := e.m.AttachContainer(ctx, "sb-runc", subnet, path); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.m.Teardown(ctx, "sb-runc"); err != nil {
+			t.Error(err)
+		}
+	})
+	if got, ok := e.m.Subnet("sb-runc"); !ok || got != subnet {
+		t.Fatalf("Subnet = %v %v", got, ok)
+	}
+	e.refused(ns, webA.String()+":80") // deny-all until a policy
+	e.setPolicy("sb-runc", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webA, 32)}}})
+	e.reach(ns, webA.String()+":80", "world:")
+	// Attaching the same namespace again adopts it.
+	if err := e.m.AttachContainer(ctx, "sb-runc", subnet, path); err != nil {
+		t.Fatal(err)
+	}
+	e.refused(ns, webA.String()+":80")
+
+	m2, err := New(ctx, Config{NetnsDir: e.dir, HostNetns: e.topo.Host, Log: e.m.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	if kind, err := m2.Adopt(ctx, "sb-runc", subnet); err != nil || kind != KindVeth {
+		t.Fatalf("Adopt: %v %v", kind, err)
+	}
+	if err := m2.SetPolicy(ctx, "sb-runc", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webA, 32)}}}); err != nil {
+		t.Fatal(err)
+	}
+	e.reach(ns, webA.String()+":80", "world:")
+	if _, err := m2.Adopt(ctx, "sb-none", netip.MustParsePrefix("10.89.0.12/30")); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("Adopt of a missing attachment: %v", err)
+	}
+}

@@ -1,0 +1,5 @@
+package dns
+
+import "syscall"
+
+var syscall_EADDRINUSE = syscall.EADDRINUSE

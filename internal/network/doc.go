@@ -1,0 +1,100 @@
+// Package network is nook's kernel network dataplane: every sandbox gets
+// its own network, an address from a pool, and an egress policy enforced by
+// nftables in the host kernel, not by a proxy a process could bypass.
+//
+// # Addresses
+//
+// Sandbox subnets are /30s from Config.Pool (default 10.89.0.0/16, 16384
+// sandboxes): .1 is the gateway on the host end, .2 the sandbox. Pool is
+// stateless and deterministic; the daemon persists each sandbox's subnet
+// and passes the taken ones to Allocate. An exhausted pool is
+// ErrPoolExhausted (errdefs.ErrResourceExhausted).
+//
+// # Attachments
+//
+// A container gets a network namespace bind-mounted at NetnsDir/<id> (the
+// path for the OCI spec), with loopback up, IPv6 disabled, and eth0 (the
+// peer of a veth pair) holding .2/30 with a default route via .1. A VM gets
+// a persistent tap device with the gateway address; the guest configures
+// .2 itself. Either way the host-side interface is IfaceName(id) ("nk" and
+// 12 hex digits), carries the alias "nook:<id>", and everything in the
+// rules is keyed on its name. All netlink and nftables work happens through
+// handles bound to Config.HostNetns, so tests run the whole dataplane in a
+// namespace they made.
+//
+// # Rules
+//
+// One table, inet nook, owned by nook. Shared sets: pool, blocked (0/8,
+// 127/8, 169.254/16, 224/4, 240/4), private (10/8, 100.64/10, 172.16/12,
+// 192.168/16), dnsports (tcp/udp 53 and 853), ifaces (every sandbox
+// interface), fwd (interface → goto its chain) and dns (interface .
+// gateway . proto . 53: each sandbox's own resolver).
+//
+//	chain forward (filter, policy accept)
+//	  ct state established,related accept
+//	  iifname @ifaces ct state invalid drop
+//	  iifname vmap @fwd                        → sb-<iface>
+//	  oifname @ifaces goto deny-inbound        nothing opens a connection into a sandbox
+//
+//	chain sb-<iface> (one per sandbox, fixed after setup)
+//	  meta nfproto != ipv4           goto deny-not-ipv4
+//	  ip daddr @pool                 goto deny-sandbox
+//	  ip daddr @blocked              goto deny-blocked
+//	  l4proto . th dport @dnsports   goto deny-dns
+//	  ip daddr @<iface>-deny         goto deny-denied
+//	  ip daddr . l4proto . th dport @<iface>-denyp  goto deny-denied
+//	  ip daddr @<iface>-allow        accept    static CIDRs, any port
+//	  ip daddr . l4proto . th dport @<iface>-allowp accept  CIDR x port ranges
+//	  ip daddr @private              goto deny-private
+//	  ip daddr @<iface>-learn        accept    DNS-learned, with timeouts
+//	  ip daddr . l4proto . th dport @<iface>-learnp accept
+//	  ip daddr @<iface>-public       accept    0.0.0.0/0 when Policy.Public
+//	  goto deny-policy
+//
+//	chain input (filter, policy accept)
+//	  ct state established,related accept      replies to what the host opened (Expose)
+//	  iifname . ip daddr . l4proto . th dport @dns accept
+//	  iifname @ifaces goto deny-host           every host address and port
+//
+//	chain postrouting (nat)
+//	  ip saddr <pool> oifname != @ifaces masquerade
+//
+//	chain deny-<reason>
+//	  limit rate 50/second log group 100 prefix "nook:<reason>" queue-threshold 1
+//	  meta l4proto tcp reject with tcp reset
+//	  reject with icmpx admin-prohibited
+//
+// So deny rules beat allow rules; allow CIDRs may open private ranges but
+// never the always-blocked ranges or the pool; DNS-learned addresses open
+// neither (DNS rebinding reaches nothing private); and DNS goes only to the
+// sandbox's own gateway, where the daemon's resolver listens on
+// Gateway(subnet):53 in the host namespace. Port rules cover TCP and UDP.
+//
+// A policy lives in the sets alone: SetPolicy replaces them in one
+// transaction without touching rules (replacing rules costs an RCU grace
+// period). New connections see it at once; existing connections the new
+// policy refuses are cut by deleting their conntrack entries. An expired
+// learned address refuses new connections; established ones continue.
+//
+// Refused TCP gets a reset and everything else ICMP "administratively
+// prohibited", so refused connections fail at once. Refusals are logged to
+// NFLOG (Config.LogGroup), rate limited per reason in the kernel and per
+// sandbox in userspace, and delivered to Config.OnDenied.
+//
+// # The host's other firewalls
+//
+// nook's base chains sit beside other tables: a packet must be accepted by
+// every base chain on a hook. IPv4 forwarding is switched on by New. If an
+// iptables FORWARD chain drops by default (Docker sets this), sandbox
+// traffic is dropped there too unless that firewall accepts the pool; New
+// logs a warning when it sees such a chain in iptables-nft.
+//
+// # Restarts
+//
+// Kernel state outlives the daemon. After a restart the daemon creates a
+// new Manager (which reinstalls the base chains and keeps the per-sandbox
+// ones), calls SetupContainer or SetupTap for each live sandbox (adopting
+// its namespace and interface and resetting its rules to deny-all), then
+// SetPolicy, Expose with the old host ports, and Reconcile with the IDs it
+// knows to remove the rest.
+package network

@@ -1,0 +1,971 @@
+package network
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Kind is how a sandbox is attached to the host.
+type Kind string
+
+// The attachment kinds.
+const (
+	// KindVeth is a container: a named network namespace with a veth pair.
+	KindVeth Kind = "veth"
+	// KindTap is a VM: a tap device on the host that QEMU opens by name.
+	KindTap Kind = "tap"
+)
+
+// aliasPrefix marks nook's interfaces; the alias is "nook:<sandbox id>", so
+// List can map an interface back to its sandbox after a restart.
+const aliasPrefix = "nook:"
+
+// Config configures a Manager. The zero value of every field but HostNetns
+// has a working default.
+type Config struct {
+	// Pool is the IPv4 prefix sandbox subnets come from (DefaultPool).
+	Pool netip.Prefix
+	// NetnsDir holds the bind-mounted sandbox namespaces, one file per
+	// sandbox ID ("/run/nook/netns").
+	NetnsDir string
+	// HostNetns is the namespace the manager treats as the host: where host
+	// interfaces, the nftables table, forwarding and exposed ports live.
+	// Zero means the namespace the daemon runs in. Tests pass a namespace
+	// they made, so the real host is never touched. The manager keeps its
+	// own duplicate; the caller may close theirs.
+	HostNetns netns.NsHandle
+	// LogGroup is the NFLOG group denied packets are logged to (100).
+	LogGroup uint16
+	// LogRate caps kernel log messages per deny reason, across all
+	// sandboxes, per second (50); OnDenied is further limited per sandbox.
+	LogRate uint64
+	// OnDenied, if set, is called for denied packets, at most EventRate per
+	// second and sandbox. It must not block for long.
+	OnDenied func(id string, ev Event)
+	// EventRate is the per-sandbox cap on OnDenied calls per second (10).
+	EventRate int
+	// TapOwner and TapGroup own VM tap devices, so a QEMU running as that
+	// user can open the tap by name (0: root).
+	TapOwner, TapGroup uint32
+	// ExposeAddr is the host address exposed ports listen on (127.0.0.1).
+	ExposeAddr netip.Addr
+	// Log receives the manager's logs (slog.Default()).
+	Log *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if !c.Pool.IsValid() {
+		c.Pool = DefaultPool
+	}
+	if c.NetnsDir == "" {
+		c.NetnsDir = "/run/nook/netns"
+	}
+	if c.LogGroup == 0 {
+		c.LogGroup = 100
+	}
+	if c.LogRate == 0 {
+		c.LogRate = 50
+	}
+	if c.EventRate == 0 {
+		c.EventRate = 10
+	}
+	if !c.ExposeAddr.IsValid() {
+		c.ExposeAddr = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+}
+
+// Attachment describes a sandbox's network attachment as found in the
+// kernel.
+type Attachment struct {
+	ID     string
+	Kind   Kind
+	Iface  string       // host-side interface
+	Subnet netip.Prefix // invalid if the interface has no nook address
+	// Netns is the bind-mounted namespace path of a container, "" for a VM.
+	Netns string
+}
+
+// Manager is the network dataplane of one host: it attaches sandboxes,
+// keeps their nftables rules and logs what they are denied. Kernel state
+// outlives the Manager (sandboxes keep their network across a daemon
+// restart); a new Manager adopts it when the daemon calls Setup* again for
+// each live sandbox and Reconcile for the rest.
+//
+// Lifecycle of one sandbox: Allocate (Pool) → SetupContainer or SetupTap
+// (deny-all) → SetPolicy, AllowLearned, Expose as needed → Teardown.
+type Manager struct {
+	cfg    Config
+	pool   *Pool
+	lay    *layout
+	host   netns.NsHandle
+	nl     *netlink.Handle
+	log    *slog.Logger
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu        sync.Mutex
+	locks     map[string]*idLock
+	sandboxes map[string]*sandbox
+	byIndex   map[int]string
+}
+
+type sandbox struct {
+	id, iface string
+	kind      Kind
+	subnet    netip.Prefix
+	netns     string
+	ifindex   int
+	policy    compiled
+	// mayHaveFlows is false for a fresh, deny-all sandbox: the first
+	// SetPolicy has no connections to judge.
+	mayHaveFlows bool
+	learned      map[netip.Addr]learnedEntry
+	exposes      map[uint16]*forwarder
+	events       tokenBucket
+}
+
+type idLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// New starts a Manager: it installs the nftables table (keeping the
+// per-sandbox state of an earlier run), enables IPv4 forwarding in the
+// host namespace and starts reading denied-packet logs.
+//
+// Forwarding note: nook's chains are independent of other nftables tables,
+// but a packet must be accepted by every base chain on its hook. A host
+// where Docker or a firewall set an iptables FORWARD policy of DROP drops
+// sandbox traffic unless that firewall accepts it too; New logs a warning
+// when it sees such a chain in the iptables-nft "ip filter" table.
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	cfg.setDefaults()
+	pool, err := NewPool(cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
+	m := &Manager{
+		cfg:       cfg,
+		pool:      pool,
+		lay:       newLayout(pool.Prefix(), cfg.LogGroup, cfg.LogRate),
+		log:       cfg.Log,
+		locks:     map[string]*idLock{},
+		sandboxes: map[string]*sandbox{},
+		byIndex:   map[int]string{},
+	}
+	if cfg.HostNetns > 0 {
+		fd, err := unix.Dup(int(cfg.HostNetns))
+		if err != nil {
+			return nil, fmt.Errorf("dup host netns: %w", err)
+		}
+		m.host = netns.NsHandle(fd)
+	} else {
+		m.host, err = netns.GetFromPath("/proc/self/ns/net")
+		if err != nil {
+			return nil, fmt.Errorf("open host netns: %w", err)
+		}
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			m.closeHandles()
+		}
+	}()
+	m.nl, err = netlink.NewHandleAt(m.host, unix.NETLINK_ROUTE, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle: %w", err)
+	}
+	if err := inNetns(m.host, func() error { return writeSysctl("net/ipv4/ip_forward", "1") }); err != nil {
+		return nil, err
+	}
+	c := m.nft()
+	if err := m.lay.installBase(c); err != nil {
+		return nil, err
+	}
+	if err := c.Flush(); err != nil {
+		return nil, fmt.Errorf("install nftables table inet %s: %w", tableName, err)
+	}
+	m.warnForwardDrop()
+	if err := os.MkdirAll(cfg.NetnsDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create netns dir: %w", err)
+	}
+	if err := m.startLog(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return m, nil
+}
+
+// Close stops the log reader and closes every exposed port. Sandbox
+// namespaces, interfaces and rules stay: a restarted daemon adopts them.
+func (m *Manager) Close() error {
+	if m.cancel != nil {
+		m.cancel()
+		<-m.done
+	}
+	var fs []*forwarder
+	m.mu.Lock()
+	for _, sb := range m.sandboxes {
+		for _, f := range sb.exposes {
+			fs = append(fs, f)
+		}
+		sb.exposes = map[uint16]*forwarder{}
+	}
+	m.mu.Unlock()
+	for _, f := range fs {
+		f.close()
+	}
+	m.closeHandles()
+	return nil
+}
+
+func (m *Manager) closeHandles() {
+	if m.nl != nil {
+		m.nl.Close()
+		m.nl = nil
+	}
+	if m.host > 0 {
+		m.host.Close()
+		m.host = -1
+	}
+}
+
+// Uninstall removes nook's nftables table. It is for tests and for
+// uninstalling nook; sandboxes lose all connectivity.
+func (m *Manager) Uninstall(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c := m.nft()
+	c.AddTable(m.lay.table)
+	c.DelTable(m.lay.table)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("delete table inet %s: %w", tableName, err)
+	}
+	return nil
+}
+
+// Pool returns the manager's address pool.
+func (m *Manager) Pool() *Pool { return m.pool }
+
+// nft returns a fresh nftables connection in the host namespace: one per
+// batch, so concurrent operations never mix their messages.
+func (m *Manager) nft() *nftables.Conn {
+	c, _ := nftables.New(nftables.WithNetNSFd(int(m.host)))
+	return c
+}
+
+// IfaceName returns the host-side interface name of a sandbox: "nk" and 12
+// hex digits of the SHA-256 of its ID (14 characters, within IFNAMSIZ).
+func IfaceName(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return "nk" + hex.EncodeToString(sum[:6])
+}
+
+func validateID(id string) error {
+	if id == "" || len(id) > 128 || id[0] == '.' {
+		return errdefs.Invalid("sandbox id %q: want 1-128 characters of [A-Za-z0-9._-], not starting with a dot", id)
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return errdefs.Invalid("sandbox id %q: want 1-128 characters of [A-Za-z0-9._-], not starting with a dot", id)
+		}
+	}
+	return nil
+}
+
+// lock serializes operations on one sandbox ID.
+func (m *Manager) lock(id string) func() {
+	m.mu.Lock()
+	l := m.locks[id]
+	if l == nil {
+		l = &idLock{}
+		m.locks[id] = l
+	}
+	l.refs++
+	m.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		m.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(m.locks, id)
+		}
+		m.mu.Unlock()
+	}
+}
+
+func (m *Manager) checkArgs(ctx context.Context, id string, subnet netip.Prefix) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := validateID(id); err != nil {
+		return err
+	}
+	if err := checkSubnet(subnet); err != nil {
+		return err
+	}
+	if !m.pool.Contains(subnet) {
+		return errdefs.Invalid("sandbox subnet %v is outside the pool %v", subnet, m.pool.Prefix())
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, sb := range m.sandboxes {
+		if sb.subnet == subnet && sb.id != id {
+			return errdefs.Exists("sandbox subnet %v is in use by another sandbox", subnet)
+		}
+	}
+	return nil
+}
+
+// SetupContainer attaches a container sandbox: it creates a network
+// namespace bind-mounted at NetnsDir/<id> (the path for the OCI spec's
+// network namespace), a veth pair whose host end (IfaceName) holds the
+// gateway address and whose peer is eth0 inside with the sandbox address,
+// loopback up, a default route via the gateway and IPv6 disabled. The
+// sandbox starts deny-all: only its resolver (gateway port 53) answers
+// until SetPolicy. Calling it again for a live sandbox (after a daemon
+// restart) adopts the existing namespace and interfaces and resets the
+// rules to deny-all.
+func (m *Manager) SetupContainer(ctx context.Context, id string, subnet netip.Prefix) (string, error) {
+	if err := m.checkArgs(ctx, id, subnet); err != nil {
+		return "", err
+	}
+	unlock := m.lock(id)
+	defer unlock()
+	iface := IfaceName(id)
+	path := filepath.Join(m.cfg.NetnsDir, id)
+	gw, addr := Gateway(subnet), SandboxAddr(subnet)
+
+	if link, err := m.nl.LinkByName(iface); err == nil {
+		if link.Type() == "veth" && link.Attrs().Alias == aliasPrefix+id && isNetnsMount(path) && m.hasAddr(link, gw) {
+			if err := m.adoptContainer(link, path, subnet); err != nil {
+				return "", err
+			}
+			return path, m.finishSetup(id, iface, KindVeth, subnet, path, link.Attrs().Index, true)
+		}
+		if err := m.teardown(ctx, id); err != nil {
+			return "", err
+		}
+	} else if err := removeNetns(path); err != nil {
+		return "", err
+	}
+
+	ns, err := createNetns(path)
+	if err != nil {
+		return "", err
+	}
+	defer ns.Close()
+	fail := func(err error) (string, error) {
+		m.nl.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: iface}})
+		removeNetns(path)
+		return "", err
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: iface, Flags: net.FlagUp},
+		PeerName:      "eth0",
+		PeerNamespace: netlink.NsFd(ns),
+	}
+	if err := m.nl.LinkAdd(veth); err != nil {
+		return fail(fmt.Errorf("create veth %s: %w", iface, err))
+	}
+	// The kernel ignores an alias in the create request.
+	if err := m.nl.LinkSetAlias(veth, aliasPrefix+id); err != nil {
+		return fail(fmt.Errorf("alias %s: %w", iface, err))
+	}
+	if err := m.nl.AddrAdd(veth, &netlink.Addr{IPNet: ipNet(gw, subnet)}); err != nil {
+		return fail(fmt.Errorf("address %s: %w", iface, err))
+	}
+	if err := configureInside(ns, addr, gw, subnet, false); err != nil {
+		return fail(err)
+	}
+	if err := m.finishSetup(id, iface, KindVeth, subnet, path, veth.Attrs().Index, false); err != nil {
+		return fail(err)
+	}
+	if err := m.waitOperUp(ctx, ns, veth.Attrs().Index); err != nil {
+		m.log.WarnContext(ctx, "network: sandbox link not up yet", "sandbox", id, "err", err)
+	}
+	return path, nil
+}
+
+// waitOperUp waits until both ends of a new veth pair are operationally
+// up. The kernel activates a device's queueing discipline asynchronously
+// after its carrier comes up, and until then drops what is sent: a sandbox
+// that starts talking at once would lose its first packets.
+func (m *Manager) waitOperUp(ctx context.Context, ns netns.NsHandle, hostIndex int) error {
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for delay := 20 * time.Microsecond; ; delay = min(2*delay, 5*time.Millisecond) {
+		inside, err := h.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		host, err := m.nl.LinkByIndex(hostIndex)
+		if err != nil {
+			return err
+		}
+		if inside.Attrs().OperState == netlink.OperUp && host.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("link state: host end %v, eth0 %v", host.Attrs().OperState, inside.Attrs().OperState)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// configureInside sets loopback up, eth0's address and the default route
+// inside a sandbox namespace; replace makes it idempotent for adoption.
+func configureInside(ns netns.NsHandle, addr, gw netip.Addr, subnet netip.Prefix, replace bool) error {
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("netlink handle in sandbox netns: %w", err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("sandbox lo: %w", err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("sandbox lo up: %w", err)
+	}
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("sandbox eth0: %w", err)
+	}
+	a := &netlink.Addr{IPNet: ipNet(addr, subnet)}
+	if replace {
+		err = h.AddrReplace(eth, a)
+	} else {
+		err = h.AddrAdd(eth, a)
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox eth0 address: %w", err)
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("sandbox eth0 up: %w", err)
+	}
+	route := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.IP(gw.AsSlice())}
+	if replace {
+		err = h.RouteReplace(route)
+	} else {
+		err = h.RouteAdd(route)
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox default route: %w", err)
+	}
+	return nil
+}
+
+func (m *Manager) adoptContainer(link netlink.Link, path string, subnet netip.Prefix) error {
+	if err := m.nl.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set %s up: %w", link.Attrs().Name, err)
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open sandbox netns: %w", err)
+	}
+	defer ns.Close()
+	return configureInside(ns, SandboxAddr(subnet), Gateway(subnet), subnet, true)
+}
+
+// SetupTap attaches a VM sandbox: a persistent tap device named IfaceName
+// in the host namespace, owned by Config.TapOwner/TapGroup, with the
+// gateway address; QEMU opens it with
+// -netdev tap,ifname=<name>,script=no,downscript=no and the guest
+// configures the sandbox address (.2) and the default route itself. The
+// same rules as for containers apply, keyed on the interface.
+func (m *Manager) SetupTap(ctx context.Context, id string, subnet netip.Prefix) (string, error) {
+	if err := m.checkArgs(ctx, id, subnet); err != nil {
+		return "", err
+	}
+	unlock := m.lock(id)
+	defer unlock()
+	iface := IfaceName(id)
+	gw := Gateway(subnet)
+	if link, err := m.nl.LinkByName(iface); err == nil {
+		if link.Type() == "tuntap" && link.Attrs().Alias == aliasPrefix+id && m.hasAddr(link, gw) {
+			if err := m.nl.LinkSetUp(link); err != nil {
+				return "", fmt.Errorf("set %s up: %w", iface, err)
+			}
+			return iface, m.finishSetup(id, iface, KindTap, subnet, "", link.Attrs().Index, true)
+		}
+		if err := m.teardown(ctx, id); err != nil {
+			return "", err
+		}
+	}
+	tap := &netlink.Tuntap{
+		LinkAttrs: netlink.LinkAttrs{Name: iface},
+		Mode:      netlink.TUNTAP_MODE_TAP,
+		Flags:     netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR,
+		Owner:     m.cfg.TapOwner,
+		Group:     m.cfg.TapGroup,
+	}
+	// The tun ioctls act in the calling thread's namespace.
+	if err := inNetns(m.host, func() error { return m.nl.LinkAdd(tap) }); err != nil {
+		return "", fmt.Errorf("create tap %s: %w", iface, err)
+	}
+	fail := func(err error) (string, error) {
+		m.nl.LinkDel(tap)
+		return "", err
+	}
+	if err := m.nl.LinkSetAlias(tap, aliasPrefix+id); err != nil {
+		return fail(fmt.Errorf("alias %s: %w", iface, err))
+	}
+	if err := m.nl.AddrAdd(tap, &netlink.Addr{IPNet: ipNet(gw, subnet)}); err != nil {
+		return fail(fmt.Errorf("address %s: %w", iface, err))
+	}
+	if err := m.nl.LinkSetUp(tap); err != nil {
+		return fail(fmt.Errorf("set %s up: %w", iface, err))
+	}
+	if err := m.finishSetup(id, iface, KindTap, subnet, "", tap.Attrs().Index, false); err != nil {
+		return fail(err)
+	}
+	return iface, nil
+}
+
+// finishSetup installs the sandbox's rules (deny-all) and records it.
+// adopted says the sandbox existed before, so it may have connections.
+func (m *Manager) finishSetup(id, iface string, kind Kind, subnet netip.Prefix, path string, ifindex int, adopted bool) error {
+	c := m.nft()
+	if err := m.lay.installSandbox(c, iface, Gateway(subnet)); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("install rules for %s: %w", iface, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := m.sandboxes[id]
+	sb := &sandbox{
+		id: id, iface: iface, kind: kind, subnet: subnet, netns: path, ifindex: ifindex,
+		mayHaveFlows: adopted,
+		learned:      map[netip.Addr]learnedEntry{},
+		exposes:      map[uint16]*forwarder{},
+		events:       tokenBucket{rate: float64(m.cfg.EventRate), burst: float64(2 * m.cfg.EventRate)},
+	}
+	if old != nil {
+		sb.exposes = old.exposes
+		delete(m.byIndex, old.ifindex)
+	}
+	m.sandboxes[id] = sb
+	m.byIndex[ifindex] = id
+	return nil
+}
+
+func (m *Manager) hasAddr(link netlink.Link, gw netip.Addr) bool {
+	addrs, err := m.nl.AddrList(link, unix.AF_INET)
+	if err != nil {
+		return false
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == gw {
+			return true
+		}
+	}
+	return false
+}
+
+func ipNet(a netip.Addr, subnet netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(subnet.Bits(), 32)}
+}
+
+// Teardown removes everything a sandbox has on the host: its exposed
+// ports, namespace mount, interfaces, nftables chain, sets and shared-set
+// entries, and its conntrack entries. It is idempotent and works from
+// kernel state alone, so it also cleans up after a crash.
+func (m *Manager) Teardown(ctx context.Context, id string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := validateID(id); err != nil {
+		return err
+	}
+	unlock := m.lock(id)
+	defer unlock()
+	return m.teardown(ctx, id)
+}
+
+func (m *Manager) teardown(ctx context.Context, id string) error {
+	iface := IfaceName(id)
+	var subnet netip.Prefix
+	m.mu.Lock()
+	sb := m.sandboxes[id]
+	if sb != nil {
+		subnet = sb.subnet
+		delete(m.byIndex, sb.ifindex)
+		delete(m.sandboxes, id)
+	}
+	m.mu.Unlock()
+	if sb != nil {
+		for _, f := range sb.exposes {
+			f.close()
+		}
+	}
+
+	var errs []error
+	if link, err := m.nl.LinkByName(iface); err == nil {
+		if !subnet.IsValid() {
+			subnet = m.linkSubnet(link)
+		}
+		if err := m.nl.LinkDel(link); err != nil {
+			errs = append(errs, fmt.Errorf("delete %s: %w", iface, err))
+		}
+	} else if !errors.As(err, new(netlink.LinkNotFoundError)) {
+		errs = append(errs, fmt.Errorf("look up %s: %w", iface, err))
+	}
+	if err := removeNetns(filepath.Join(m.cfg.NetnsDir, id)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := m.removeRules(iface); err != nil {
+		errs = append(errs, err)
+	}
+	if subnet.IsValid() {
+		m.flushConntrack(ctx, func(f *netlink.ConntrackFlow) bool {
+			return prefixHas(subnet, f.Forward.SrcIP) || prefixHas(subnet, f.Forward.DstIP)
+		})
+	}
+	return errors.Join(errs...)
+}
+
+// removeRules deletes a sandbox's chain and sets and its entries in the
+// shared sets, whichever of them exist.
+func (m *Manager) removeRules(iface string) error {
+	c := m.nft()
+	name := ifnameKey(iface)
+	for _, setName := range []string{setIfaces, setFwd, setDNS} {
+		s := m.lay.sharedSets[setName]
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("list set %s: %w", setName, err)
+		}
+		var del []nftables.SetElement
+		for _, e := range elems {
+			if bytes.HasPrefix(e.Key, name) {
+				del = append(del, nftables.SetElement{Key: e.Key})
+			}
+		}
+		if len(del) > 0 {
+			if err := c.SetDeleteElements(s, del); err != nil {
+				return err
+			}
+		}
+	}
+	if err := m.lay.removeSandbox(c, iface); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("remove rules of %s: %w", iface, err)
+	}
+	return nil
+}
+
+func (m *Manager) linkSubnet(link netlink.Link) netip.Prefix {
+	addrs, err := m.nl.AddrList(link, unix.AF_INET)
+	if err != nil {
+		return netip.Prefix{}
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			ones, _ := a.Mask.Size()
+			if p := netip.PrefixFrom(ip.Unmap(), ones).Masked(); m.pool.Contains(p) {
+				return p
+			}
+		}
+	}
+	return netip.Prefix{}
+}
+
+// List returns the sandbox attachments found in the kernel: nook's
+// interfaces (by their alias) and namespace mounts without one.
+func (m *Manager) List(ctx context.Context) ([]Attachment, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	links, err := m.nl.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	var out []Attachment
+	seen := map[string]bool{}
+	for _, l := range links {
+		id, ok := strings.CutPrefix(l.Attrs().Alias, aliasPrefix)
+		if !ok || validateID(id) != nil || l.Attrs().Name != IfaceName(id) {
+			continue
+		}
+		a := Attachment{ID: id, Iface: l.Attrs().Name, Kind: KindTap, Subnet: m.linkSubnet(l)}
+		if l.Type() == "veth" {
+			a.Kind = KindVeth
+			a.Netns = filepath.Join(m.cfg.NetnsDir, id)
+		}
+		seen[id] = true
+		out = append(out, a)
+	}
+	ents, err := os.ReadDir(m.cfg.NetnsDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("list %s: %w", m.cfg.NetnsDir, err)
+	}
+	for _, e := range ents {
+		if id := e.Name(); !seen[id] && validateID(id) == nil {
+			out = append(out, Attachment{ID: id, Kind: KindVeth, Netns: filepath.Join(m.cfg.NetnsDir, id)})
+		}
+	}
+	return out, nil
+}
+
+// Reconcile removes every attachment, and every nftables chain of a
+// sandbox interface, that does not belong to a sandbox in keep. The daemon
+// calls it after a restart, once it has set up the sandboxes it knows.
+func (m *Manager) Reconcile(ctx context.Context, keep []string) (removed []string, err error) {
+	atts, err := m.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	kept := map[string]bool{}
+	for _, id := range keep {
+		kept[IfaceName(id)] = true
+	}
+	var errs []error
+	for _, a := range atts {
+		if kept[IfaceName(a.ID)] {
+			continue
+		}
+		if err := m.Teardown(ctx, a.ID); err != nil {
+			errs = append(errs, err)
+		}
+		removed = append(removed, a.ID)
+	}
+	chains, err := m.nft().ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return removed, errors.Join(append(errs, fmt.Errorf("list chains: %w", err))...)
+	}
+	for _, ch := range chains {
+		iface, ok := strings.CutPrefix(ch.Name, sandboxChainPfx)
+		if ch.Table.Name != tableName || !ok || kept[iface] {
+			continue
+		}
+		if err := m.removeRules(iface); err != nil {
+			errs = append(errs, err)
+		}
+		removed = append(removed, iface)
+	}
+	return removed, errors.Join(errs...)
+}
+
+func (m *Manager) get(id string) (*sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb := m.sandboxes[id]
+	if sb == nil {
+		return nil, errdefs.NotFound("sandbox %q has no network attachment", id)
+	}
+	return sb, nil
+}
+
+// SetPolicy replaces a sandbox's static policy in one nftables
+// transaction: new connections see the new policy at once, and existing
+// connections the new policy no longer allows are cut (their conntrack
+// entries are removed, so their next packet is judged again and refused).
+// DNS-learned addresses stay unless p.ResetLearned. Invalid rules fail
+// before anything changes.
+func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	comp, err := compilePolicy(p, m.pool.Prefix())
+	if err != nil {
+		return err
+	}
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.get(id)
+	if err != nil {
+		return err
+	}
+	c := m.nft()
+	if err := m.lay.applyPolicy(c, sb.iface, &comp, p.ResetLearned); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("apply policy of %s: %w", id, err)
+	}
+	m.mu.Lock()
+	sb.policy = comp
+	cut := sb.mayHaveFlows
+	sb.mayHaveFlows = true
+	if p.ResetLearned {
+		sb.learned = map[netip.Addr]learnedEntry{}
+	}
+	learned := make(map[netip.Addr]learnedEntry, len(sb.learned))
+	for k, v := range sb.learned {
+		learned[k] = v
+	}
+	m.mu.Unlock()
+	if !cut {
+		return nil
+	}
+	src := SandboxAddr(sb.subnet)
+	now := time.Now()
+	m.flushConntrack(ctx, func(f *netlink.ConntrackFlow) bool {
+		s, _ := netip.AddrFromSlice(f.Forward.SrcIP)
+		d, _ := netip.AddrFromSlice(f.Forward.DstIP)
+		if s.Unmap() != src || !d.IsValid() {
+			return false
+		}
+		d = d.Unmap()
+		if d == Gateway(sb.subnet) {
+			return false // the resolver, judged by the input chain
+		}
+		return verdict(&comp, m.pool.Prefix(), learned, now, d, f.Forward.Protocol, f.Forward.DstPort) != reasonAccepted
+	})
+	return nil
+}
+
+// learnSlack is how much earlier than its new TTL a learned address may
+// expire when AllowLearned skips refreshing one it refreshed just before.
+const learnSlack = time.Second
+
+// maxLearnedPorts caps how many single ports one AllowLearned call may
+// expand its port ranges into.
+const maxLearnedPorts = 1024
+
+// AllowLearned lets a sandbox reach addr, on ports (all protocols when
+// empty; TCP and UDP otherwise), for ttl: the DNS resolver calls it for
+// every address it returns, before returning it. Calling it again for the
+// same address and ports resets the timeout. When the timeout passes, new
+// connections are refused; established ones continue. A learned address
+// never opens a private range (only an allow rule can), the always-blocked
+// ranges or the pool: DNS rebinding cannot reach them. IPv6 addresses are
+// refused with an invalid-argument error (sandboxes have no IPv6).
+func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, ports []PortRange, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	addr = addr.Unmap()
+	if !addr.Is4() {
+		return errdefs.Invalid("learned address %v: sandboxes are IPv4 only", addr)
+	}
+	if ttl < time.Millisecond {
+		return errdefs.Invalid("learned address %v: ttl %v too short", addr, ttl)
+	}
+	n := 0
+	for _, pr := range ports {
+		if pr.First == 0 || pr.Last < pr.First {
+			return errdefs.Invalid("learned address %v: bad port range %v", addr, pr)
+		}
+		n += int(pr.Last-pr.First) + 1
+	}
+	if n > maxLearnedPorts {
+		return errdefs.Invalid("learned address %v: %d ports, at most %d", addr, n, maxLearnedPorts)
+	}
+	sb, err := m.get(id)
+	if err != nil {
+		return err
+	}
+	// A new address is only added. One the kernel may already hold gets
+	// its new timeout by delete and add, which costs the commit an RCU
+	// grace period (milliseconds), so not again within learnSlack: a
+	// sandbox resolving one name in a burst pays it once.
+	m.mu.Lock()
+	old, had := sb.learned[addr]
+	now := time.Now()
+	m.mu.Unlock()
+	tmo := ttl.Truncate(time.Millisecond)
+	if had && slices.Equal(old.ports, ports) && !old.expires.Before(now.Add(tmo-learnSlack)) {
+		return nil
+	}
+	c := m.nft()
+	if err := m.lay.learn(c, sb.iface, addr, ports, tmo, had); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("learn %v for %s: %w", addr, id, err)
+	}
+	m.mu.Lock()
+	e := learnedEntry{ports: ports, expires: now.Add(tmo)}
+	if old, ok := sb.learned[addr]; ok && now.Before(old.expires) {
+		// The kernel holds both entries; remember their union.
+		if len(old.ports) == 0 || len(ports) == 0 {
+			e.ports = nil
+		} else {
+			e.ports = append(slices.Clone(old.ports), ports...)
+		}
+		if old.expires.After(e.expires) {
+			e.expires = old.expires
+		}
+	}
+	sb.learned[addr] = e
+	for a, e := range sb.learned {
+		if now.After(e.expires) {
+			delete(sb.learned, a)
+		}
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// flushConntrack deletes the conntrack entries match selects. Errors are
+// logged: a leftover entry only lets an old flow live on.
+func (m *Manager) flushConntrack(ctx context.Context, match func(*netlink.ConntrackFlow) bool) {
+	n, err := m.nl.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, flowFilter(match))
+	if err != nil {
+		m.log.WarnContext(ctx, "network: delete conntrack entries", "err", err)
+		return
+	}
+	if n > 0 {
+		m.log.DebugContext(ctx, "network: deleted conntrack entries", "count", n)
+	}
+}
+
+type flowFilter func(*netlink.ConntrackFlow) bool
+
+func (f flowFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool { return f(flow) }
+
+func prefixHas(p netip.Prefix, ip net.IP) bool {
+	a, ok := netip.AddrFromSlice(ip)
+	return ok && p.Contains(a.Unmap())
+}
+
+// warnForwardDrop logs when an iptables-nft FORWARD chain drops by default.
+func (m *Manager) warnForwardDrop() {
+	chains, err := m.nft().ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		return
+	}
+	for _, ch := range chains {
+		if ch.Table.Name == "filter" && ch.Name == "FORWARD" && ch.Policy != nil && *ch.Policy == nftables.ChainPolicyDrop {
+			m.log.Warn("network: iptables FORWARD policy is DROP (Docker?); sandbox traffic is dropped unless that firewall accepts the pool",
+				"pool", m.pool.Prefix().String())
+		}
+	}
+}

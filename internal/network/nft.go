@@ -1,0 +1,488 @@
+package network
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// The nftables layout. Everything lives in one table, "inet nook", that
+// nook owns; see the package documentation for the rule order.
+const (
+	tableName = "nook"
+
+	chainForward     = "forward"
+	chainInput       = "input"
+	chainPostrouting = "postrouting"
+	denyChainPrefix  = "deny-"
+	sandboxChainPfx  = "sb-"
+
+	setPool     = "pool"     // ipv4_addr interval: the sandbox pool
+	setBlocked  = "blocked"  // ipv4_addr interval: always blocked
+	setPrivate  = "private"  // ipv4_addr interval: private ranges
+	setDNSPorts = "dnsports" // inet_proto . inet_service: DNS, DoT
+	setIfaces   = "ifaces"   // ifname: every sandbox interface
+	setFwd      = "fwd"      // ifname : verdict, goto the sandbox chain
+	setDNS      = "dns"      // ifname . ipv4_addr . inet_proto . inet_service: own resolver
+
+	// Per-sandbox set suffixes; the set name is the interface name plus one.
+	sfxAllow      = "-allow"  // ipv4_addr interval
+	sfxAllowPorts = "-allowp" // ipv4_addr . inet_proto . inet_service interval
+	sfxDeny       = "-deny"
+	sfxDenyPorts  = "-denyp"
+	sfxLearn      = "-learn"  // ipv4_addr timeout
+	sfxLearnPorts = "-learnp" // ipv4_addr . inet_proto . inet_service timeout
+	sfxPublic     = "-public" // ipv4_addr interval: 0.0.0.0/0 when public, else empty
+
+	// logPrefix starts every log prefix nook's rules write.
+	logPrefix = "nook:"
+)
+
+var (
+	typeProtoPort     = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
+	typeAddrProtoPort = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
+	typeIfDNS         = nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
+
+	denyReasons = []string{ReasonSandbox, ReasonBlocked, ReasonDNS, ReasonDenied, ReasonPrivate, ReasonPolicy, ReasonHost, ReasonInbound, ReasonNotIPv4}
+)
+
+// Register numbers: 1 is the 16-byte register that also holds the 32-bit
+// registers 8..11; concatenations fill 32-bit registers in order.
+const (
+	reg1    = 1
+	reg32_1 = 9
+	reg32_2 = 10
+	reg32_4 = 12
+	reg32_5 = 13
+	reg32_6 = 14
+)
+
+// layout names the table's objects; it holds no kernel state.
+type layout struct {
+	table      *nftables.Table
+	logGroup   uint16
+	logRate    uint64
+	pool       netip.Prefix
+	sharedSets map[string]*nftables.Set
+}
+
+func newLayout(pool netip.Prefix, logGroup uint16, logRate uint64) *layout {
+	t := &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}
+	l := &layout{table: t, logGroup: logGroup, logRate: logRate, pool: pool}
+	l.sharedSets = map[string]*nftables.Set{
+		setPool:     {Table: t, Name: setPool, KeyType: nftables.TypeIPAddr, Interval: true},
+		setBlocked:  {Table: t, Name: setBlocked, KeyType: nftables.TypeIPAddr, Interval: true},
+		setPrivate:  {Table: t, Name: setPrivate, KeyType: nftables.TypeIPAddr, Interval: true},
+		setDNSPorts: {Table: t, Name: setDNSPorts, KeyType: typeProtoPort, Concatenation: true},
+		setIfaces:   {Table: t, Name: setIfaces, KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian},
+		setFwd:      {Table: t, Name: setFwd, KeyType: nftables.TypeIFName, IsMap: true, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian},
+		setDNS:      {Table: t, Name: setDNS, KeyType: typeIfDNS, Concatenation: true},
+	}
+	return l
+}
+
+func (l *layout) chain(name string) *nftables.Chain {
+	return &nftables.Chain{Name: name, Table: l.table}
+}
+
+func (l *layout) baseChain(name string, hook *nftables.ChainHook, prio *nftables.ChainPriority, typ nftables.ChainType) *nftables.Chain {
+	accept := nftables.ChainPolicyAccept
+	return &nftables.Chain{Name: name, Table: l.table, Hooknum: hook, Priority: prio, Type: typ, Policy: &accept}
+}
+
+// sandboxSets returns fresh descriptions of a sandbox's six sets.
+func (l *layout) sandboxSets(iface string) map[string]*nftables.Set {
+	t := l.table
+	return map[string]*nftables.Set{
+		sfxAllow:      {Table: t, Name: iface + sfxAllow, KeyType: nftables.TypeIPAddr, Interval: true},
+		sfxAllowPorts: {Table: t, Name: iface + sfxAllowPorts, KeyType: typeAddrProtoPort, Interval: true, Concatenation: true},
+		sfxDeny:       {Table: t, Name: iface + sfxDeny, KeyType: nftables.TypeIPAddr, Interval: true},
+		sfxDenyPorts:  {Table: t, Name: iface + sfxDenyPorts, KeyType: typeAddrProtoPort, Interval: true, Concatenation: true},
+		sfxLearn:      {Table: t, Name: iface + sfxLearn, KeyType: nftables.TypeIPAddr, HasTimeout: true},
+		sfxLearnPorts: {Table: t, Name: iface + sfxLearnPorts, KeyType: typeAddrProtoPort, Concatenation: true, HasTimeout: true},
+		sfxPublic:     {Table: t, Name: iface + sfxPublic, KeyType: nftables.TypeIPAddr, Interval: true},
+	}
+}
+
+// sandboxSetOrder fixes the order sets are added and removed in.
+var sandboxSetOrder = []string{sfxAllow, sfxAllowPorts, sfxDeny, sfxDenyPorts, sfxLearn, sfxLearnPorts, sfxPublic}
+
+// installBase queues the table, base chains, deny chains and shared sets.
+// It is idempotent: existing objects are kept, base chains are flushed and
+// refilled, and the per-sandbox sets and chains are left alone.
+func (l *layout) installBase(c *nftables.Conn) error {
+	c.AddTable(l.table)
+	fwd := c.AddChain(l.baseChain(chainForward, nftables.ChainHookForward, nftables.ChainPriorityFilter, nftables.ChainTypeFilter))
+	in := c.AddChain(l.baseChain(chainInput, nftables.ChainHookInput, nftables.ChainPriorityFilter, nftables.ChainTypeFilter))
+	post := c.AddChain(l.baseChain(chainPostrouting, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource, nftables.ChainTypeNAT))
+	for _, ch := range []*nftables.Chain{fwd, in, post} {
+		c.FlushChain(ch)
+	}
+	for _, name := range []string{setPool, setBlocked, setPrivate, setDNSPorts, setIfaces, setFwd, setDNS} {
+		if err := c.AddSet(l.sharedSets[name], nil); err != nil {
+			return fmt.Errorf("add set %s: %w", name, err)
+		}
+	}
+	fill := map[string][]nftables.SetElement{
+		setPool:    ivlElements([]ivl{prefixIvl(l.pool)}),
+		setBlocked: ivlElements(prefixIvls(alwaysBlocked)),
+		setPrivate: ivlElements(prefixIvls(privateRanges)),
+	}
+	for _, p := range []uint8{protoTCP, protoUDP} {
+		for _, port := range dnsPorts {
+			fill[setDNSPorts] = append(fill[setDNSPorts], nftables.SetElement{Key: cat(protoKey(p), portKey(port))})
+		}
+	}
+	for _, name := range []string{setPool, setBlocked, setPrivate, setDNSPorts} {
+		s := l.sharedSets[name]
+		c.FlushSet(s)
+		if err := c.SetAddElements(s, fill[name]); err != nil {
+			return fmt.Errorf("fill set %s: %w", name, err)
+		}
+	}
+	for _, r := range denyReasons {
+		ch := c.AddChain(l.chain(denyChainPrefix + r))
+		c.FlushChain(ch)
+		c.AddRule(&nftables.Rule{Table: l.table, Chain: ch, Exprs: []expr.Any{
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: l.logRate, Unit: expr.LimitTimeSecond, Burst: uint32(2 * l.logRate)},
+			&expr.Log{
+				Key:     1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_SNAPLEN | 1<<unix.NFTA_LOG_QTHRESHOLD,
+				Group:   l.logGroup,
+				Snaplen: 80,
+				// Deliver each message at once instead of batching up to
+				// 100 or a second.
+				QThreshold: 1,
+				Data:       []byte(logPrefix + r),
+			},
+		}})
+		// TCP gets a reset, everything else "administratively prohibited":
+		// both fail a connection at once, and resets escape the kernel's
+		// ICMP rate limit.
+		c.AddRule(&nftables.Rule{Table: l.table, Chain: ch, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoTCP}},
+			&expr.Reject{Type: unix.NFT_REJECT_TCP_RST},
+		}})
+		c.AddRule(&nftables.Rule{Table: l.table, Chain: ch, Exprs: []expr.Any{
+			&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED},
+		}})
+	}
+
+	ifaces, fwdMap, dns := l.sharedSets[setIfaces], l.sharedSets[setFwd], l.sharedSets[setDNS]
+	rules := []struct {
+		ch    *nftables.Chain
+		exprs []expr.Any
+	}{
+		// forward: replies, then dispatch by input interface, then refuse
+		// new connections into any sandbox.
+		{fwd, cat(ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())},
+		{fwd, cat(metaIn(expr.MetaKeyIIFNAME, ifaces), ctStateIn(expr.CtStateBitINVALID), drop())},
+		{fwd, []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+			&expr.Lookup{SourceRegister: reg1, SetName: fwdMap.Name, SetID: fwdMap.ID, IsDestRegSet: true, DestRegister: 0},
+		}},
+		{fwd, cat(metaIn(expr.MetaKeyOIFNAME, ifaces), denyTo(ReasonInbound))},
+		// input: replies to connections the host opened, the sandbox's own
+		// resolver, and nothing else from a sandbox interface.
+		{in, cat(ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())},
+		{in, cat(ipv4Only(), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+			daddr(reg32_4),
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32_5},
+			dport(reg32_6),
+			&expr.Lookup{SourceRegister: reg1, SetName: dns.Name, SetID: dns.ID},
+		}, accept())},
+		{in, cat(metaIn(expr.MetaKeyIIFNAME, ifaces), denyTo(ReasonHost))},
+		// postrouting: masquerade the pool when it leaves by a non-sandbox
+		// interface.
+		{post, cat(ipv4Only(), saddrIn(l.pool), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: reg1},
+			&expr.Lookup{SourceRegister: reg1, SetName: ifaces.Name, SetID: ifaces.ID, Invert: true},
+			&expr.Masq{},
+		})},
+	}
+	for _, r := range rules {
+		c.AddRule(&nftables.Rule{Table: l.table, Chain: r.ch, Exprs: r.exprs})
+	}
+	return nil
+}
+
+// installSandbox queues a sandbox's chain and sets, reset to deny-all, and
+// registers its interface in the shared sets.
+func (l *layout) installSandbox(c *nftables.Conn, iface string, gw netip.Addr) error {
+	ch := c.AddChain(l.chain(sandboxChainPfx + iface))
+	c.FlushChain(ch)
+	sets := l.sandboxSets(iface)
+	for _, k := range sandboxSetOrder {
+		if err := c.AddSet(sets[k], nil); err != nil {
+			return fmt.Errorf("add set %s: %w", sets[k].Name, err)
+		}
+		c.FlushSet(sets[k])
+	}
+	for _, r := range l.sandboxRules(ch, sets) {
+		c.AddRule(r)
+	}
+	return l.registerIface(c, iface, gw, c.SetAddElements)
+}
+
+func (l *layout) registerIface(c *nftables.Conn, iface string, gw netip.Addr, op func(*nftables.Set, []nftables.SetElement) error) error {
+	name := ifnameKey(iface)
+	if err := op(l.sharedSets[setIfaces], []nftables.SetElement{{Key: name}}); err != nil {
+		return err
+	}
+	if err := op(l.sharedSets[setFwd], []nftables.SetElement{{Key: name, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: sandboxChainPfx + iface}}}); err != nil {
+		return err
+	}
+	var dnsElems []nftables.SetElement
+	for _, p := range []uint8{protoTCP, protoUDP} {
+		dnsElems = append(dnsElems, nftables.SetElement{Key: cat(name, addrKey(gw), protoKey(p), portKey(53))})
+	}
+	return op(l.sharedSets[setDNS], dnsElems)
+}
+
+// sandboxRules is the per-sandbox forward chain; see the package docs. It
+// never changes after setup: a policy lives in the sets alone, because
+// replacing rules costs the kernel an RCU grace period (milliseconds) and
+// replacing set elements does not.
+func (l *layout) sandboxRules(ch *nftables.Chain, sets map[string]*nftables.Set) []*nftables.Rule {
+	lookupAddr := func(s *nftables.Set) []expr.Any {
+		return []expr.Any{daddr(reg1), &expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID}}
+	}
+	lookupAddrPort := func(s *nftables.Set) []expr.Any {
+		return []expr.Any{
+			daddr(reg1),
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32_1},
+			dport(reg32_2),
+			&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID},
+		}
+	}
+	dnsPortSet := l.sharedSets[setDNSPorts]
+	exprs := [][]expr.Any{
+		{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{unix.NFPROTO_IPV4}}, gotoChain(denyChainPrefix + ReasonNotIPv4)},
+		cat(lookupAddr(l.sharedSets[setPool]), denyTo(ReasonSandbox)),
+		cat(lookupAddr(l.sharedSets[setBlocked]), denyTo(ReasonBlocked)),
+		{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			dport(reg32_1),
+			&expr.Lookup{SourceRegister: reg1, SetName: dnsPortSet.Name, SetID: dnsPortSet.ID},
+			gotoChain(denyChainPrefix + ReasonDNS),
+		},
+		cat(lookupAddr(sets[sfxDeny]), denyTo(ReasonDenied)),
+		cat(lookupAddrPort(sets[sfxDenyPorts]), denyTo(ReasonDenied)),
+		cat(lookupAddr(sets[sfxAllow]), accept()),
+		cat(lookupAddrPort(sets[sfxAllowPorts]), accept()),
+		cat(lookupAddr(l.sharedSets[setPrivate]), denyTo(ReasonPrivate)),
+		cat(lookupAddr(sets[sfxLearn]), accept()),
+		cat(lookupAddrPort(sets[sfxLearnPorts]), accept()),
+		cat(lookupAddr(sets[sfxPublic]), accept()),
+		denyTo(ReasonPolicy),
+	}
+	rules := make([]*nftables.Rule, len(exprs))
+	for i, e := range exprs {
+		rules[i] = &nftables.Rule{Table: l.table, Chain: ch, Exprs: e}
+	}
+	return rules
+}
+
+// applyPolicy queues the atomic replacement of a sandbox's static sets.
+func (l *layout) applyPolicy(c *nftables.Conn, iface string, p *compiled, resetLearned bool) error {
+	sets := l.sandboxSets(iface)
+	fill := map[string][]nftables.SetElement{
+		sfxAllow:      ivlElements(p.allowAny),
+		sfxAllowPorts: boxElements(p.allowPort),
+		sfxDeny:       ivlElements(p.denyAny),
+		sfxDenyPorts:  boxElements(p.denyPort),
+	}
+	if p.public {
+		fill[sfxPublic] = ivlElements([]ivl{{0, ^uint32(0)}})
+	}
+	for _, k := range sandboxSetOrder {
+		s := sets[k]
+		if (k == sfxLearn || k == sfxLearnPorts) && !resetLearned {
+			continue
+		}
+		c.FlushSet(s)
+		if len(fill[k]) > 0 {
+			if err := c.SetAddElements(s, fill[k]); err != nil {
+				return fmt.Errorf("fill set %s: %w", s.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// learn queues a DNS-learned address with a timeout. With refresh, the
+// element is added, deleted and added again so that an existing element
+// gets the new timeout and a missing one does not fail the delete; that
+// costs the commit an RCU grace period (milliseconds), so a new element
+// is only added.
+func (l *layout) learn(c *nftables.Conn, iface string, addr netip.Addr, ports []PortRange, ttl time.Duration, refresh bool) error {
+	sets := l.sandboxSets(iface)
+	var s *nftables.Set
+	var keys [][]byte
+	if len(ports) == 0 {
+		s = sets[sfxLearn]
+		keys = [][]byte{addrKey(addr)}
+	} else {
+		s = sets[sfxLearnPorts]
+		for _, pr := range ports {
+			for p := uint32(pr.First); p <= uint32(pr.Last); p++ {
+				for _, proto := range []uint8{protoTCP, protoUDP} {
+					keys = append(keys, cat(addrKey(addr), protoKey(proto), portKey(uint16(p))))
+				}
+			}
+		}
+	}
+	add := make([]nftables.SetElement, len(keys))
+	del := make([]nftables.SetElement, len(keys))
+	for i, k := range keys {
+		add[i] = nftables.SetElement{Key: k, Timeout: ttl}
+		del[i] = nftables.SetElement{Key: k}
+	}
+	if err := c.SetAddElements(s, add); err != nil {
+		return err
+	}
+	if !refresh {
+		return nil
+	}
+	if err := c.SetDeleteElements(s, del); err != nil {
+		return err
+	}
+	return c.SetAddElements(s, add)
+}
+
+// removeSandbox queues the removal of a sandbox's chain and sets. Objects
+// are added before they are deleted so the batch succeeds whether or not
+// they exist; shared-set elements are removed by the caller, who knows
+// which exist.
+func (l *layout) removeSandbox(c *nftables.Conn, iface string) error {
+	ch := c.AddChain(l.chain(sandboxChainPfx + iface))
+	c.FlushChain(ch)
+	sets := l.sandboxSets(iface)
+	for _, k := range sandboxSetOrder {
+		if err := c.AddSet(sets[k], nil); err != nil {
+			return err
+		}
+		c.DelSet(sets[k])
+	}
+	c.DelChain(ch)
+	return nil
+}
+
+// Expression helpers.
+
+func cat[T any](parts ...[]T) []T {
+	var out []T
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func accept() []expr.Any { return []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}} }
+func drop() []expr.Any   { return []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}} }
+
+func denyTo(reason string) []expr.Any { return []expr.Any{gotoChain(denyChainPrefix + reason)} }
+
+func gotoChain(name string) *expr.Verdict { return &expr.Verdict{Kind: expr.VerdictGoto, Chain: name} }
+
+func ipv4Only() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.NFPROTO_IPV4}},
+	}
+}
+
+func metaIn(key expr.MetaKey, s *nftables.Set) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: reg1},
+		&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID},
+	}
+}
+
+func ctStateIn(mask uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeySTATE, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(mask), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
+	}
+}
+
+func daddr(reg uint32) *expr.Payload {
+	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}
+}
+
+func dport(reg uint32) *expr.Payload {
+	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
+}
+
+func saddrIn(p netip.Prefix) []expr.Any {
+	mask := binary.BigEndian.AppendUint32(nil, ^uint32(0)<<(32-p.Bits()))
+	if p.Bits() == 0 {
+		mask = make([]byte, 4)
+	}
+	return []expr.Any{
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addrKey(p.Masked().Addr())},
+	}
+}
+
+// Set element encodings. Concatenated keys pad every field to 4 bytes.
+
+func ifnameKey(name string) []byte {
+	b := make([]byte, 16)
+	copy(b, name)
+	return b
+}
+
+func addrKey(a netip.Addr) []byte { b := a.As4(); return b[:] }
+
+func u32Key(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+
+func protoKey(p uint8) []byte { return []byte{p, 0, 0, 0} }
+
+func portKey(p uint16) []byte { return []byte{byte(p >> 8), byte(p), 0, 0} }
+
+func prefixIvls(ps []netip.Prefix) []ivl {
+	out := make([]ivl, len(ps))
+	for i, p := range ps {
+		out[i] = prefixIvl(p)
+	}
+	return mergeIvls(out)
+}
+
+// ivlElements encodes disjoint ranges for an rbtree interval set: a start
+// element and an end element one past the range, except at the top of
+// the address space.
+func ivlElements(s []ivl) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, v := range s {
+		out = append(out, nftables.SetElement{Key: u32Key(v.lo)})
+		if v.hi != ^uint32(0) {
+			out = append(out, nftables.SetElement{Key: u32Key(v.hi + 1), IntervalEnd: true})
+		}
+	}
+	return out
+}
+
+// boxElements encodes disjoint boxes for a concatenated interval set,
+// TCP and UDP each: key is the low corner, key end the high corner.
+func boxElements(s []box) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, b := range s {
+		for _, p := range []uint8{protoTCP, protoUDP} {
+			out = append(out, nftables.SetElement{
+				Key:    cat(u32Key(b.addr.lo), protoKey(p), portKey(b.ports.First)),
+				KeyEnd: cat(u32Key(b.addr.hi), protoKey(p), portKey(b.ports.Last)),
+			})
+		}
+	}
+	return out
+}

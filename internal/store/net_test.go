@@ -1,0 +1,72 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// A sandbox's network record and log persist, the log keeps only its
+// newest entries, and both go when the sandbox's record does.
+func TestNetRecordAndLog(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "nook.db")
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertSandbox(ctx, sample("id1", "one")); err != nil {
+		t.Fatal(err)
+	}
+	n := Net{Subnet: "10.89.0.0/30", Policy: []byte(`{"mode":"allowlist","allow":["example.com"]}`), Exposed: map[uint16]uint16{8000: 41000}}
+	if err := s.PutNet(ctx, "id1", n); err != nil {
+		t.Fatal(err)
+	}
+	n.Exposed[9000] = 42000
+	if err := s.PutNet(ctx, "id1", n); err != nil {
+		t.Fatal(err)
+	}
+	var entries []NetLogEntry
+	for i := range 30 {
+		entries = append(entries, NetLogEntry{SandboxID: "id1", Time: time.Unix(int64(i), 0), Kind: "dns", Destination: fmt.Sprintf("n%d.example", i), Reason: "not-allowed"})
+	}
+	entries = append(entries, NetLogEntry{SandboxID: "warm", Time: time.Now(), Kind: "dns", Destination: "x", Reason: "y"})
+	if err := s.AppendNetLog(ctx, entries, 10); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	s, err = Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, ok, err := s.GetNet(ctx, "id1")
+	if err != nil || !ok || got.Subnet != n.Subnet || string(got.Policy) != string(n.Policy) || got.Exposed[9000] != 42000 || len(got.Exposed) != 2 {
+		t.Fatalf("GetNet = %+v %v %v", got, ok, err)
+	}
+	if all, err := s.ListNets(ctx); err != nil || len(all) != 1 {
+		t.Fatalf("ListNets = %v %v", all, err)
+	}
+	log, err := s.NetLog(ctx, "id1", 5)
+	if err != nil || len(log) != 5 || log[0].Destination != "n25.example" || log[4].Destination != "n29.example" {
+		t.Fatalf("NetLog = %+v %v", log, err)
+	}
+	if log, _ := s.NetLog(ctx, "id1", 100); len(log) != 10 {
+		t.Fatalf("log kept %d entries, want 10", len(log))
+	}
+	if log, _ := s.NetLog(ctx, "warm", 100); len(log) != 0 {
+		t.Fatalf("log of a sandbox without a record: %+v", log)
+	}
+	if err := s.DeleteSandbox(ctx, "id1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := s.GetNet(ctx, "id1"); ok {
+		t.Fatal("network record outlived its sandbox")
+	}
+	if log, _ := s.NetLog(ctx, "id1", 100); len(log) != 0 {
+		t.Fatal("network log outlived its sandbox")
+	}
+}
