@@ -135,3 +135,28 @@ type NetHooks interface {
 	// Detach removes every network resource of the sandbox.
 	Detach(ctx context.Context, id string) error
 }
+
+// Snapshotter is an optional Backend feature: saving a sandbox (its disk,
+// and its memory where the backend can) as a snapshot while it goes on,
+// going back to a snapshot, and starting new sandboxes from one. Disk
+// layers are shared copy-on-write chains. Every step is crash-safe: a
+// daemon killed midway leaves the old state or the new one.
+type Snapshotter interface {
+	// Snapshot saves sandbox id as snapshot snapID: a running sandbox goes
+	// on running, a paused one stays paused.
+	Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, error)
+	// Rollback puts sandbox id back to snapshot snapID, running.
+	Rollback(ctx context.Context, id, snapID string) error
+	// Fork creates sandbox sb (ID and limits set) from snapshot snapID, running.
+	Fork(ctx context.Context, sb *Sandbox, snapID string) error
+	// GC removes the files of snapshots not in keep that nothing uses.
+	GC(ctx context.Context, keep []string) error
+	// SnapshotUsage is the disk a snapshot's own files take.
+	SnapshotUsage(snapID string) int64
+}
+
+// SnapshotInfo is what a backend says of a snapshot it took.
+type SnapshotInfo struct {
+	Memory    bool  // the snapshot has the sandbox's memory (its processes go on after a rollback)
+	SizeBytes int64 // its own disk use
+}

@@ -2,6 +2,8 @@ package vm
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,16 +19,74 @@ import (
 
 var _ core.Pauser = (*Backend)(nil)
 
-// A paused vm is saved to disk: QMP stop, the guest's whole memory and
-// device state migrated into paused.state (written to a temporary file,
-// synced, renamed), the disk flushed, and QEMU ended, so that it holds no
-// CPU and no RAM. Resume starts a QEMU on the same disk and loads the
-// state: every process, open file and connection in the guest goes on.
+// A vm's directory holds its disks, logs, sockets and two small records:
 //
-// The sandbox's QEMU (its PID and start time) is recorded in run.json in
-// its directory, because a resume starts a new one.
+//   - head.json: which disk file is the vm's current top layer, and (when
+//     the vm is saved) which state file a start must load. Every change
+//     of either (pause, snapshot, rollback, fork) writes the new files
+//     under fresh names first and then replaces head.json (write, sync,
+//     rename): that rename is the commit point, so a daemon killed at
+//     any moment leaves the old or the new vm, never a mix.
+//   - run.json: the live QEMU (PID and start time) and the machine it was
+//     started as, since a resume starts a new QEMU.
+//
+// A paused vm is saved to disk: QMP stop, the guest's whole memory and
+// device state migrated into a state file, head.json pointing at it, and
+// QEMU ended, so that it holds no CPU and no RAM. Resume starts a QEMU on
+// the head disk and loads the state: every process, open file and
+// connection in the guest goes on.
 
-const pausedState = "paused.state"
+// head is a vm's current disk and, if saved, the state to start from.
+type head struct {
+	Disk   string `json:"disk"`             // file name in the vm's directory
+	Resume string `json:"resume,omitempty"` // state file: relative to the directory, or absolute (a snapshot's)
+}
+
+func (b *Backend) readHead(id string) head {
+	h := head{Disk: "disk.qcow2"}
+	if data, err := os.ReadFile(filepath.Join(b.dir(id), "head.json")); err == nil {
+		json.Unmarshal(data, &h)
+	}
+	return h
+}
+
+func (b *Backend) writeHead(id string, h head) error {
+	return writeFileAtomic(filepath.Join(b.dir(id), "head.json"), h)
+}
+
+func (h head) resumePath(dir string) string {
+	if h.Resume == "" || filepath.IsAbs(h.Resume) {
+		return h.Resume
+	}
+	return filepath.Join(dir, h.Resume)
+}
+
+// writeFileAtomic writes v as JSON to path: temporary file, sync, rename, sync the directory.
+func writeFileAtomic(path string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	f.Close()
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	syncDir(filepath.Dir(path))
+	return nil
+}
 
 // PauseKind implements core.Pauser.
 func (b *Backend) PauseKind() string {
@@ -35,8 +95,8 @@ func (b *Backend) PauseKind() string {
 
 func (b *Backend) runFile(id string) string { return filepath.Join(b.dir(id), "run.json") }
 
-// running returns the sandbox's live QEMU, from run.json.
-func (b *Backend) running(id string) (state, bool) {
+// readRun returns what run.json says, and whether that QEMU is alive.
+func (b *Backend) readRun(id string) (state, bool) {
 	var st state
 	data, err := os.ReadFile(b.runFile(id))
 	if err != nil || json.Unmarshal(data, &st) != nil {
@@ -45,46 +105,60 @@ func (b *Backend) running(id string) (state, bool) {
 	return st, st.PID > 0 && procStartTime(st.PID) == st.StartTime
 }
 
-func (b *Backend) writeRun(id string, st state) error {
-	data, _ := json.Marshal(st)
-	tmp := b.runFile(id) + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
+// running returns the sandbox's live QEMU, first finishing what a crash
+// interrupted: a QEMU whose state was saved (run.json says so) is ended if
+// the head committed that state, and continued if it did not.
+func (b *Backend) running(id string) (state, bool) {
+	st, live := b.readRun(id)
+	if !live || !st.Saved {
+		return st, live
 	}
-	return os.Rename(tmp, b.runFile(id))
+	if b.readHead(id).Resume != "" {
+		syscall.Kill(st.PID, syscall.SIGKILL)
+		waitGone(st.PID, 5*time.Second)
+		return st, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if mon, err := dialQMP(ctx, filepath.Join(b.dir(id), "qmp.sock")); err == nil {
+		err = mon.run("cont", nil, nil)
+		mon.close()
+		if err == nil {
+			st.Saved = false
+			b.writeRun(id, st)
+		}
+	}
+	return st, true
+}
+
+func (b *Backend) writeRun(id string, st state) error {
+	return writeFileAtomic(b.runFile(id), st)
 }
 
 // Paused implements core.Pauser.
 func (b *Backend) Paused(ctx context.Context, id string) (bool, error) {
-	if _, err := os.Stat(filepath.Join(b.dir(id), pausedState)); err != nil {
+	if b.readHead(id).Resume == "" {
 		return false, nil
 	}
 	_, live := b.running(id)
 	return !live, nil
 }
 
-// Pause implements core.Pauser.
-func (b *Backend) Pause(ctx context.Context, id string) error {
-	st, live := b.running(id)
-	if !live {
-		if _, err := os.Stat(filepath.Join(b.dir(id), pausedState)); err == nil {
-			return nil // already saved
-		}
-		return errdefs.Precondition("the vm is not running")
-	}
+// saveTo stops a live vm and writes its whole state to path (via a
+// temporary file, synced). The vm stays stopped; its QEMU is alive.
+func (b *Backend) saveTo(ctx context.Context, id, path string) error {
 	mon, err := dialQMP(ctx, filepath.Join(b.dir(id), "qmp.sock"))
 	if err != nil {
 		return err
 	}
 	defer mon.close()
-	final := filepath.Join(b.dir(id), pausedState)
-	tmp := final + ".tmp"
+	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp)
-	// Always on, so that resume knows what to expect; this sandbox's RAM is
+	// Always on, so that a start knows what to expect; a sandbox's RAM is
 	// private (share=off), so all of it goes into the state either way.
 	err = mon.setIgnoreShared()
 	if err == nil {
@@ -94,56 +168,103 @@ func (b *Backend) Pause(ctx context.Context, id string) error {
 		err = f.Sync()
 	}
 	f.Close()
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
 	if err != nil {
 		mon.run("cont", nil, nil) // leave it running, as it was
 		return fmt.Errorf("save the vm: %w", err)
 	}
-	if err := os.Rename(tmp, final); err != nil {
-		mon.run("cont", nil, nil)
+	syncDir(filepath.Dir(path))
+	return nil
+}
+
+// stopQEMU ends a QEMU whose state is safe (stop already flushed its disks).
+func stopQEMU(ctx context.Context, dir string, pid int) {
+	if mon, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock")); err == nil {
+		mon.run("quit", nil, nil)
+		mon.close()
+	}
+	if !waitGone(pid, 10*time.Second) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		waitGone(pid, 5*time.Second)
+	}
+}
+
+// Pause implements core.Pauser.
+func (b *Backend) Pause(ctx context.Context, id string) error {
+	st, live := b.running(id)
+	h := b.readHead(id)
+	if !live {
+		if h.Resume != "" {
+			return nil // already saved
+		}
+		return errdefs.Precondition("the vm is not running")
+	}
+	name := "paused-" + randHex(4) + ".state"
+	if err := b.saveTo(ctx, id, filepath.Join(b.dir(id), name)); err != nil {
 		return err
 	}
-	syncDir(b.dir(id))
-	// The state is safe on disk: end QEMU (stop already flushed the disk).
-	mon.run("quit", nil, nil)
-	if !waitGone(st.PID, 10*time.Second) {
-		syscall.Kill(st.PID, syscall.SIGKILL)
-		waitGone(st.PID, 5*time.Second)
+	return b.commitSaved(ctx, id, st, head{Disk: h.Disk, Resume: name}, "")
+}
+
+// commitSaved ends a vm whose state was just saved, once head h (naming
+// that state) is committed: run.json says saved first, so that a crash
+// before the head commit continues the QEMU and one after ends it. A
+// disk file the vm no longer uses (oldDisk) is removed last.
+func (b *Backend) commitSaved(ctx context.Context, id string, st state, h head, oldDisk string) error {
+	st.Saved = true
+	if err := b.writeRun(id, st); err != nil {
+		return err
+	}
+	if err := b.writeHead(id, h); err != nil {
+		return err
+	}
+	stopQEMU(ctx, b.dir(id), st.PID)
+	if oldDisk != "" && oldDisk != h.Disk {
+		os.Remove(filepath.Join(b.dir(id), oldDisk))
 	}
 	return nil
 }
 
-// Resume implements core.Pauser.
+// Resume implements core.Pauser: it starts the vm from the state its head names.
 func (b *Backend) Resume(ctx context.Context, id string) error {
 	if _, live := b.running(id); live {
 		return nil
 	}
-	statePath := filepath.Join(b.dir(id), pausedState)
+	st, _ := b.readRun(id)
+	if st.KernelHash == "" {
+		return fmt.Errorf("the vm's record (run.json) is missing")
+	}
+	return b.startSaved(ctx, id, st)
+}
+
+// startSaved starts QEMU on the head disk, loads the head's state, and
+// records the new QEMU; a state file of the vm's own is then deleted.
+func (b *Backend) startSaved(ctx context.Context, id string, st state) error {
+	dir := b.dir(id)
+	h := b.readHead(id)
+	statePath := h.resumePath(dir)
+	if statePath == "" {
+		return errdefs.Precondition("the vm has no saved state to start from")
+	}
 	fi, err := os.Stat(statePath)
 	if err != nil {
-		return errdefs.Precondition("the vm has no saved state to resume from")
+		return fmt.Errorf("the vm's saved state: %w", err)
 	}
 	if avail := memAvailable(); avail > 0 && avail < fi.Size()+(256<<20) {
-		return errdefs.Exhausted("not enough free memory to resume the vm: it needs about %s, the host has %s available",
+		return errdefs.Exhausted("not enough free memory to start the vm: it needs about %s, the host has %s available",
 			core.FormatBytes(fi.Size()+(256<<20)), core.FormatBytes(avail))
-	}
-	var st state
-	data, err := os.ReadFile(b.runFile(id))
-	if err != nil {
-		return fmt.Errorf("the paused vm's record: %w", err)
-	}
-	if err := json.Unmarshal(data, &st); err != nil {
-		return err
 	}
 	k, err := b.ensureKernel(ctx)
 	if err != nil {
 		return err
 	}
 	if k.Hash != st.KernelHash {
-		return errdefs.Precondition("the vm was paused with another guest kernel or agent (%s), which this nook no longer has", st.KernelHash)
+		return errdefs.Precondition("the vm was saved with another guest kernel or agent (%s), which this nook no longer has", st.KernelHash)
 	}
-	dir := b.dir(id)
 	m := machine{Accel: st.Accel, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Kernel: k, TSCKHz: st.TSCKHz}
-	l := launch{machine: m, Disk: filepath.Join(dir, "disk.qcow2"), AgentSock: filepath.Join(dir, "agent.sock"),
+	l := launch{machine: m, Disk: filepath.Join(dir, h.Disk), AgentSock: filepath.Join(dir, "agent.sock"),
 		QMPSock: filepath.Join(dir, "qmp.sock"), ConsoleLog: filepath.Join(dir, "console.log"), Incoming: true}
 	if b.cfg.Net != nil {
 		if l.Tap, err = b.cfg.Net.AttachTap(ctx, id); err != nil {
@@ -183,17 +304,29 @@ func (b *Backend) Resume(ctx context.Context, id string) error {
 		return fail(err)
 	}
 	if err := mon.loadState(ctx, f); err != nil {
-		return fail(fmt.Errorf("restore the paused vm: %w%s", err, b.consoleTail(dir)))
+		return fail(fmt.Errorf("start the saved vm: %w%s", err, b.consoleTail(dir)))
 	}
-	st.PID, st.StartTime = proc.pid, procStartTime(proc.pid)
+	st.PID, st.StartTime, st.Saved = proc.pid, procStartTime(proc.pid), false
 	if err := b.writeRun(id, st); err != nil {
 		return fail(err)
 	}
-	// Running again: the saved state is history now.
-	if err := os.Remove(statePath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
+	h.Resume = ""
+	if err := b.writeHead(id, h); err != nil {
+		return fail(err)
+	}
+	// Running again: a state file of its own is history (a snapshot's stays).
+	if strings.HasPrefix(statePath, dir+string(filepath.Separator)) {
+		if err := os.Remove(statePath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	return nil
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 func waitGone(pid int, timeout time.Duration) bool {

@@ -49,6 +49,7 @@ type Config struct {
 	QEMUImg      string // qemu-img; default: found in PATH
 	StateDir     string // per-sandbox directories
 	CacheDir     string // kernels, template disk images and snapshots
+	LayersDir    string // sandbox snapshots; default: "vm-snapshots" beside StateDir (the same filesystem: layers are hard links)
 	KernelRoot   string // an unpacked Debian linux-image package (or /); default: fetched with apt into CacheDir
 	AgentBinary  string // the static nook-agent that becomes the guest's init
 	CgroupParent string
@@ -102,6 +103,9 @@ func New(cfg Config) *Backend {
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "nook"
+	}
+	if cfg.LayersDir == "" {
+		cfg.LayersDir = filepath.Join(filepath.Dir(cfg.StateDir), "vm-snapshots")
 	}
 	if cfg.RunAs == "" {
 		if _, err := user.Lookup("nobody"); err == nil {
@@ -212,6 +216,8 @@ type state struct {
 	CPULimit   float64 `json:"cpu_limit"`
 	MemoryMiB  int64   `json:"memory_mib"`
 	TSCKHz     int64   `json:"tsc_khz"`
+	// Saved: this QEMU's state was written to disk; it only waits to end.
+	Saved bool `json:"saved,omitempty"`
 }
 
 // ensureKernel prepares the guest kernel once per process.
@@ -530,7 +536,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 
 // qemuPID finds a QEMU still holding a sandbox directory's QMP socket.
 func qemuPID(dir string) int {
-	target := filepath.Join(dir, "disk.qcow2")
+	target := dir + string(filepath.Separator) + "disk"
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {
 		pid, err := strconv.Atoi(p.Name())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -253,5 +254,127 @@ func TestBootTimeout(t *testing.T) {
 	}
 	if leaks := h.Leaks(sb.ID); len(leaks) > 0 {
 		t.Fatalf("failed create left %v", leaks)
+	}
+}
+
+// TestSnapshots: snapshot a running vm with a file and a background
+// server, break things, roll back (the server still runs, the file is
+// back), fork twice (each fork sees the snapshot, not the other's writes),
+// snapshot a paused vm (it stays paused), and GC removes every layer once
+// nothing uses them.
+func TestSnapshots(t *testing.T) {
+	b, h := newTestBackend(t, testConfig{})
+	ctx := context.Background()
+	s := conformance.Create(t, h, "vm-snap")
+	s.Sh(t, "echo one > /root/a")
+	srv, err := s.Agent.Start(ctx, &agent.ExecRequest{Argv: []string{"python3", "-m", "http.server", "-d", "/root", "8000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitHTTP(t, s)
+	info, err := b.Snapshot(ctx, s.ID, "snap-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Memory || info.SizeBytes <= 0 {
+		t.Fatalf("snapshot info %+v", info)
+	}
+	// It goes on running after the snapshot.
+	if got := s.Sh(t, "cat /root/a"); got != "one\n" {
+		t.Fatalf("after snapshot: %q", got)
+	}
+	// Break things.
+	s.Sh(t, "rm /root/a; echo junk > /root/b")
+	if err := s.Agent.SignalProcess(ctx, srv, "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Rollback(ctx, s.ID, "snap-1"); err != nil {
+		t.Fatal(err)
+	}
+	s.Agent.Close()
+	if got := s.Sh(t, "cat /root/a; ls /root"); got != "one\na\n" {
+		t.Fatalf("after rollback: %q", got)
+	}
+	if got := s.Sh(t, "curl -s localhost:8000/a"); got != "one\n" {
+		t.Fatalf("the server after rollback: %q", got)
+	}
+
+	// Forks: independent, each from the snapshot.
+	var forks []*conformance.Sandbox
+	for i := 0; i < 2; i++ {
+		sb := conformance.NewSandbox(fmt.Sprintf("vm-fork-%d", i), h.TemplateID)
+		if err := b.Fork(ctx, sb, "snap-1"); err != nil {
+			t.Fatal(err)
+		}
+		f := conformance.Adopt(t, h, sb)
+		if err := f.Agent.Configure(ctx, &agent.ConfigureRequest{Hostname: sb.Name}); err != nil {
+			t.Fatal(err)
+		}
+		forks = append(forks, f)
+	}
+	forks[0].Sh(t, "echo zero > /root/f0")
+	forks[1].Sh(t, "echo first > /root/f1")
+	if got := forks[1].Sh(t, "ls /root; hostname"); got != "a\nf1\nvm-fork-1\n" {
+		t.Fatalf("fork 1 sees: %q", got)
+	}
+	if got := forks[0].Sh(t, "ls /root; curl -s localhost:8000/a"); got != "a\nf0\none\n" {
+		t.Fatalf("fork 0 sees: %q", got)
+	}
+	if got := s.Sh(t, "ls /root"); got != "a\n" {
+		t.Fatalf("the source sees its forks' writes: %q", got)
+	}
+
+	// A paused vm's snapshot leaves it paused.
+	if err := b.Pause(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Snapshot(ctx, s.ID, "snap-2"); err != nil {
+		t.Fatal(err)
+	}
+	if paused, _ := b.Paused(ctx, s.ID); !paused {
+		t.Fatal("a paused vm runs after its snapshot")
+	}
+	if err := b.Resume(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.Agent.Close()
+	if got := s.Sh(t, "cat /root/a"); got != "one\n" {
+		t.Fatalf("after resume: %q", got)
+	}
+
+	// Layers the sandboxes use survive GC; once they are gone, so are the layers.
+	if err := b.GC(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(b.layerDir("snap-1")); err != nil {
+		t.Fatalf("GC removed a layer in use: %v", err)
+	}
+	for _, f := range forks {
+		f.Destroy(t)
+	}
+	s.Destroy(t)
+	if err := b.GC(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(b.cfg.LayersDir); len(entries) != 0 {
+		t.Fatalf("GC left %d layers", len(entries))
+	}
+	if err := b.Rollback(ctx, "0000000000000000", "snap-1"); err == nil {
+		t.Fatal("rollback to a removed snapshot succeeded")
+	}
+}
+
+func waitHTTP(t *testing.T, s *conformance.Sandbox) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, err := s.Exec(t, &agent.ExecRequest{Argv: []string{"curl", "-sf", "localhost:8000/"}})
+		if err == nil && r.Exit.ExitCode == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the server in the vm did not answer")
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

@@ -1,0 +1,324 @@
+package vm
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+)
+
+var _ core.Snapshotter = (*Backend)(nil)
+
+// Snapshots. A snapshot is a directory in LayersDir:
+//
+//	disk.qcow2  the vm's top disk layer at the time (a hard link of the
+//	            file the vm was writing, which then stops writing it: the
+//	            vm goes on in a new empty qcow2 layer on top of it)
+//	mem.state   the whole guest (RAM and devices), as a pause writes it
+//	meta.json   the machine it was (vCPUs, RAM, kernel), for forks
+//
+// Layers chain through qcow2 backing files (a snapshot's disk backs onto
+// the previous one, down to the template snapshot's disk and the
+// template's image), so a chain of snapshots costs what changed between
+// them, never full copies. The directory is written as NAME.tmp and
+// renamed; the vm's head.json is committed after that (see pause.go), so
+// a crash leaves the old vm or the new one, and at worst a layer no
+// record names, which GC removes once nothing uses it.
+
+func (b *Backend) layerDir(snapID string) string { return filepath.Join(b.cfg.LayersDir, snapID) }
+
+func validSnapID(id string) error {
+	if id == "" || strings.ContainsAny(id, "/.") {
+		return errdefs.Invalid("bad snapshot id %q", id)
+	}
+	return nil
+}
+
+// Snapshot implements core.Snapshotter.
+func (b *Backend) Snapshot(ctx context.Context, id, snapID string) (core.SnapshotInfo, error) {
+	if err := validSnapID(snapID); err != nil {
+		return core.SnapshotInfo{}, err
+	}
+	dir := b.dir(id)
+	layer := b.layerDir(snapID)
+	tmp := layer + ".tmp"
+	os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return core.SnapshotInfo{}, err
+	}
+	defer os.RemoveAll(tmp)
+	st, live := b.running(id)
+	h := b.readHead(id)
+	switch {
+	case live:
+		if err := b.saveTo(ctx, id, filepath.Join(tmp, "mem.state")); err != nil {
+			return core.SnapshotInfo{}, err
+		}
+	case h.Resume != "":
+		if err := linkOrCopy(h.resumePath(dir), filepath.Join(tmp, "mem.state")); err != nil {
+			return core.SnapshotInfo{}, err
+		}
+	default:
+		return core.SnapshotInfo{}, errdefs.Precondition("the vm is neither running nor paused")
+	}
+	cont := func() {
+		if live {
+			if mon, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock")); err == nil {
+				mon.run("cont", nil, nil)
+				mon.close()
+			}
+		}
+	}
+	if err := linkOrCopy(filepath.Join(dir, h.Disk), filepath.Join(tmp, "disk.qcow2")); err != nil {
+		cont()
+		return core.SnapshotInfo{}, err
+	}
+	meta := st
+	meta.PID, meta.StartTime, meta.Saved = 0, 0, false
+	if err := writeFileAtomic(filepath.Join(tmp, "meta.json"), meta); err != nil {
+		cont()
+		return core.SnapshotInfo{}, err
+	}
+	if err := os.Rename(tmp, layer); err != nil {
+		cont()
+		return core.SnapshotInfo{}, err
+	}
+	syncDir(b.cfg.LayersDir)
+	newDisk := "disk-" + randHex(4) + ".qcow2"
+	if err := b.qemuImgCreate(ctx, filepath.Join(layer, "disk.qcow2"), "qcow2", filepath.Join(dir, newDisk)); err != nil {
+		cont()
+		return core.SnapshotInfo{}, err
+	}
+	if !live {
+		// Paused: it stays paused, on the new layer.
+		if err := b.writeHead(id, head{Disk: newDisk, Resume: h.Resume}); err != nil {
+			return core.SnapshotInfo{}, err
+		}
+		os.Remove(filepath.Join(dir, h.Disk))
+	} else {
+		if err := b.commitSaved(ctx, id, st, head{Disk: newDisk, Resume: filepath.Join(layer, "mem.state")}, h.Disk); err != nil {
+			return core.SnapshotInfo{}, err
+		}
+		if err := b.startSaved(ctx, id, st); err != nil {
+			return core.SnapshotInfo{}, fmt.Errorf("snapshot taken, but the vm did not start again: %w", err)
+		}
+	}
+	return core.SnapshotInfo{Memory: true, SizeBytes: b.SnapshotUsage(snapID)}, nil
+}
+
+// Rollback implements core.Snapshotter: the vm's current state is
+// discarded and it starts from the snapshot's.
+func (b *Backend) Rollback(ctx context.Context, id, snapID string) error {
+	if err := validSnapID(snapID); err != nil {
+		return err
+	}
+	layer := b.layerDir(snapID)
+	if _, err := os.Stat(filepath.Join(layer, "meta.json")); err != nil {
+		return errdefs.NotFound("snapshot %s has no saved vm", snapID)
+	}
+	dir := b.dir(id)
+	st, live := b.running(id)
+	h := b.readHead(id)
+	newDisk := "disk-" + randHex(4) + ".qcow2"
+	if err := b.qemuImgCreate(ctx, filepath.Join(layer, "disk.qcow2"), "qcow2", filepath.Join(dir, newDisk)); err != nil {
+		return err
+	}
+	next := head{Disk: newDisk, Resume: filepath.Join(layer, "mem.state")}
+	if live {
+		if err := b.commitSaved(ctx, id, st, next, h.Disk); err != nil {
+			return err
+		}
+	} else {
+		if err := b.writeHead(id, next); err != nil {
+			return err
+		}
+		os.Remove(filepath.Join(dir, h.Disk))
+		if p := h.resumePath(dir); p != "" && strings.HasPrefix(p, dir+string(filepath.Separator)) {
+			os.Remove(p)
+		}
+	}
+	if st.KernelHash == "" {
+		if err := readJSON(filepath.Join(layer, "meta.json"), &st); err != nil {
+			return err
+		}
+	}
+	return b.startSaved(ctx, id, st)
+}
+
+// Fork implements core.Snapshotter: a new vm, sb, starts from the
+// snapshot on a layer of its own.
+func (b *Backend) Fork(ctx context.Context, sb *core.Sandbox, snapID string) (err error) {
+	if err := validSnapID(snapID); err != nil {
+		return err
+	}
+	layer := b.layerDir(snapID)
+	var st state
+	if err := readJSON(filepath.Join(layer, "meta.json"), &st); err != nil {
+		return errdefs.NotFound("snapshot %s has no saved vm", snapID)
+	}
+	dir := b.dir(sb.ID)
+	if err := os.MkdirAll(b.cfg.StateDir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			b.Destroy(context.WithoutCancel(ctx), sb.ID)
+		}
+	}()
+	disk := "disk-" + randHex(4) + ".qcow2"
+	if err := b.qemuImgCreate(ctx, filepath.Join(layer, "disk.qcow2"), "qcow2", filepath.Join(dir, disk)); err != nil {
+		return err
+	}
+	st.CPULimit, st.Boot = sb.CPUs, "fork"
+	if err := b.writeRun(sb.ID, st); err != nil {
+		return err
+	}
+	if err := b.writeHead(sb.ID, head{Disk: disk, Resume: filepath.Join(layer, "mem.state")}); err != nil {
+		return err
+	}
+	if err := b.startSaved(ctx, sb.ID, st); err != nil {
+		return err
+	}
+	st, _ = b.readRun(sb.ID)
+	sb.BackendState, _ = json.Marshal(st)
+	return nil
+}
+
+// SnapshotUsage implements core.Snapshotter: the disk a snapshot's own
+// files take (its layer and its memory), not what it shares.
+func (b *Backend) SnapshotUsage(snapID string) int64 {
+	var n int64
+	for _, f := range []string{"disk.qcow2", "mem.state"} {
+		if fi, err := os.Stat(filepath.Join(b.layerDir(snapID), f)); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
+			}
+		}
+	}
+	return n
+}
+
+// GC implements core.Snapshotter: it removes snapshot layers that are not
+// kept (the daemon's records) and that no vm's disk chain or saved state
+// uses, and unfinished ones.
+func (b *Backend) GC(ctx context.Context, keep []string) error {
+	used := map[string]bool{}
+	for _, id := range keep {
+		used[id] = true
+	}
+	ids, err := b.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		h := b.readHead(id)
+		if p := h.resumePath(b.dir(id)); p != "" {
+			if snap, ok := b.layerOf(p); ok {
+				used[snap] = true
+			}
+		}
+		for _, f := range backingChain(filepath.Join(b.dir(id), h.Disk)) {
+			if snap, ok := b.layerOf(f); ok {
+				used[snap] = true
+			}
+		}
+	}
+	// Kept layers keep their own backing layers.
+	for snap := range used {
+		for _, f := range backingChain(filepath.Join(b.layerDir(snap), "disk.qcow2")) {
+			if s, ok := b.layerOf(f); ok {
+				used[s] = true
+			}
+		}
+	}
+	entries, err := os.ReadDir(b.cfg.LayersDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if !used[e.Name()] {
+			if err := os.RemoveAll(filepath.Join(b.cfg.LayersDir, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// layerOf returns the snapshot a file in LayersDir belongs to.
+func (b *Backend) layerOf(path string) (string, bool) {
+	rel, err := filepath.Rel(b.cfg.LayersDir, path)
+	if err != nil || strings.HasPrefix(rel, "..") || !strings.Contains(rel, string(filepath.Separator)) {
+		return "", false
+	}
+	return strings.SplitN(rel, string(filepath.Separator), 2)[0], true
+}
+
+// backingChain returns the backing files under a qcow2 image, nearest
+// first, read from each image's header (offset 8: backing file name
+// offset, 16: its length).
+func backingChain(path string) []string {
+	var chain []string
+	for i := 0; i < 256; i++ {
+		f, err := os.Open(path)
+		if err != nil {
+			return chain
+		}
+		hdr := make([]byte, 20)
+		_, err = io.ReadFull(f, hdr)
+		if err != nil || string(hdr[:4]) != "QFI\xfb" {
+			f.Close()
+			return chain
+		}
+		off, size := binary.BigEndian.Uint64(hdr[8:16]), binary.BigEndian.Uint32(hdr[16:20])
+		if off == 0 || size == 0 || size > 4096 {
+			f.Close()
+			return chain
+		}
+		name := make([]byte, size)
+		_, err = f.ReadAt(name, int64(off))
+		f.Close()
+		if err != nil {
+			return chain
+		}
+		next := string(name)
+		if !filepath.IsAbs(next) {
+			next = filepath.Join(filepath.Dir(path), next)
+		}
+		chain = append(chain, next)
+		path = next
+	}
+	return chain
+}
+
+// linkOrCopy hard-links src to dst, copying where a link cannot be made.
+func linkOrCopy(src, dst string) error {
+	if err := os.Link(src, dst); err == nil {
+		return nil
+	}
+	return copyFile(src, dst)
+}
+
+func readJSON(path string, v any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(data, v)
+}
