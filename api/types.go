@@ -41,16 +41,19 @@ type Sandbox struct {
 	// vm sandboxes: the accelerator (kvm or tcg), how the sandbox started
 	// (snapshot: restored from its template's snapshot; cold: booted) and
 	// the guest kernel's release.
-	Accelerator string            `json:"accelerator,omitempty"`
-	Boot        string            `json:"boot,omitempty"`
-	GuestKernel string            `json:"guest_kernel,omitempty"`
-	CPUs        float64           `json:"cpus"`
-	MemoryBytes int64             `json:"memory_bytes"`
-	DiskBytes   int64             `json:"disk_bytes,omitempty"` // 0: not limited
-	PidsLimit   int64             `json:"pids_limit"`
-	Env         map[string]string `json:"env,omitempty"`
-	CreatedAt   time.Time         `json:"created_at"`
-	ExpiresAt   time.Time         `json:"expires_at"`
+	Accelerator string `json:"accelerator,omitempty"`
+	Boot        string `json:"boot,omitempty"`
+	GuestKernel string `json:"guest_kernel,omitempty"`
+	// SnapshotsBytes is the disk the sandbox's snapshots really use (their
+	// own layers and memory, not what they share).
+	SnapshotsBytes int64             `json:"snapshots_bytes,omitempty"`
+	CPUs           float64           `json:"cpus"`
+	MemoryBytes    int64             `json:"memory_bytes"`
+	DiskBytes      int64             `json:"disk_bytes,omitempty"` // 0: not limited
+	PidsLimit      int64             `json:"pids_limit"`
+	Env            map[string]string `json:"env,omitempty"`
+	CreatedAt      time.Time         `json:"created_at"`
+	ExpiresAt      time.Time         `json:"expires_at"`
 	// IdlePause is how long the sandbox may be idle before it pauses
 	// itself (e.g. "10m"); absent: never.
 	IdlePause string `json:"idle_pause,omitempty"`
@@ -193,6 +196,7 @@ type Capabilities struct {
 	DiskLimit   bool `json:"disk_limit"`
 	PidsLimit   bool `json:"pids_limit"`
 	Pause       bool `json:"pause"`
+	Snapshot    bool `json:"snapshot"`
 	OwnKernel   bool `json:"own_kernel"`
 }
 
@@ -207,6 +211,8 @@ type Info struct {
 	DataDir     string    `json:"data_dir"`
 	Backends    []Backend `json:"backends"`
 	Sandboxes   int       `json:"sandboxes"`
+	// SnapshotsBytes is the disk every snapshot really uses.
+	SnapshotsBytes int64 `json:"snapshots_bytes"`
 }
 
 // Error codes. They are stable: clients may switch on them.

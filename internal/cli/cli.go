@@ -87,7 +87,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(serveCmd(), createCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd())
+	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd())
 	return root
 }
 
@@ -306,6 +306,9 @@ func inspectCmd() *cobra.Command {
 			if sb.DiskBytes > 0 {
 				fmt.Fprintf(tw, "disk:\t%s\n", core.FormatBytes(sb.DiskBytes))
 			}
+			if sb.SnapshotsBytes > 0 {
+				fmt.Fprintf(tw, "snapshots:\t%s on disk (nook snapshots %s)\n", core.FormatBytes(sb.SnapshotsBytes), sb.Name)
+			}
 			if sb.Accelerator != "" {
 				fmt.Fprintf(tw, "accelerator:\t%s\nguest kernel:\t%s\nstarted by:\t%s\n", sb.Accelerator, sb.GuestKernel, sb.Boot)
 			}
@@ -510,8 +513,8 @@ func infoCmd() *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), info)
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "nook %s (client %s) at %s\nkernel: %s\ncpus: %d  memory: %s\naccelerator: %s\ncgroups: %s\ndata dir: %s\nsandboxes: %d\nbackends:\n",
-				info.Version, daemon.Version, cl.Host(), info.Kernel, info.CPUs, core.FormatBytes(info.MemoryBytes), info.Accelerator, info.CgroupMode, info.DataDir, info.Sandboxes)
+			fmt.Fprintf(w, "nook %s (client %s) at %s\nkernel: %s\ncpus: %d  memory: %s\naccelerator: %s\ncgroups: %s\ndata dir: %s\nsandboxes: %d\nsnapshots: %s on disk\nbackends:\n",
+				info.Version, daemon.Version, cl.Host(), info.Kernel, info.CPUs, core.FormatBytes(info.MemoryBytes), info.Accelerator, info.CgroupMode, info.DataDir, info.Sandboxes, core.FormatBytes(info.SnapshotsBytes))
 			for _, b := range info.Backends {
 				state := "available"
 				if !b.Available {

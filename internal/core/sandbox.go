@@ -92,3 +92,20 @@ func (sb *Sandbox) API() api.Sandbox {
 }
 
 func (sb *Sandbox) String() string { return fmt.Sprintf("%s (%s)", sb.Name, sb.ID) }
+
+// Snapshot is the daemon's record of a snapshot of a sandbox.
+type Snapshot struct {
+	ID        string
+	SandboxID string
+	Sandbox   string // its sandbox's name, filled in for views
+	Name      string // unique within its sandbox
+	Parent    string // the snapshot its sandbox descended from when this one was taken
+	CreatedAt time.Time
+	SizeBytes int64 // the disk its own layers and memory take
+	Memory    bool  // it holds the sandbox's memory, not only its disk
+}
+
+// API returns the snapshot as the API reports it.
+func (s *Snapshot) API() api.Snapshot {
+	return api.Snapshot{ID: s.ID, Name: s.Name, Sandbox: s.Sandbox, Parent: s.Parent, CreatedAt: s.CreatedAt.UTC(), SizeBytes: s.SizeBytes, Memory: s.Memory}
+}

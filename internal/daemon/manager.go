@@ -559,6 +559,8 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
 		return err
 	}
+	// Its snapshots' records went with it; their files go unless forks use them.
+	m.gcSnapshots(ctx)
 	m.log.Info("sandbox destroyed", "sandbox", sb.Name, "id", sb.ID)
 	return nil
 }
@@ -572,6 +574,7 @@ func (m *Manager) View(sb *core.Sandbox) api.Sandbox {
 	if d, ok := m.backends[sb.Isolation].(core.Describer); ok {
 		d.Describe(sb, &v)
 	}
+	v.SnapshotsBytes = m.SnapshotsUsage(context.Background(), sb.ID)
 	if sb.State == core.StatePaused {
 		if p, ok := m.backends[sb.Isolation].(core.Pauser); ok {
 			v.PauseKind = p.PauseKind()
@@ -922,6 +925,9 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			}
 		}
 	}
+	// Snapshot files a crash left unrecorded (or half written), and those
+	// of snapshots whose records are gone, unless a sandbox uses them.
+	m.gcSnapshots(ctx)
 	if m.net != nil {
 		// Policies, resolvers and exposed ports come back; networks no
 		// record owns go.
@@ -1014,6 +1020,7 @@ func (m *Manager) Info(ctx context.Context) api.Info {
 	if sbs, err := m.store.ListSandboxes(ctx); err == nil {
 		info.Sandboxes = len(sbs)
 	}
+	info.SnapshotsBytes = m.SnapshotsUsage(ctx, "")
 	return info
 }
 

@@ -76,6 +76,28 @@ var migrations = []string{
 		DELETE FROM sandbox_net WHERE id = old.id;
 		DELETE FROM net_log WHERE sandbox_id = old.id;
 	END;`,
+	// 4: snapshots (a sandbox's, named uniquely within it; parent: the
+	// snapshot its sandbox descended from when it was taken) and each
+	// sandbox's head (the snapshot it now descends from: its last
+	// snapshot, rollback target or fork source).
+	`CREATE TABLE snapshots (
+		id         TEXT PRIMARY KEY,
+		sandbox_id TEXT NOT NULL,
+		name       TEXT NOT NULL,
+		parent     TEXT NOT NULL DEFAULT '',
+		created_at INTEGER NOT NULL,
+		size_bytes INTEGER NOT NULL,
+		memory     INTEGER NOT NULL,
+		UNIQUE (sandbox_id, name)
+	);
+	CREATE TABLE snapshot_heads (
+		sandbox_id  TEXT PRIMARY KEY,
+		snapshot_id TEXT NOT NULL
+	);
+	CREATE TRIGGER sandboxes_delete_snapshots AFTER DELETE ON sandboxes BEGIN
+		DELETE FROM snapshots WHERE sandbox_id = old.id;
+		DELETE FROM snapshot_heads WHERE sandbox_id = old.id;
+	END;`,
 }
 
 // Store is the daemon's database.
@@ -197,6 +219,18 @@ func (s *Store) GetSandbox(ctx context.Context, name string) (*core.Sandbox, err
 	}
 	if len(sbs) == 0 {
 		return nil, errdefs.NotFound("no sandbox named %q: see `nook ls`", name)
+	}
+	return sbs[0], nil
+}
+
+// GetSandboxByID returns a sandbox by ID.
+func (s *Store) GetSandboxByID(ctx context.Context, id string) (*core.Sandbox, error) {
+	sbs, err := s.query(ctx, `WHERE id = ?`, id)
+	if err != nil {
+		return nil, err
+	}
+	if len(sbs) == 0 {
+		return nil, errdefs.NotFound("no sandbox with id %q", id)
 	}
 	return sbs[0], nil
 }

@@ -113,20 +113,35 @@ func (b *Backend) running(id string) (state, bool) {
 	if !live || !st.Saved {
 		return st, live
 	}
-	if b.readHead(id).Resume != "" {
+	if p := b.readHead(id).resumePath(b.dir(id)); p != "" && exists(p) {
 		syscall.Kill(st.PID, syscall.SIGKILL)
 		waitGone(st.PID, 5*time.Second)
 		return st, false
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if mon, err := dialQMP(ctx, filepath.Join(b.dir(id), "qmp.sock")); err == nil {
-		err = mon.run("cont", nil, nil)
-		mon.close()
-		if err == nil {
-			st.Saved = false
-			b.writeRun(id, st)
+	mon, err := dialQMP(ctx, filepath.Join(b.dir(id), "qmp.sock"))
+	if err != nil {
+		return st, true
+	}
+	defer mon.close()
+	// A save the crash cut short may still be writing: cancel it, wait
+	// for it to end, then let the guest go on.
+	mon.run("migrate_cancel", nil, nil)
+	for ctx.Err() == nil {
+		var q struct {
+			Status string `json:"status"`
 		}
+		if err := mon.run("query-migrate", nil, &q); err != nil || (q.Status != "active" && q.Status != "cancelling" && q.Status != "device" && q.Status != "setup") {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := mon.run("cont", nil, nil); err == nil {
+		st.Saved = false
+		b.writeRun(id, st)
+	} else {
+		b.cfg.Log.Warn("continue a vm whose save was interrupted", "sandbox", id, "err", err)
 	}
 	return st, true
 }
@@ -145,10 +160,19 @@ func (b *Backend) Paused(ctx context.Context, id string) (bool, error) {
 }
 
 // saveTo stops a live vm and writes its whole state to path (via a
-// temporary file, synced). The vm stays stopped; its QEMU is alive.
+// temporary file, synced). The vm stays stopped; its QEMU is alive. Its
+// run.json says so first, so that after a crash running() continues a
+// QEMU whose save no head committed.
 func (b *Backend) saveTo(ctx context.Context, id, path string) error {
+	st, _ := b.readRun(id)
+	st.Saved = true
+	if err := b.writeRun(id, st); err != nil {
+		return err
+	}
 	mon, err := dialQMP(ctx, filepath.Join(b.dir(id), "qmp.sock"))
 	if err != nil {
+		st.Saved = false
+		b.writeRun(id, st)
 		return err
 	}
 	defer mon.close()
@@ -173,6 +197,8 @@ func (b *Backend) saveTo(ctx context.Context, id, path string) error {
 	}
 	if err != nil {
 		mon.run("cont", nil, nil) // leave it running, as it was
+		st.Saved = false
+		b.writeRun(id, st)
 		return fmt.Errorf("save the vm: %w", err)
 	}
 	syncDir(filepath.Dir(path))
@@ -245,6 +271,9 @@ func (b *Backend) startSaved(ctx context.Context, id string, st state) error {
 	dir := b.dir(id)
 	h := b.readHead(id)
 	statePath := h.resumePath(dir)
+	if adopted, err := b.adoptOrphan(ctx, id, st, h); adopted || err != nil {
+		return err
+	}
 	if statePath == "" {
 		return errdefs.Precondition("the vm has no saved state to start from")
 	}
@@ -323,6 +352,46 @@ func (b *Backend) startSaved(ctx context.Context, id string, st state) error {
 	return nil
 }
 
+// adoptOrphan deals with a QEMU an interrupted start left using the vm's
+// disk (the daemon died between starting it and recording it). If its
+// guest runs, the start had loaded the saved state and continued: it is
+// adopted and the start committed. Otherwise it never ran guest code
+// (disks stay inactive until then), so it is ended and the start can
+// begin again from the same state.
+func (b *Backend) adoptOrphan(ctx context.Context, id string, st state, h head) (bool, error) {
+	dir := b.dir(id)
+	pid := qemuPID(dir)
+	if pid == 0 {
+		return false, nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	status := ""
+	if mon, err := dialQMP(qctx, filepath.Join(dir, "qmp.sock")); err == nil {
+		status, _ = mon.status()
+		mon.close()
+	}
+	if status == "running" {
+		st.PID, st.StartTime, st.Saved = pid, procStartTime(pid), false
+		if err := b.writeRun(id, st); err != nil {
+			return false, err
+		}
+		statePath := h.resumePath(dir)
+		h.Resume = ""
+		if err := b.writeHead(id, h); err != nil {
+			return false, err
+		}
+		if strings.HasPrefix(statePath, dir+string(filepath.Separator)) {
+			os.Remove(statePath)
+		}
+		b.cfg.Log.Info("adopted a vm an interrupted start had left running", "sandbox", id, "pid", pid)
+		return true, nil
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	waitGone(pid, 5*time.Second)
+	return false, nil
+}
+
 func randHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
@@ -359,4 +428,9 @@ func memAvailable() int64 {
 		}
 	}
 	return 0
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

@@ -72,10 +72,7 @@ func (b *Backend) Snapshot(ctx context.Context, id, snapID string) (core.Snapsho
 	}
 	cont := func() {
 		if live {
-			if mon, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock")); err == nil {
-				mon.run("cont", nil, nil)
-				mon.close()
-			}
+			b.running(id) // the save is not committed: running() continues the vm
 		}
 	}
 	if err := linkOrCopy(filepath.Join(dir, h.Disk), filepath.Join(tmp, "disk.qcow2")); err != nil {

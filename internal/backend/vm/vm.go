@@ -160,7 +160,7 @@ func (b *Backend) Isolation() string { return api.IsolationVM }
 
 // Capabilities implements core.Backend.
 func (b *Backend) Capabilities() api.Capabilities {
-	return api.Capabilities{CPULimit: true, MemoryLimit: true, DiskLimit: true, Pause: true}
+	return api.Capabilities{CPULimit: true, MemoryLimit: true, DiskLimit: true, Pause: true, Snapshot: true, OwnKernel: true}
 }
 
 // Available implements core.Backend.

@@ -1,0 +1,370 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/network/policy"
+	"github.com/nookhq/nook/internal/store"
+)
+
+// MaxForks bounds one fork request.
+const MaxForks = 20
+
+// snapshotter returns the sandbox's backend as a core.Snapshotter, or a
+// clear error when its backend cannot take snapshots.
+func (m *Manager) snapshotter(sb *core.Sandbox) (core.Snapshotter, error) {
+	b, err := m.backend(sb.Isolation)
+	if err != nil {
+		return nil, err
+	}
+	s, ok := b.(core.Snapshotter)
+	if !ok || !b.Capabilities().Snapshot {
+		return nil, errdefs.Precondition("the %s backend cannot take snapshots yet: create the sandbox with --isolation vm", sb.Isolation)
+	}
+	return s, nil
+}
+
+// Snapshot takes a snapshot of a running or paused sandbox; label names it
+// (default snap-N).
+func (m *Manager) Snapshot(ctx context.Context, name, label string) (*core.Snapshot, error) {
+	if err := core.ValidateName(name); err != nil {
+		return nil, err
+	}
+	if label != "" {
+		if err := core.ValidateName(label); err != nil {
+			return nil, fmt.Errorf("snapshot name: %w", err)
+		}
+	}
+	unlock := m.lockName(name)
+	defer unlock()
+	sb, err := m.store.GetSandbox(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return m.snapshotLocked(context.WithoutCancel(ctx), sb, label)
+}
+
+func (m *Manager) snapshotLocked(ctx context.Context, sb *core.Sandbox, label string) (*core.Snapshot, error) {
+	if sb.State != core.StateRunning && sb.State != core.StatePaused {
+		return nil, errdefs.Precondition("sandbox %s is %s: only a running or paused sandbox can be snapshotted", sb.Name, sb.State)
+	}
+	sn, err := m.snapshotter(sb)
+	if err != nil {
+		return nil, err
+	}
+	existing, err := m.store.ListSnapshots(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	if label == "" {
+		label = fmt.Sprintf("snap-%d", len(existing)+1)
+	}
+	for _, e := range existing {
+		if e.Name == label {
+			return nil, errdefs.Exists("sandbox %s already has a snapshot named %s: choose another --name", sb.Name, label)
+		}
+	}
+	parent, err := m.store.SnapshotHead(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	rec := &core.Snapshot{ID: "snap-" + newID()[:12], SandboxID: sb.ID, Sandbox: sb.Name, Name: label, Parent: parent, CreatedAt: time.Now().UTC()}
+	// The backend's files first, then the record: a crash in between
+	// leaves files no record names, which GC removes once nothing uses them.
+	info, err := sn.Snapshot(ctx, sb.ID, rec.ID)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot sandbox %s: %w", sb.Name, err)
+	}
+	rec.Memory, rec.SizeBytes = info.Memory, info.SizeBytes
+	if err := m.store.InsertSnapshot(ctx, rec); err != nil {
+		return nil, err
+	}
+	if sb.State == core.StateRunning {
+		m.restarted(ctx, sb)
+	}
+	m.log.Info("snapshot taken", "sandbox", sb.Name, "snapshot", rec.Name, "id", rec.ID, "bytes", rec.SizeBytes)
+	return rec, nil
+}
+
+// restarted gives a sandbox whose vm was started again from saved state
+// (a snapshot, a rollback) a new agent session and the time.
+func (m *Manager) restarted(ctx context.Context, sb *core.Sandbox) {
+	if sb.Isolation != api.IsolationVM {
+		return
+	}
+	m.dropAgent(sb.ID)
+	if err := m.waitAgent(ctx, sb); err != nil {
+		m.log.Warn("configure the sandbox after a restart from saved state", "sandbox", sb.Name, "err", err)
+	}
+}
+
+// Snapshots lists a sandbox's snapshots, oldest first, with what each
+// really uses on disk now.
+func (m *Manager) Snapshots(ctx context.Context, name string) ([]*core.Snapshot, error) {
+	sb, err := m.Get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	list, err := m.store.ListSnapshots(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	if s, ok := m.backends[sb.Isolation].(core.Snapshotter); ok {
+		for _, sn := range list {
+			sn.Sandbox = sb.Name
+			sn.SizeBytes = s.SnapshotUsage(sn.ID)
+		}
+	}
+	return list, nil
+}
+
+// snapshotOf finds a sandbox's snapshot by name or ID; a snapshot of
+// another sandbox is refused with a pointer to fork.
+func (m *Manager) snapshotOf(ctx context.Context, sb *core.Sandbox, ref string) (*core.Snapshot, error) {
+	if ref == "" {
+		return nil, errdefs.Invalid("no snapshot given: name one from `nook snapshots %s`", sb.Name)
+	}
+	sn, err := m.store.GetSnapshot(ctx, sb.ID, ref)
+	if err != nil {
+		return nil, err
+	}
+	if sn.SandboxID != sb.ID {
+		owner := sn.SandboxID
+		if o, err := m.store.GetSandboxByID(ctx, sn.SandboxID); err == nil {
+			owner = o.Name
+		}
+		return nil, errdefs.Precondition("snapshot %s belongs to sandbox %s, not %s: fork it into a new sandbox instead", ref, owner, sb.Name)
+	}
+	return sn, nil
+}
+
+// DeleteSnapshot removes a snapshot; its files go once nothing uses them
+// (a later snapshot's layers and forks keep what they build on).
+func (m *Manager) DeleteSnapshot(ctx context.Context, name, ref string) error {
+	if err := core.ValidateName(name); err != nil {
+		return err
+	}
+	unlock := m.lockName(name)
+	defer unlock()
+	sb, err := m.store.GetSandbox(ctx, name)
+	if err != nil {
+		return err
+	}
+	sn, err := m.snapshotOf(ctx, sb, ref)
+	if err != nil {
+		return err
+	}
+	if err := m.store.DeleteSnapshot(ctx, sn); err != nil {
+		return err
+	}
+	m.gcSnapshots(ctx)
+	return nil
+}
+
+// gcSnapshots lets every backend remove snapshot files no record keeps
+// and no sandbox uses.
+func (m *Manager) gcSnapshots(ctx context.Context) {
+	all, err := m.store.ListSnapshots(ctx, "")
+	if err != nil {
+		m.log.Warn("list snapshots for GC", "err", err)
+		return
+	}
+	keep := make([]string, 0, len(all))
+	for _, sn := range all {
+		keep = append(keep, sn.ID)
+	}
+	for _, b := range m.backends {
+		if s, ok := b.(core.Snapshotter); ok {
+			if err := s.GC(context.WithoutCancel(ctx), keep); err != nil {
+				m.log.Warn("remove unused snapshot files", "err", err)
+			}
+		}
+	}
+}
+
+// Rollback puts a sandbox back to one of its snapshots: its disk, and its
+// memory (processes, open files) where the snapshot has it. It is running after.
+func (m *Manager) Rollback(ctx context.Context, name, ref string) (*core.Sandbox, error) {
+	if err := core.ValidateName(name); err != nil {
+		return nil, err
+	}
+	unlock := m.lockName(name)
+	defer unlock()
+	sb, err := m.store.GetSandbox(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != core.StateRunning && sb.State != core.StatePaused {
+		return nil, errdefs.Precondition("sandbox %s is %s: only a running or paused sandbox can be rolled back", name, sb.State)
+	}
+	s, err := m.snapshotter(sb)
+	if err != nil {
+		return nil, err
+	}
+	sn, err := m.snapshotOf(ctx, sb, ref)
+	if err != nil {
+		return nil, err
+	}
+	cctx := context.WithoutCancel(ctx)
+	m.dropAgent(sb.ID)
+	if err := s.Rollback(cctx, sb.ID, sn.ID); err != nil {
+		return nil, fmt.Errorf("roll back sandbox %s to %s: %w", name, sn.Name, err)
+	}
+	if err := m.store.SetSnapshotHead(cctx, sb.ID, sn.ID); err != nil {
+		return nil, err
+	}
+	sb.State, sb.Reason = core.StateRunning, ""
+	if err := m.store.UpdateSandbox(cctx, sb); err != nil {
+		return nil, err
+	}
+	m.restarted(cctx, sb)
+	m.idle.touch(sb.ID)
+	m.log.Info("sandbox rolled back", "sandbox", name, "snapshot", sn.Name)
+	return sb, nil
+}
+
+// Fork makes count new sandboxes from a sandbox: from one of its
+// snapshots (ref), or from an implicit snapshot of it now (ref empty).
+// Each fork gets its own name (prefix-1, prefix-2...; prefix alone for one
+// fork), ID, hostname, address and records; it inherits the source's
+// limits, template and network policy.
+func (m *Manager) Fork(ctx context.Context, name, ref string, count int, prefix string) ([]*core.Sandbox, error) {
+	if err := core.ValidateName(name); err != nil {
+		return nil, err
+	}
+	if count == 0 {
+		count = 1
+	}
+	if count < 1 || count > MaxForks {
+		return nil, errdefs.Invalid("count %d is out of range: fork 1 to %d sandboxes at a time", count, MaxForks)
+	}
+	if prefix == "" {
+		prefix = name + "-fork"
+	}
+	names := []string{prefix}
+	if count > 1 {
+		names = names[:0]
+		for i := 1; i <= count; i++ {
+			names = append(names, fmt.Sprintf("%s-%d", prefix, i))
+		}
+	}
+	for _, n := range names {
+		if err := core.ValidateName(n); err != nil {
+			return nil, fmt.Errorf("fork name: %w", err)
+		}
+	}
+	cctx := context.WithoutCancel(ctx)
+	// The source: take the snapshot (or find it) under its lock.
+	unlock := m.lockName(name)
+	src, err := m.store.GetSandbox(ctx, name)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	s, err := m.snapshotter(src)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	var sn *core.Snapshot
+	if ref == "" {
+		sn, err = m.snapshotLocked(cctx, src, fmt.Sprintf("fork-%d", time.Now().UnixMilli()))
+	} else {
+		sn, err = m.snapshotOf(ctx, src, ref)
+	}
+	unlock()
+	if err != nil {
+		return nil, err
+	}
+	b, _ := m.backend(src.Isolation)
+	var pol *policy.Policy
+	if m.net != nil {
+		if st, ok := m.net.get(src.ID); ok {
+			pol = &st.policy
+		}
+	}
+	var out []*core.Sandbox
+	for _, n := range names {
+		sb, err := m.forkOne(cctx, b, s, src, sn, n, pol)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, sb)
+	}
+	return out, nil
+}
+
+func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotter, src *core.Sandbox, sn *core.Snapshot, name string, pol *policy.Policy) (*core.Sandbox, error) {
+	unlock := m.lockName(name)
+	defer unlock()
+	if _, err := m.store.GetSandbox(ctx, name); err == nil {
+		return nil, store.ErrNameTaken(name)
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, err
+	}
+	now := time.Now()
+	sb := &core.Sandbox{
+		ID: newID(), Name: name, Template: src.Template, TemplateID: src.TemplateID, Isolation: src.Isolation,
+		State: core.StateCreating, CPUs: src.CPUs, MemoryBytes: src.MemoryBytes, DiskBytes: src.DiskBytes, PidsLimit: src.PidsLimit,
+		Env: src.Env, CreatedAt: now, ExpiresAt: now.Add(src.ExpiresAt.Sub(src.CreatedAt)), IdlePause: src.IdlePause, OnExpire: src.OnExpire,
+	}
+	if sb.ExpiresAt.Before(now.Add(time.Minute)) {
+		sb.ExpiresAt = now.Add(time.Hour)
+	}
+	if err := m.store.InsertSandbox(ctx, sb); err != nil {
+		return nil, err
+	}
+	err := s.Fork(ctx, sb, sn.ID)
+	if err == nil && m.net != nil && pol != nil {
+		// Forks inherit the policy, on an address of their own.
+		err = m.net.setup(ctx, sb, *pol)
+	}
+	if err == nil {
+		err = m.waitAgent(ctx, sb)
+	}
+	if err == nil {
+		err = m.store.SetSnapshotHead(ctx, sb.ID, sn.ID)
+	}
+	if err == nil {
+		sb.State = core.StateRunning
+		err = m.store.UpdateSandbox(ctx, sb)
+	}
+	if err != nil {
+		m.abandonCreate(ctx, b, sb)
+		return nil, fmt.Errorf("fork %s from %s: %w", name, sn.Name, err)
+	}
+	m.idle.touch(sb.ID)
+	m.log.Info("sandbox forked", "sandbox", name, "from", src.Name, "snapshot", sn.Name)
+	return sb, nil
+}
+
+// SnapshotsUsage is the disk every recorded snapshot of a sandbox really
+// uses (its own layers and memory), for inspect and info.
+func (m *Manager) SnapshotsUsage(ctx context.Context, sandboxID string) int64 {
+	var n int64
+	list, err := m.store.ListSnapshots(ctx, sandboxID)
+	if err != nil {
+		return 0
+	}
+	for _, sn := range list {
+		for _, b := range m.backends {
+			if s, ok := b.(core.Snapshotter); ok {
+				n += s.SnapshotUsage(sn.ID)
+			}
+		}
+	}
+	return n
+}
+
+// ParseForkSource splits NAME[:SNAPSHOT].
+func ParseForkSource(s string) (name, snapshot string) {
+	name, snapshot, _ = strings.Cut(s, ":")
+	return name, snapshot
+}
