@@ -208,13 +208,31 @@ func httpGet(t *testing.T, w *world, addr string) string {
 // sandboxes and the metadata address are out of reach; a policy change
 // takes effect at once; the policy survives pause, a restart and kill -9;
 // exposed ports work from the host; and destroy leaves nothing.
+//
+// Both backends run the same suite: a container on a veth into its
+// namespace, a vm on a tap device with the guest configuring eth0.
 func TestNetworkPolicy(t *testing.T) {
+	for _, iso := range []string{"container", "vm"} {
+		t.Run(iso, func(t *testing.T) {
+			if iso == "vm" {
+				requireVM(t)
+			}
+			testNetworkPolicy(t, iso)
+		})
+	}
+}
+
+func testNetworkPolicy(t *testing.T, isolation string) {
 	w := newWorld(t)
 	d := newDaemonIn(t, w.hostPath(), netDaemonArgs()...)
 	allow := []string{"--allow", "allowed.test", "--allow", "*.allowed.test", "--allow", webCIDR}
-	d.must(append([]string{"create", "--name", "egress"}, allow...)...)
-	d.must("create", "--name", "other")
-	d.must("create", "--name", "closed", "--net", "none")
+	create := []string{"create", "--isolation", isolation}
+	if isolation == "vm" {
+		create = append(create, "--cpus", "1", "--memory", "512M")
+	}
+	d.must(append(append(create, "--name", "egress"), allow...)...)
+	d.must(append(create, "--name", "other")...)
+	d.must(append(create, "--name", "closed", "--net", "none")...)
 
 	// Addresses and resolver.
 	n := d.network("egress")
