@@ -28,6 +28,9 @@ cat <<MSG
 The daemon is running and sandbox "demo" is yours. Go on with:
   ./bin/nook exec demo -- bash -c 'apt-get --version; python3 --version'
   ./bin/nook create --name task --ttl 90m     # another sandbox
+  ./bin/nook create --isolation vm --name box  # a microVM with its own kernel
+  ./bin/nook snapshot box; ./bin/nook fork box --count 3   # branch it
+  ./bin/nook create --name web --allow @registries         # egress allowlist
   ./bin/nook ls                                # what is running
   ./bin/nook rm demo                           # destroy, leaving nothing behind
   ./bin/nook info                              # backends and host capabilities
