@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/nookhq/nook/internal/procfs"
 )
 
 const root = "/sys/fs/cgroup"
@@ -168,30 +170,9 @@ func CPUUsage(parent, id string) (time.Duration, error) {
 				continue
 			}
 			seen[pid] = true
-			ticks += procTicks(pid)
+			ticks += procfs.CPUTicks(pid)
 		}
 	}
 	// USER_HZ is 100 on every Linux architecture nook runs on.
 	return time.Duration(ticks) * (time.Second / 100), nil
-}
-
-// procTicks returns a process's user and system CPU time in clock ticks.
-func procTicks(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The command name (field 2) may hold spaces: fields are counted after its ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := bytes.Fields(b[i+1:])
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseInt(string(f[11]), 10, 64)
-	s, _ := strconv.ParseInt(string(f[12]), 10, 64)
-	return u + s
 }

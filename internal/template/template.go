@@ -25,11 +25,11 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/fsutil"
 )
 
 // Recipe says how to build a template.
@@ -266,26 +266,7 @@ func (s *Store) lock(ctx context.Context, name string) (func(), error) {
 	if err := os.MkdirAll(filepath.Join(s.dir, name), 0o755); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(filepath.Join(s.dir, name, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() { syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, err
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	return fsutil.Flock(ctx, filepath.Join(s.dir, name, ".lock"))
 }
 
 // build runs mmdebstrap; the caller holds the template's lock.
@@ -326,13 +307,13 @@ func (s *Store) build(ctx context.Context, r Recipe, progress io.Writer) (api.Te
 	size, _ := dirSize(filepath.Join(tmp, "rootfs"))
 	m := meta{Name: r.Name, ID: r.Name + "/" + buildID, CreatedAt: time.Now().UTC(), SizeBytes: size, Packages: r.Packages}
 	mb, _ := json.MarshalIndent(m, "", "  ")
-	if err := writeFileSync(filepath.Join(tmp, "template.json"), mb); err != nil {
+	if err := fsutil.WriteFileSync(filepath.Join(tmp, "template.json"), mb); err != nil {
 		return api.Template{}, err
 	}
 	if err := os.Rename(tmp, final); err != nil {
 		return api.Template{}, err
 	}
-	if err := writeFileSync(filepath.Join(s.dir, r.Name, ".current.tmp"), []byte(buildID+"\n")); err != nil {
+	if err := fsutil.WriteFileSync(filepath.Join(s.dir, r.Name, ".current.tmp"), []byte(buildID+"\n")); err != nil {
 		return api.Template{}, err
 	}
 	if err := os.Rename(filepath.Join(s.dir, r.Name, ".current.tmp"), filepath.Join(s.dir, r.Name, "current")); err != nil {
@@ -433,22 +414,6 @@ func dirSize(root string) (int64, error) {
 		return nil
 	})
 	return n, err
-}
-
-func writeFileSync(path string, b []byte) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 func syncDir(dir string) {

@@ -26,6 +26,7 @@ import (
 	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/warmpool"
 )
 
@@ -215,7 +216,7 @@ func (b *Backend) createCold(ctx context.Context, sb *core.Sandbox) (err error) 
 	if err != nil {
 		return fmt.Errorf("container pid %q: %w", pidBytes, err)
 	}
-	st := state{PID: pid, StartTime: procStartTime(pid)}
+	st := state{PID: pid, StartTime: procfs.StartTime(pid)}
 	sb.BackendState, _ = json.Marshal(st)
 	if b.cfg.Net != nil {
 		netStart := time.Now()
@@ -243,25 +244,6 @@ func tail(path string) string {
 	return string(bytes.TrimSpace(b))
 }
 
-// procStartTime reads a process's start time in clock ticks (0 if it is gone or dead).
-func procStartTime(pid int) uint64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The command name (field 2) may contain spaces; fields resume after the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	fields := strings.Fields(string(b[i+1:]))
-	if len(fields) < 20 || fields[0] == "Z" || fields[0] == "X" {
-		return 0 // gone, or a zombie waiting to be reaped
-	}
-	v, _ := strconv.ParseUint(fields[19], 10, 64)
-	return v
-}
-
 // Status implements core.Backend: the container runs while its init
 // process (the agent) does.
 func (b *Backend) Status(ctx context.Context, sb *core.Sandbox) (core.RuntimeStatus, error) {
@@ -271,7 +253,7 @@ func (b *Backend) Status(ctx context.Context, sb *core.Sandbox) (core.RuntimeSta
 			return core.RuntimeStatus{}, fmt.Errorf("sandbox %s: backend state: %w", sb.ID, err)
 		}
 	}
-	if st.PID > 0 && st.StartTime != 0 && procStartTime(st.PID) == st.StartTime {
+	if st.PID > 0 && st.StartTime != 0 && procfs.StartTime(st.PID) == st.StartTime {
 		return core.RuntimeStatus{State: core.RuntimeRunning}, nil
 	}
 	if _, err := os.Stat(b.dir(sb.ID)); err == nil {

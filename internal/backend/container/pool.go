@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/warmpool"
 )
 
@@ -62,7 +63,7 @@ func (b *Backend) claim(w warm, sb *core.Sandbox) error {
 	if w.Key != sb.TemplateID {
 		return fmt.Errorf("warm container %s is of template %s, not %s", w.ID, w.Key, sb.TemplateID)
 	}
-	if procStartTime(w.Val.PID) != w.Val.StartTime {
+	if procfs.StartTime(w.Val.PID) != w.Val.StartTime {
 		return fmt.Errorf("warm container %s is no longer running", w.ID)
 	}
 	if err := b.applyLimits(sb); err != nil {

@@ -18,6 +18,7 @@ import (
 	"strings"
 
 	"github.com/nookhq/nook/internal/agent/guestinit"
+	"github.com/nookhq/nook/internal/fsutil"
 )
 
 // guestModules are the modules the initramfs loads (with their
@@ -281,7 +282,7 @@ func prepareKernel(ctx context.Context, cacheDir, kernelRoot, agentBinary string
 	if err := os.MkdirAll(cacheDir, 0o700); err != nil {
 		return nil, err
 	}
-	unlock, err := flock(ctx, filepath.Join(cacheDir, ".lock"))
+	unlock, err := fsutil.Flock(ctx, filepath.Join(cacheDir, ".lock"))
 	if err != nil {
 		return nil, err
 	}

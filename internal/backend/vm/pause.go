@@ -15,6 +15,8 @@ import (
 
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/procfs"
 )
 
 var _ core.Pauser = (*Backend)(nil)
@@ -61,31 +63,13 @@ func (h head) resumePath(dir string) string {
 	return filepath.Join(dir, h.Resume)
 }
 
-// writeFileAtomic writes v as JSON to path: temporary file, sync, rename, sync the directory.
+// writeFileAtomic writes v as JSON to path, crash-safely.
 func writeFileAtomic(path string, v any) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	f.Close()
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	syncDir(filepath.Dir(path))
-	return nil
+	return fsutil.WriteFileAtomic(path, data)
 }
 
 // PauseKind implements core.Pauser.
@@ -102,7 +86,7 @@ func (b *Backend) readRun(id string) (state, bool) {
 	if err != nil || json.Unmarshal(data, &st) != nil {
 		return st, false
 	}
-	return st, st.PID > 0 && procStartTime(st.PID) == st.StartTime
+	return st, st.PID > 0 && procfs.StartTime(st.PID) == st.StartTime
 }
 
 // running returns the sandbox's live QEMU, first finishing what a crash
@@ -335,7 +319,7 @@ func (b *Backend) startSaved(ctx context.Context, id string, st state) error {
 	if err := mon.loadState(ctx, f); err != nil {
 		return fail(fmt.Errorf("start the saved vm: %w%s", err, b.consoleTail(dir)))
 	}
-	st.PID, st.StartTime, st.Saved = proc.pid, procStartTime(proc.pid), false
+	st.PID, st.StartTime, st.Saved = proc.pid, procfs.StartTime(proc.pid), false
 	if err := b.writeRun(id, st); err != nil {
 		return fail(err)
 	}
@@ -372,7 +356,7 @@ func (b *Backend) adoptOrphan(ctx context.Context, id string, st state, h head) 
 		mon.close()
 	}
 	if status == "running" {
-		st.PID, st.StartTime, st.Saved = pid, procStartTime(pid), false
+		st.PID, st.StartTime, st.Saved = pid, procfs.StartTime(pid), false
 		if err := b.writeRun(id, st); err != nil {
 			return false, err
 		}
@@ -400,7 +384,7 @@ func randHex(n int) string {
 
 func waitGone(pid int, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
-	for procStartTime(pid) != 0 {
+	for procfs.StartTime(pid) != 0 {
 		if time.Now().After(deadline) {
 			return false
 		}
@@ -409,12 +393,7 @@ func waitGone(pid int, timeout time.Duration) bool {
 	return true
 }
 
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
-}
+func syncDir(dir string) { fsutil.SyncDir(dir) }
 
 func memAvailable() int64 {
 	data, err := os.ReadFile("/proc/meminfo")

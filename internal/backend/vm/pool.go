@@ -15,6 +15,7 @@ import (
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/warmpool"
 )
 
@@ -138,7 +139,7 @@ func (b *Backend) claim(w warm, sb *core.Sandbox) error {
 	if w.Key != poolKey(sb) {
 		return fmt.Errorf("warm vm %s is a %s, not a %s", w.ID, w.Key, poolKey(sb))
 	}
-	if procStartTime(w.Val.PID) != w.Val.StartTime {
+	if procfs.StartTime(w.Val.PID) != w.Val.StartTime {
 		return fmt.Errorf("warm vm %s is no longer running", w.ID)
 	}
 	sb.BackendState, _ = json.Marshal(w.Val)

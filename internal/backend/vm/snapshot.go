@@ -15,6 +15,7 @@ import (
 
 	"github.com/nookhq/nook/internal/agent/guestinit"
 	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/fsutil"
 )
 
 // The template's root image is this big (sparse): the most a sandbox can
@@ -61,7 +62,7 @@ func (b *Backend) ensureImage(ctx context.Context, templateID string) (string, e
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
-	unlock, err := flock(ctx, filepath.Join(dir, "lock"))
+	unlock, err := fsutil.Flock(ctx, filepath.Join(dir, "lock"))
 	if err != nil {
 		return "", err
 	}
@@ -111,7 +112,7 @@ func (b *Backend) ensureSnapshot(ctx context.Context, templateID string, m machi
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := flock(ctx, filepath.Join(b.templateDir(templateID), "lock"))
+	unlock, err := fsutil.Flock(ctx, filepath.Join(b.templateDir(templateID), "lock"))
 	if err != nil {
 		return nil, err
 	}

@@ -29,14 +29,13 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/agent/guestinit"
 	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/warmpool"
 )
 
@@ -347,7 +346,7 @@ func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
 		return err
 	}
 	t1 := time.Now()
-	st.PID, st.StartTime = proc.pid, procStartTime(proc.pid)
+	st.PID, st.StartTime = proc.pid, procfs.StartTime(proc.pid)
 	sb.BackendState, _ = json.Marshal(st)
 	if err := b.writeRun(sb.ID, st); err != nil {
 		return err
@@ -519,7 +518,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	// A QEMU that never made it into its cgroup.
 	if pid := qemuPID(b.dir(id)); pid > 0 {
 		syscall.Kill(pid, syscall.SIGKILL)
-		for i := 0; i < 200 && procStartTime(pid) != 0; i++ {
+		for i := 0; i < 200 && procfs.StartTime(pid) != 0; i++ {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
@@ -613,24 +612,6 @@ func readTail(path string) string {
 	return strings.ToValidUTF8(string(b), "?")
 }
 
-// procStartTime reads a process's start time in clock ticks (0 if it is gone or a zombie).
-func procStartTime(pid int) uint64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	fields := strings.Fields(string(b[i+1:]))
-	if len(fields) < 20 || fields[0] == "Z" || fields[0] == "X" {
-		return 0
-	}
-	v, _ := strconv.ParseUint(fields[19], 10, 64)
-	return v
-}
-
 var tscOnce = sync.OnceValue(func() int64 {
 	if b, err := os.ReadFile("/sys/devices/system/cpu/cpu0/tsc_freq_khz"); err == nil {
 		if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
@@ -659,28 +640,4 @@ func tscKHz() int64 { return tscOnce() }
 func hashStrings(parts ...string) string {
 	h := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
 	return hex.EncodeToString(h[:])[:16]
-}
-
-// flock takes an exclusive lock on path, across processes.
-func flock(ctx context.Context, path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, err
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }

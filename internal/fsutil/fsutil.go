@@ -1,0 +1,82 @@
+// Package fsutil holds the small file operations several packages need
+// to be crash-safe and to share a directory across processes.
+package fsutil
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Flock takes an exclusive lock on path (created if missing) across
+// processes, waiting until ctx ends. The returned function releases it.
+func Flock(ctx context.Context, path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// WriteFileSync writes b to path and syncs it to disk.
+func WriteFileSync(path string, b []byte) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// WriteFileAtomic replaces path with b: a synced temporary file renamed
+// over it, then the directory synced, so a crash leaves the old or the
+// new content.
+func WriteFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := WriteFileSync(tmp, b); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	SyncDir(filepath.Dir(path))
+	return nil
+}
+
+// SyncDir syncs a directory, so that renames in it are durable.
+func SyncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}
