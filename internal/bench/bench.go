@@ -39,6 +39,11 @@ type Config struct {
 	OnlyNet      bool   // measure only sandbox networking
 	Out          io.Writer
 	coldVM       bool // vm sandboxes boot instead of restoring the template snapshot
+	// The vm snapshot benchmarks (snapshots.go).
+	OnlySnapshots  bool // measure only pause, resume, snapshots and forks of vms
+	SnapshotRounds int  // pause/resume rounds (forks: half as many); default 20
+	PausedVMs      int  // paused vms to look at; default 100
+	SnapshotChain  int  // snapshots in the chain whose disk is measured; default 20
 }
 
 type row struct {
@@ -79,6 +84,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.OnlyNet {
 		return runNetwork(ctx, cfg, root)
+	}
+	if cfg.OnlySnapshots {
+		return runSnapshots(ctx, cfg, root)
 	}
 
 	fmt.Fprintf(cfg.Out, "baseline: bare runc run of the same rootfs, %d times...\n", cfg.Creates)
@@ -144,7 +152,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("network benchmarks: %w", err)
 	}
 	if cfg.VM {
-		return runVM(ctx, cfg, root)
+		if err := runVM(ctx, cfg, root); err != nil {
+			return err
+		}
+		return runSnapshots(ctx, cfg, root)
 	}
 	return nil
 }

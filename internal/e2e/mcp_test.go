@@ -74,7 +74,8 @@ func TestMCPInspector(t *testing.T) {
 			t.Errorf("tool %s has a thin description", tm["name"])
 		}
 	}
-	for _, want := range []string{"sandbox_create", "sandbox_list", "sandbox_inspect", "sandbox_pause", "sandbox_resume", "sandbox_destroy", "exec", "process_start", "process_output", "process_list", "process_kill", "read_file", "write_file", "list_files", "search_files"} {
+	for _, want := range []string{"sandbox_create", "sandbox_list", "sandbox_inspect", "sandbox_pause", "sandbox_resume", "sandbox_destroy", "exec", "process_start", "process_output", "process_list", "process_kill", "read_file", "write_file", "list_files", "search_files",
+		"sandbox_snapshot", "sandbox_snapshots", "sandbox_rollback", "sandbox_fork"} {
 		if !names[want] {
 			t.Errorf("tools/list lacks %s:\n%s", want, raw)
 		}
@@ -200,4 +201,88 @@ func TestMCPTools(t *testing.T) {
 	if m := sc["matches"].([]any); len(m) != 1 {
 		t.Fatalf("search_files: %+v", sc)
 	}
+	// A container sandbox cannot take snapshots: every snapshot tool says
+	// so, and how to get a sandbox that can; nothing is made.
+	for _, c := range []struct {
+		tool string
+		args map[string]any
+	}{
+		{"sandbox_snapshot", map[string]any{"sandbox": "mcp-tools", "name": "before"}},
+		{"sandbox_rollback", map[string]any{"sandbox": "mcp-tools", "snapshot": "before"}},
+		{"sandbox_fork", map[string]any{"sandbox": "mcp-tools", "count": 2, "name": "mcp-try"}},
+	} {
+		res, _ := call(c.tool, c.args)
+		text := res.Content[0].(*mcp.TextContent).Text
+		if !res.IsError || !strings.Contains(text, "cannot take snapshots yet: create the sandbox with --isolation vm") || !strings.Contains(text, `isolation "vm"`) {
+			t.Errorf("%s on a container sandbox: %v %q", c.tool, res.IsError, text)
+		}
+	}
+	if _, sc := call("sandbox_snapshots", map[string]any{"sandbox": "mcp-tools"}); sc["snapshots"] == nil || len(sc["snapshots"].([]any)) != 0 {
+		t.Fatalf("sandbox_snapshots of a container sandbox: %+v", sc)
+	}
+	if res, _ := call("sandbox_snapshots", map[string]any{"sandbox": "ghost"}); !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "sandbox_list") {
+		t.Fatalf("sandbox_snapshots of a missing sandbox: %+v", res)
+	}
+	if _, sc := call("sandbox_list", nil); len(sc["sandboxes"].([]any)) != 1 {
+		t.Fatalf("a refused fork made sandboxes: %+v", sc)
+	}
+}
+
+// The snapshot tools on a vm sandbox, kept short: snapshot, break,
+// roll back, fork once.
+func TestMCPSnapshotTools(t *testing.T) {
+	requireVM(t)
+	d := newDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.Command(d.bin, "mcp")
+	cmd.Env = append(os.Environ(), "NOOK_HOST=unix://"+d.socket())
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "nook-test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	call := func(tool string, args map[string]any) map[string]any {
+		t.Helper()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+		if err != nil {
+			t.Fatalf("%s: %v", tool, err)
+		}
+		if res.IsError {
+			t.Fatalf("%s: %s", tool, res.Content[0].(*mcp.TextContent).Text)
+		}
+		var sc map[string]any
+		b, _ := json.Marshal(res.StructuredContent)
+		json.Unmarshal(b, &sc)
+		return sc
+	}
+	if sc := call("sandbox_create", map[string]any{"name": "mcp-vm", "isolation": "vm", "cpus": 1, "memory": "512M"}); sc["isolation"] != "vm" {
+		t.Fatalf("sandbox_create with isolation vm: %+v", sc)
+	}
+	call("exec", map[string]any{"sandbox": "mcp-vm", "command": "echo approach-0 > /root/state"})
+	if sc := call("sandbox_snapshot", map[string]any{"sandbox": "mcp-vm", "name": "start"}); sc["name"] != "start" || sc["memory"] != true {
+		t.Fatalf("sandbox_snapshot: %+v", sc)
+	}
+	call("exec", map[string]any{"sandbox": "mcp-vm", "command": "echo approach-1 > /root/state"})
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_snapshot", Arguments: map[string]any{"sandbox": "mcp-vm", "name": "start"}})
+	if err != nil || !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "already has a snapshot named start") {
+		t.Fatalf("a taken snapshot name: %v %+v", err, res)
+	}
+	if sc := call("sandbox_snapshots", map[string]any{"sandbox": "mcp-vm"}); len(sc["snapshots"].([]any)) != 1 {
+		t.Fatalf("sandbox_snapshots: %+v", sc)
+	}
+	call("sandbox_rollback", map[string]any{"sandbox": "mcp-vm", "snapshot": "start"})
+	if sc := call("exec", map[string]any{"sandbox": "mcp-vm", "command": "cat /root/state"}); sc["stdout"] != "approach-0\n" {
+		t.Fatalf("after sandbox_rollback: %+v", sc)
+	}
+	sc := call("sandbox_fork", map[string]any{"sandbox": "mcp-vm", "snapshot": "start", "name": "mcp-vm-2"})
+	if l := sc["sandboxes"].([]any); len(l) != 1 || l[0].(map[string]any)["name"] != "mcp-vm-2" {
+		t.Fatalf("sandbox_fork: %+v", sc)
+	}
+	call("exec", map[string]any{"sandbox": "mcp-vm-2", "command": "echo approach-2 > /root/state"})
+	if sc := call("exec", map[string]any{"sandbox": "mcp-vm", "command": "cat /root/state"}); sc["stdout"] != "approach-0\n" {
+		t.Fatalf("the fork's write reached its source: %+v", sc)
+	}
+	call("sandbox_destroy", map[string]any{"sandbox": "mcp-vm-2"})
+	call("sandbox_destroy", map[string]any{"sandbox": "mcp-vm"})
 }

@@ -24,7 +24,9 @@ func New(c *sdk.Client, version string) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "nook", Title: "nook sandboxes", Version: version}, &mcp.ServerOptions{
 		Instructions: "nook gives you Linux sandboxes (Debian 12, root, apt-get, python3, git, curl). " +
 			"Create one with sandbox_create, run commands with exec, keep long-running servers with process_start, " +
-			"and move files with read_file, write_file, list_files and search_files. Destroy a sandbox when done.",
+			"and move files with read_file, write_file, list_files and search_files. " +
+			"In a sandbox created with isolation \"vm\", sandbox_snapshot saves everything (files and running processes): " +
+			"try an approach, sandbox_rollback to undo it, or sandbox_fork to try several at once. Destroy a sandbox when done.",
 	})
 	t := &tools{c: c}
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_create", Description: "Create a new, isolated Linux sandbox (Debian 12 with root, apt-get, python3, git, curl) and return it. " +
@@ -48,6 +50,7 @@ func New(c *sdk.Client, version string) *mcp.Server {
 		"(policy: not in the allowlist; not-allowed: a name the policy does not allow; tunnel: a lookup shaped like data smuggling). " +
 		"Use it when a download, git clone or API call fails inside a sandbox, to see which domain the task needs allowed."}, t.netLog)
 	addFileTools(s, t)
+	addSnapshotTools(s, t)
 	return s
 }
 
@@ -66,6 +69,8 @@ type CreateInput struct {
 	Memory   string            `json:"memory,omitempty" jsonschema:"memory limit such as 1G or 512M; default 2G"`
 	TTL      string            `json:"ttl,omitempty" jsonschema:"how long it lives before it is destroyed, e.g. 90m, 2h, 3d; default 1h"`
 	Env      map[string]string `json:"env,omitempty" jsonschema:"environment variables for every command"`
+	// Optional: the isolation (vm is what snapshots, rollback and fork need).
+	Isolation string `json:"isolation,omitempty" jsonschema:"container (default: the lightest and fastest) or vm (a microVM of its own: stronger isolation, Docker inside, and the only kind that can take snapshots, roll back and fork)"`
 	// Optional: idle pause and what the TTL does.
 	IdlePause string `json:"idle_pause,omitempty" jsonschema:"pause the sandbox after this long without use, e.g. 10m, or off; the next call wakes it with everything intact. A running command keeps it awake. Default: the daemon's setting"`
 	OnExpire  string `json:"on_expire,omitempty" jsonschema:"what happens when the ttl runs out: destroy (default) or pause (kept until a new ttl is set)"`
@@ -76,7 +81,7 @@ type CreateInput struct {
 }
 
 func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, any, error) {
-	sb, err := t.c.CreateSandbox(ctx, api.CreateSandboxRequest{Name: in.Name, Template: in.Template, CPUs: in.CPUs, Memory: in.Memory, TTL: in.TTL, Env: in.Env,
+	sb, err := t.c.CreateSandbox(ctx, api.CreateSandboxRequest{Name: in.Name, Template: in.Template, Isolation: in.Isolation, CPUs: in.CPUs, Memory: in.Memory, TTL: in.TTL, Env: in.Env,
 		IdlePause: in.IdlePause, OnExpire: in.OnExpire, Net: in.Net, Allow: in.Allow, Deny: in.Deny})
 	if err != nil {
 		return fail(err)

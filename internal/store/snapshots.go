@@ -111,8 +111,8 @@ func (s *Store) GetSnapshot(ctx context.Context, sandboxID, ref string) (*core.S
 	return sn, err
 }
 
-// DeleteSnapshot removes a snapshot's record; a sandbox whose head it was
-// then descends from its parent.
+// DeleteSnapshot removes a snapshot's record; a sandbox whose head it
+// was, and its child snapshots, then descend from its parent.
 func (s *Store) DeleteSnapshot(ctx context.Context, sn *core.Snapshot) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -123,6 +123,10 @@ func (s *Store) DeleteSnapshot(ctx context.Context, sn *core.Snapshot) error {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE snapshot_heads SET snapshot_id = ? WHERE snapshot_id = ?`, sn.Parent, sn.ID); err != nil {
+		return err
+	}
+	// Its children hang on its parent now, so the tree stays a tree.
+	if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET parent = ? WHERE parent = ?`, sn.Parent, sn.ID); err != nil {
 		return err
 	}
 	return tx.Commit()
