@@ -89,10 +89,29 @@ func (b *Backend) startWarm(ctx context.Context, key string) (warm, error) {
 	return warm{ID: sb.ID, Key: key, Val: st}, nil
 }
 
-// warmUp runs one command in a fresh vm and disconnects.
+// warmUp runs what a claim runs (configure, then a command) in a fresh
+// vm, so that QEMU's translated-code cache holds those paths, and leaves
+// a new agent connection open, its handshake done, for the daemon's
+// first dial (DialAgent): a claim then costs no reconnect.
 func (b *Backend) warmUp(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	sock := filepath.Join(b.dir(id), "agent.sock")
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return dialAgent(ctx, sock) })
+	err := c.Configure(ctx, &agent.ConfigureRequest{Hostname: "nook-warm", TimeUnixNano: time.Now().UnixNano()})
+	c.Close()
+	if err != nil {
+		return fmt.Errorf("warm up: %w", err)
+	}
 	if err := b.guestRun(ctx, id, "true"); err != nil {
 		return fmt.Errorf("warm up: %w", err)
+	}
+	conn, err := dialAgent(ctx, sock)
+	if err != nil {
+		return fmt.Errorf("warm up: %w", err)
+	}
+	if old, loaded := b.ready.Swap(id, conn); loaded {
+		old.(net.Conn).Close()
 	}
 	return nil
 }

@@ -84,6 +84,9 @@ type Backend struct {
 	slock map[string]*sync.Mutex // per template snapshot, in this process (flock across processes)
 
 	pool *warmpool.Pool[state]
+	// ready holds, by sandbox ID, an agent connection a warm vm's warm-up
+	// left open (handshake done) for the first DialAgent.
+	ready sync.Map
 }
 
 var (
@@ -478,6 +481,9 @@ func (b *Backend) Describe(sb *core.Sandbox, v *api.Sandbox) {
 
 // DialAgent implements core.Backend: the agent's virtio-serial port, through QEMU's socket.
 func (b *Backend) DialAgent(ctx context.Context, sb *core.Sandbox) (net.Conn, error) {
+	if c, ok := b.ready.LoadAndDelete(sb.ID); ok {
+		return c.(net.Conn), nil
+	}
 	return dialAgent(ctx, filepath.Join(b.dir(sb.ID), "agent.sock"))
 }
 
@@ -509,6 +515,9 @@ func (b *Backend) consoleTail(dir string) string {
 func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if id == "" || strings.ContainsAny(id, "/.") {
 		return errdefs.Invalid("bad sandbox id %q", id)
+	}
+	if c, ok := b.ready.LoadAndDelete(id); ok {
+		c.(net.Conn).Close()
 	}
 	var errs []error
 	// QEMU is in the sandbox's cgroups: removing them kills it.
