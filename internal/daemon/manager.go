@@ -858,6 +858,23 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 		return false
 	}
 	rs, err := b.Status(ctx, sb)
+	if err == nil && rs.State == core.RuntimeSaved && sb.State == core.StateRunning {
+		// Saved to disk but recorded running: a snapshot or rollback that
+		// could not start it again. Recorded paused, the next call wakes it.
+		unlock := m.lockName(sb.Name)
+		defer unlock()
+		if cur, err := m.store.GetSandbox(ctx, sb.Name); err == nil && cur.ID == sb.ID && cur.State == core.StateRunning {
+			if rs2, err := b.Status(ctx, cur); err == nil && rs2.State == core.RuntimeSaved {
+				cur.State = core.StatePaused
+				if err := m.store.UpdateSandbox(ctx, cur); err == nil {
+					*sb = *cur
+					m.dropAgent(sb.ID)
+					m.log.Warn("sandbox was saved to disk but recorded running: recorded paused", "sandbox", sb.Name)
+				}
+			}
+		}
+		return true
+	}
 	if err != nil || rs.State == core.RuntimeRunning || rs.State == core.RuntimeSaved {
 		return true
 	}

@@ -288,6 +288,8 @@ func (m *Manager) Fork(ctx context.Context, name, ref string, count int, prefix 
 	if m.net != nil {
 		if st, ok := m.net.get(src.ID); ok {
 			pol = &st.policy
+		} else if def, err := m.createPolicy(api.CreateSandboxRequest{}); err == nil {
+			pol = &def // a source without a network record: the default policy
 		}
 	}
 	var out []*core.Sandbox

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -854,5 +855,80 @@ func TestAttachExistingNetns(t *testing.T) {
 	e.reach(ns, webA.String()+":80", "world:")
 	if _, err := m2.Adopt(ctx, "sb-none", netip.MustParsePrefix("10.89.0.12/30")); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("Adopt of a missing attachment: %v", err)
+	}
+}
+
+// TestSpoofedSource: a sandbox (root inside) that sends from an address
+// not its own, one the masquerade would not rewrite or another sandbox's,
+// gets nothing out: the world's UDP listener sees the sandbox's own
+// datagram and none of the spoofed ones.
+func TestSpoofedSource(t *testing.T) {
+	e := newEnv(t)
+	ns, _ := e.sandbox("sb-spoof")
+	e.sandbox("sb-victim")
+	e.setPolicy("sb-spoof", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webA, 32)}}})
+	var ln net.PacketConn
+	if err := nettest.Do(e.topo.World, func() (err error) {
+		ln, err = net.ListenPacket("udp4", webA.String()+":9999")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 16)
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, _, err := ln.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			got <- string(buf[:n])
+		}
+	}()
+	send := func(src netip.Addr, payload string) {
+		t.Helper()
+		err := nettest.Do(ns, func() error {
+			if src.IsValid() {
+				link, err := netlink.LinkByName("eth0")
+				if err != nil {
+					return err
+				}
+				if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: &net.IPNet{IP: src.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+					return err
+				}
+			}
+			laddr := &net.UDPAddr{}
+			if src.IsValid() {
+				laddr.IP = src.AsSlice()
+			}
+			c, err := net.DialUDP("udp4", laddr, &net.UDPAddr{IP: webA.AsSlice(), Port: 9999})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write([]byte(payload))
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(netip.Addr{}, "own")
+	select {
+	case p := <-got:
+		if p != "own" {
+			t.Fatalf("got %q", p)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the sandbox's own datagram did not arrive")
+	}
+	victim, _ := e.m.Subnet("sb-victim")
+	send(SandboxAddr(victim), "as-victim")
+	send(netip.MustParseAddr("198.51.100.77"), "as-outsider")
+	select {
+	case p := <-got:
+		t.Fatalf("a spoofed datagram got out: %q", p)
+	case <-time.After(time.Second):
 	}
 }

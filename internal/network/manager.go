@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/nftables"
@@ -557,6 +558,12 @@ func (m *Manager) SetupTap(ctx context.Context, id string, subnet netip.Prefix) 
 // finishSetup installs the sandbox's rules (deny-all) and records it.
 // adopted says the sandbox existed before, so it may have connections.
 func (m *Manager) finishSetup(id, iface string, kind Kind, subnet netip.Prefix, path string, ifindex int, adopted bool) error {
+	// Strict reverse-path filtering on the sandbox's interface: a packet
+	// whose source would not route back through it (a spoofed address) is
+	// dropped before any rule, established flows included.
+	if err := inNetns(m.host, func() error { return writeSysctl("net/ipv4/conf/"+iface+"/rp_filter", "1") }); err != nil {
+		return fmt.Errorf("rp_filter on %s: %w", iface, err)
+	}
 	c := m.nft()
 	if err := m.lay.installSandbox(c, iface, Gateway(subnet)); err != nil {
 		return err
@@ -638,7 +645,8 @@ func (m *Manager) teardown(ctx context.Context, id string) error {
 		if !subnet.IsValid() {
 			subnet = m.linkSubnet(link)
 		}
-		if err := m.nl.LinkDel(link); err != nil {
+		// A veth goes by itself when its namespace does: gone is deleted.
+		if err := m.nl.LinkDel(link); err != nil && !errors.Is(err, syscall.ENODEV) {
 			errs = append(errs, fmt.Errorf("delete %s: %w", iface, err))
 		}
 	} else if !errors.As(err, new(netlink.LinkNotFoundError)) {

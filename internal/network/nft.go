@@ -225,7 +225,7 @@ func (l *layout) installSandbox(c *nftables.Conn, iface string, gw netip.Addr) e
 		}
 		c.FlushSet(sets[k])
 	}
-	for _, r := range l.sandboxRules(ch, sets) {
+	for _, r := range l.sandboxRules(ch, sets, gw.Next()) {
 		c.AddRule(r)
 	}
 	return l.registerIface(c, iface, gw, c.SetAddElements)
@@ -250,7 +250,7 @@ func (l *layout) registerIface(c *nftables.Conn, iface string, gw netip.Addr, op
 // never changes after setup: a policy lives in the sets alone, because
 // replacing rules costs the kernel an RCU grace period (milliseconds) and
 // replacing set elements does not.
-func (l *layout) sandboxRules(ch *nftables.Chain, sets map[string]*nftables.Set) []*nftables.Rule {
+func (l *layout) sandboxRules(ch *nftables.Chain, sets map[string]*nftables.Set, sbAddr netip.Addr) []*nftables.Rule {
 	lookupAddr := func(s *nftables.Set) []expr.Any {
 		return []expr.Any{daddr(reg1), &expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID}}
 	}
@@ -265,6 +265,13 @@ func (l *layout) sandboxRules(ch *nftables.Chain, sets map[string]*nftables.Set)
 	dnsPortSet := l.sharedSets[setDNSPorts]
 	exprs := [][]expr.Any{
 		{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{unix.NFPROTO_IPV4}}, gotoChain(denyChainPrefix + ReasonNotIPv4)},
+		// Only the sandbox's own address may send: no spoofing another
+		// sandbox or an address the masquerade would not rewrite.
+		{
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: addrKey(sbAddr)},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		},
 		cat(lookupAddr(l.sharedSets[setPool]), denyTo(ReasonSandbox)),
 		cat(lookupAddr(l.sharedSets[setBlocked]), denyTo(ReasonBlocked)),
 		{

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -89,24 +90,57 @@ func (b *Backend) readRun(id string) (state, bool) {
 	return st, st.PID > 0 && procfs.StartTime(st.PID) == st.StartTime
 }
 
-// running returns the sandbox's live QEMU, first finishing what a crash
-// interrupted: a QEMU whose state was saved (run.json says so) is ended if
-// the head committed that state, and continued if it did not.
+// idLock returns the mutex that serializes operations on one vm (pause,
+// resume, snapshot, rollback, destroy, and crash recovery).
+func (b *Backend) idLock(id string) *sync.Mutex {
+	v, _ := b.ops.LoadOrStore(id, &sync.Mutex{})
+	return v.(*sync.Mutex)
+}
+
+// committed reports whether the vm's head names a saved state that exists.
+func (b *Backend) committed(id string) bool {
+	p := b.readHead(id).resumePath(b.dir(id))
+	return p != "" && exists(p)
+}
+
+// running returns the sandbox's live QEMU. A QEMU whose saved state the
+// head committed only waits to end: it does not count.
 func (b *Backend) running(id string) (state, bool) {
 	st, live := b.readRun(id)
-	if !live || !st.Saved {
-		return st, live
+	if live && st.Saved && b.committed(id) {
+		return st, false
 	}
-	if p := b.readHead(id).resumePath(b.dir(id)); p != "" && exists(p) {
+	return st, live
+}
+
+// recover finishes what a crash interrupted, unless an operation on the
+// vm is in progress (its state is then that operation's, not a crash's).
+func (b *Backend) recover(id string) {
+	mu := b.idLock(id)
+	if mu.TryLock() {
+		defer mu.Unlock()
+		b.recoverLocked(id)
+	}
+}
+
+// recoverLocked, with the vm's lock held: a QEMU whose state was being
+// saved (run.json says so) is ended if the head committed that state, and
+// continued (its save cancelled) if it did not.
+func (b *Backend) recoverLocked(id string) {
+	st, live := b.readRun(id)
+	if !live || !st.Saved {
+		return
+	}
+	if b.committed(id) {
 		syscall.Kill(st.PID, syscall.SIGKILL)
 		waitGone(st.PID, 5*time.Second)
-		return st, false
+		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	mon, err := dialQMP(ctx, filepath.Join(b.dir(id), "qmp.sock"))
 	if err != nil {
-		return st, true
+		return
 	}
 	defer mon.close()
 	// A save the crash cut short may still be writing: cancel it, wait
@@ -127,7 +161,6 @@ func (b *Backend) running(id string) (state, bool) {
 	} else {
 		b.cfg.Log.Warn("continue a vm whose save was interrupted", "sandbox", id, "err", err)
 	}
-	return st, true
 }
 
 func (b *Backend) writeRun(id string, st state) error {
@@ -136,6 +169,7 @@ func (b *Backend) writeRun(id string, st state) error {
 
 // Paused implements core.Pauser.
 func (b *Backend) Paused(ctx context.Context, id string) (bool, error) {
+	b.recover(id)
 	if b.readHead(id).Resume == "" {
 		return false, nil
 	}
@@ -203,6 +237,10 @@ func stopQEMU(ctx context.Context, dir string, pid int) {
 
 // Pause implements core.Pauser.
 func (b *Backend) Pause(ctx context.Context, id string) error {
+	mu := b.idLock(id)
+	mu.Lock()
+	defer mu.Unlock()
+	b.recoverLocked(id)
 	st, live := b.running(id)
 	h := b.readHead(id)
 	if !live {
@@ -239,6 +277,10 @@ func (b *Backend) commitSaved(ctx context.Context, id string, st state, h head, 
 
 // Resume implements core.Pauser: it starts the vm from the state its head names.
 func (b *Backend) Resume(ctx context.Context, id string) error {
+	mu := b.idLock(id)
+	mu.Lock()
+	defer mu.Unlock()
+	b.recoverLocked(id)
 	if _, live := b.running(id); live {
 		return nil
 	}

@@ -48,6 +48,12 @@ func (b *Backend) Snapshot(ctx context.Context, id, snapID string) (core.Snapsho
 	if err := validSnapID(snapID); err != nil {
 		return core.SnapshotInfo{}, err
 	}
+	mu := b.idLock(id)
+	mu.Lock()
+	defer mu.Unlock()
+	b.gcMu.RLock()
+	defer b.gcMu.RUnlock()
+	b.recoverLocked(id)
 	dir := b.dir(id)
 	layer := b.layerDir(snapID)
 	tmp := layer + ".tmp"
@@ -72,7 +78,7 @@ func (b *Backend) Snapshot(ctx context.Context, id, snapID string) (core.Snapsho
 	}
 	cont := func() {
 		if live {
-			b.running(id) // the save is not committed: running() continues the vm
+			b.recoverLocked(id) // the save is not committed: the vm continues
 		}
 	}
 	if err := linkOrCopy(filepath.Join(dir, h.Disk), filepath.Join(tmp, "disk.qcow2")); err != nil {
@@ -118,6 +124,12 @@ func (b *Backend) Rollback(ctx context.Context, id, snapID string) error {
 	if err := validSnapID(snapID); err != nil {
 		return err
 	}
+	mu := b.idLock(id)
+	mu.Lock()
+	defer mu.Unlock()
+	b.gcMu.RLock()
+	defer b.gcMu.RUnlock()
+	b.recoverLocked(id)
 	layer := b.layerDir(snapID)
 	if _, err := os.Stat(filepath.Join(layer, "meta.json")); err != nil {
 		return errdefs.NotFound("snapshot %s has no saved vm", snapID)
@@ -157,6 +169,8 @@ func (b *Backend) Fork(ctx context.Context, sb *core.Sandbox, snapID string) (er
 	if err := validSnapID(snapID); err != nil {
 		return err
 	}
+	b.gcMu.RLock()
+	defer b.gcMu.RUnlock()
 	layer := b.layerDir(snapID)
 	var st state
 	if err := readJSON(filepath.Join(layer, "meta.json"), &st); err != nil {
@@ -211,6 +225,10 @@ func (b *Backend) SnapshotUsage(snapID string) int64 {
 // kept (the daemon's records) and that no vm's disk chain or saved state
 // uses, and unfinished ones.
 func (b *Backend) GC(ctx context.Context, keep []string) error {
+	// No snapshot, rollback or fork is between writing a layer and
+	// recording it (in a head) while GC decides.
+	b.gcMu.Lock()
+	defer b.gcMu.Unlock()
 	used := map[string]bool{}
 	for _, id := range keep {
 		used[id] = true

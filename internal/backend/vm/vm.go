@@ -84,6 +84,8 @@ type Backend struct {
 	slock map[string]*sync.Mutex // per template snapshot, in this process (flock across processes)
 
 	pool *warmpool.Pool[state]
+	ops  sync.Map     // by sandbox ID: *sync.Mutex, see idLock
+	gcMu sync.RWMutex // GC (write) against snapshot, rollback and fork (read)
 	// ready holds, by sandbox ID, an agent connection a warm vm's warm-up
 	// left open (handshake done) for the first DialAgent.
 	ready sync.Map
@@ -443,6 +445,8 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch) (*qemuP
 
 // Status implements core.Backend.
 func (b *Backend) Status(ctx context.Context, sb *core.Sandbox) (core.RuntimeStatus, error) {
+	b.recover(sb.ID)
+	capConsole(filepath.Join(b.dir(sb.ID), "console.log"))
 	if _, live := b.running(sb.ID); live {
 		return core.RuntimeStatus{State: core.RuntimeRunning}, nil
 	}
@@ -516,6 +520,12 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if id == "" || strings.ContainsAny(id, "/.") {
 		return errdefs.Invalid("bad sandbox id %q", id)
 	}
+	mu := b.idLock(id)
+	mu.Lock()
+	defer func() {
+		mu.Unlock()
+		b.ops.Delete(id)
+	}()
 	if c, ok := b.ready.LoadAndDelete(id); ok {
 		c.(net.Conn).Close()
 	}
@@ -607,7 +617,19 @@ func copyFile(src, dst string) error {
 	return out.Close()
 }
 
-// readTail returns the last 4 KiB of a file (a guest can write to its console).
+// maxConsole bounds a vm's console log: the guest writes it (a root guest
+// can flood its serial port), so it is emptied when it grows past this;
+// the reaper checks it on every tick.
+const maxConsole = 8 << 20
+
+func capConsole(path string) {
+	if fi, err := os.Stat(path); err == nil && fi.Size() > maxConsole {
+		os.Truncate(path, 0) // QEMU appends (O_APPEND): it goes on at the start
+	}
+}
+
+// readTail returns the last 4 KiB of a file (a guest can write to its
+// console), with control characters (terminal escapes) shown as '?'.
 func readTail(path string) string {
 	f, err := os.Open(path)
 	if err != nil {
@@ -618,7 +640,15 @@ func readTail(path string) string {
 		f.Seek(fi.Size()-4096, io.SeekStart)
 	}
 	b, _ := io.ReadAll(io.LimitReader(f, 4096))
-	return strings.ToValidUTF8(string(b), "?")
+	return strings.Map(func(r rune) rune {
+		if r == '\r' {
+			return -1
+		}
+		if r != '\n' && r != '\t' && (r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0)) {
+			return '?'
+		}
+		return r
+	}, strings.ToValidUTF8(string(b), "?"))
 }
 
 var tscOnce = sync.OnceValue(func() int64 {

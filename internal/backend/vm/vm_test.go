@@ -378,3 +378,21 @@ func waitHTTP(t *testing.T, s *conformance.Sandbox) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// The console log a guest writes is read back without its terminal
+// escapes, and emptied when it grows past maxConsole.
+func TestConsoleLogIsTamed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "console.log")
+	os.WriteFile(path, []byte("boot ok\r\n\x1b]0;pwned\x07\x1b[2Jend\n"), 0o600)
+	if got := readTail(path); got != "boot ok\n?]0;pwned??[2Jend\n" {
+		t.Fatalf("readTail = %q", got)
+	}
+	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	f.Write(make([]byte, maxConsole+1))
+	capConsole(path)
+	f.Write([]byte("after\n"))
+	f.Close()
+	if b, _ := os.ReadFile(path); string(b) != "after\n" {
+		t.Fatalf("after the cap the log holds %d bytes", len(b))
+	}
+}
