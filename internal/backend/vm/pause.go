@@ -41,8 +41,9 @@ var _ core.Pauser = (*Backend)(nil)
 
 // head is a vm's current disk and, if saved, the state to start from.
 type head struct {
-	Disk   string `json:"disk"`             // file name in the vm's directory
-	Resume string `json:"resume,omitempty"` // state file: relative to the directory, or absolute (a snapshot's)
+	Disk   string     `json:"disk"`             // file name in the vm's directory
+	Chain  []layerRef `json:"chain"`            // Disk's backing images, nearest first (nook's record, not the qcow2 header's)
+	Resume string     `json:"resume,omitempty"` // state file: relative to the directory, or absolute (a snapshot's)
 }
 
 func (b *Backend) readHead(id string) head {
@@ -253,7 +254,7 @@ func (b *Backend) Pause(ctx context.Context, id string) error {
 	if err := b.saveTo(ctx, id, filepath.Join(b.dir(id), name)); err != nil {
 		return err
 	}
-	return b.commitSaved(ctx, id, st, head{Disk: h.Disk, Resume: name}, "")
+	return b.commitSaved(ctx, id, st, head{Disk: h.Disk, Chain: h.Chain, Resume: name}, "")
 }
 
 // commitSaved ends a vm whose state was just saved, once head h (naming
@@ -319,7 +320,7 @@ func (b *Backend) startSaved(ctx context.Context, id string, st state) error {
 		return errdefs.Precondition("the vm was saved with another guest kernel or agent (%s), which this nook no longer has", st.KernelHash)
 	}
 	m := machine{Accel: st.Accel, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Kernel: k, TSCKHz: st.TSCKHz}
-	l := launch{machine: m, Disk: filepath.Join(dir, h.Disk), AgentSock: filepath.Join(dir, "agent.sock"),
+	l := launch{machine: m, Disk: filepath.Join(dir, h.Disk), Chain: h.Chain, AgentSock: filepath.Join(dir, "agent.sock"),
 		QMPSock: filepath.Join(dir, "qmp.sock"), ConsoleLog: filepath.Join(dir, "console.log"), Incoming: true}
 	if b.cfg.Net != nil {
 		if l.Tap, err = b.cfg.Net.AttachTap(ctx, id); err != nil {

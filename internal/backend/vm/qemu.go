@@ -34,6 +34,8 @@ type launch struct {
 	ConsoleLog string
 	Incoming   bool // wait for a migration stream (restore) instead of booting
 	RunAs      string
+	// Chain is the top disk's backing chain, nearest first.
+	Chain []layerRef
 	// Tap is the host's tap device for the guest's NIC; empty: the NIC is
 	// on an empty hub (no network). Every vm has the NIC, so that a
 	// snapshot's devices match whatever network a restore gives it.
@@ -81,8 +83,31 @@ func (l launch) args() []string {
 		"-kernel", l.Kernel.Vmlinux, "-initrd", l.Kernel.Initrd, "-append", strings.TrimSpace(l.cmdline() + " " + l.ExtraCmdline),
 	}
 	if l.Disk != "" {
+		// The backing chain comes from nook's records, each layer opened
+		// read-only with its backing named explicitly: QEMU never follows a
+		// backing file name from a qcow2 header, which the guest's QEMU
+		// could have rewritten in the top layer.
+		below := ""
+		for i := len(l.Chain) - 1; i >= 0; i-- {
+			layer := l.Chain[i]
+			node := fmt.Sprintf("layer%d", i)
+			spec := fmt.Sprintf("driver=%s,node-name=%s,read-only=on,file.driver=file,file.filename=%s", layer.Format, node, layer.Path)
+			if layer.Format == "qcow2" {
+				if below == "" {
+					spec += ",backing=null"
+				} else {
+					spec += ",backing=" + below
+				}
+			}
+			a = append(a, "-blockdev", spec)
+			below = node
+		}
+		top := fmt.Sprintf("driver=qcow2,node-name=root,file.driver=file,file.filename=%s,file.aio=threads,cache.direct=off", l.Disk)
+		if below != "" {
+			top += ",backing=" + below
+		}
 		a = append(a,
-			"-blockdev", fmt.Sprintf("driver=qcow2,node-name=root,file.driver=file,file.filename=%s,file.aio=threads,cache.direct=off", l.Disk),
+			"-blockdev", top,
 			"-device", "virtio-blk-device,drive=root",
 			"-blockdev", fmt.Sprintf("driver=raw,node-name=modules,read-only=on,file.driver=file,file.filename=%s", l.Kernel.Modules),
 			"-device", "virtio-blk-device,drive=modules")
@@ -272,3 +297,9 @@ func (m *monitor) loadState(ctx context.Context, f *os.File) error {
 
 // errQEMUExited is returned when QEMU is gone while we wait for it.
 var errQEMUExited = errors.New("QEMU exited")
+
+// layerRef is one image of a disk's backing chain.
+type layerRef struct {
+	Path   string `json:"path"`
+	Format string `json:"format"` // qcow2 or raw
+}

@@ -32,6 +32,7 @@ type snapshot struct {
 	mem   string // guest RAM; mapped copy-on-write by every sandbox
 	state string // device state (x-ignore-shared: no RAM in it)
 	child string // an empty qcow2 over the snapshot's disk, copied per sandbox
+	chain []layerRef
 }
 
 func (b *Backend) templateDir(templateID string) string {
@@ -101,6 +102,8 @@ func (b *Backend) ensureSnapshot(ctx context.Context, templateID string, m machi
 	key := hashStrings(strconv.Itoa(deviceLayout), m.Kernel.Hash, m.Accel, strconv.Itoa(m.CPUs), strconv.FormatInt(m.MemoryMiB, 10), b.qemuVersion())
 	dir := filepath.Join(b.templateDir(templateID), "snap-"+key)
 	s := &snapshot{dir: dir, mem: filepath.Join(dir, "mem"), state: filepath.Join(dir, "state"), child: filepath.Join(dir, "child.qcow2")}
+	base := filepath.Join(b.templateDir(templateID), "rootfs.ext4")
+	s.chain = []layerRef{{Path: filepath.Join(dir, "disk.qcow2"), Format: "qcow2"}, {Path: base, Format: "raw"}}
 	done := filepath.Join(dir, "ok")
 	if _, err := os.Stat(done); err == nil {
 		return s, nil
@@ -152,7 +155,7 @@ func (b *Backend) bootAndSave(ctx context.Context, templateID string, m machine,
 	if err := b.qemuImgCreate(ctx, base, "raw", disk); err != nil {
 		return err
 	}
-	l := launch{machine: m, MemPath: s.mem, MemShared: true, Disk: disk,
+	l := launch{machine: m, MemPath: s.mem, MemShared: true, Disk: disk, Chain: []layerRef{{Path: base, Format: "raw"}},
 		AgentSock: filepath.Join(s.dir, "agent.sock"), QMPSock: filepath.Join(s.dir, "qmp.sock"),
 		ConsoleLog: filepath.Join(s.dir, "console.log")}
 	sb := &core.Sandbox{ID: id, CPUs: float64(m.CPUs), MemoryBytes: m.MemoryMiB << 20}

@@ -2,11 +2,9 @@ package vm
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -91,6 +89,10 @@ func (b *Backend) Snapshot(ctx context.Context, id, snapID string) (core.Snapsho
 		cont()
 		return core.SnapshotInfo{}, err
 	}
+	if err := writeFileAtomic(filepath.Join(tmp, "chain.json"), h.Chain); err != nil {
+		cont()
+		return core.SnapshotInfo{}, err
+	}
 	if err := os.Rename(tmp, layer); err != nil {
 		cont()
 		return core.SnapshotInfo{}, err
@@ -101,14 +103,15 @@ func (b *Backend) Snapshot(ctx context.Context, id, snapID string) (core.Snapsho
 		cont()
 		return core.SnapshotInfo{}, err
 	}
+	chain := b.layerChain(snapID)
 	if !live {
 		// Paused: it stays paused, on the new layer.
-		if err := b.writeHead(id, head{Disk: newDisk, Resume: h.Resume}); err != nil {
+		if err := b.writeHead(id, head{Disk: newDisk, Chain: chain, Resume: h.Resume}); err != nil {
 			return core.SnapshotInfo{}, err
 		}
 		os.Remove(filepath.Join(dir, h.Disk))
 	} else {
-		if err := b.commitSaved(ctx, id, st, head{Disk: newDisk, Resume: filepath.Join(layer, "mem.state")}, h.Disk); err != nil {
+		if err := b.commitSaved(ctx, id, st, head{Disk: newDisk, Chain: chain, Resume: filepath.Join(layer, "mem.state")}, h.Disk); err != nil {
 			return core.SnapshotInfo{}, err
 		}
 		if err := b.startSaved(ctx, id, st); err != nil {
@@ -141,7 +144,7 @@ func (b *Backend) Rollback(ctx context.Context, id, snapID string) error {
 	if err := b.qemuImgCreate(ctx, filepath.Join(layer, "disk.qcow2"), "qcow2", filepath.Join(dir, newDisk)); err != nil {
 		return err
 	}
-	next := head{Disk: newDisk, Resume: filepath.Join(layer, "mem.state")}
+	next := head{Disk: newDisk, Chain: b.layerChain(snapID), Resume: filepath.Join(layer, "mem.state")}
 	if live {
 		if err := b.commitSaved(ctx, id, st, next, h.Disk); err != nil {
 			return err
@@ -196,7 +199,7 @@ func (b *Backend) Fork(ctx context.Context, sb *core.Sandbox, snapID string) (er
 	if err := b.writeRun(sb.ID, st); err != nil {
 		return err
 	}
-	if err := b.writeHead(sb.ID, head{Disk: disk, Resume: filepath.Join(layer, "mem.state")}); err != nil {
+	if err := b.writeHead(sb.ID, head{Disk: disk, Chain: b.layerChain(snapID), Resume: filepath.Join(layer, "mem.state")}); err != nil {
 		return err
 	}
 	if err := b.startSaved(ctx, sb.ID, st); err != nil {
@@ -244,16 +247,16 @@ func (b *Backend) GC(ctx context.Context, keep []string) error {
 				used[snap] = true
 			}
 		}
-		for _, f := range backingChain(filepath.Join(b.dir(id), h.Disk)) {
-			if snap, ok := b.layerOf(f); ok {
+		for _, l := range h.Chain {
+			if snap, ok := b.layerOf(l.Path); ok {
 				used[snap] = true
 			}
 		}
 	}
-	// Kept layers keep their own backing layers.
+	// Kept layers keep the layers below them.
 	for snap := range used {
-		for _, f := range backingChain(filepath.Join(b.layerDir(snap), "disk.qcow2")) {
-			if s, ok := b.layerOf(f); ok {
+		for _, l := range b.layerChain(snap) {
+			if s, ok := b.layerOf(l.Path); ok {
 				used[s] = true
 			}
 		}
@@ -285,41 +288,12 @@ func (b *Backend) layerOf(path string) (string, bool) {
 	return strings.SplitN(rel, string(filepath.Separator), 2)[0], true
 }
 
-// backingChain returns the backing files under a qcow2 image, nearest
-// first, read from each image's header (offset 8: backing file name
-// offset, 16: its length).
-func backingChain(path string) []string {
-	var chain []string
-	for i := 0; i < 256; i++ {
-		f, err := os.Open(path)
-		if err != nil {
-			return chain
-		}
-		hdr := make([]byte, 20)
-		_, err = io.ReadFull(f, hdr)
-		if err != nil || string(hdr[:4]) != "QFI\xfb" {
-			f.Close()
-			return chain
-		}
-		off, size := binary.BigEndian.Uint64(hdr[8:16]), binary.BigEndian.Uint32(hdr[16:20])
-		if off == 0 || size == 0 || size > 4096 {
-			f.Close()
-			return chain
-		}
-		name := make([]byte, size)
-		_, err = f.ReadAt(name, int64(off))
-		f.Close()
-		if err != nil {
-			return chain
-		}
-		next := string(name)
-		if !filepath.IsAbs(next) {
-			next = filepath.Join(filepath.Dir(path), next)
-		}
-		chain = append(chain, next)
-		path = next
-	}
-	return chain
+// layerChain is the backing chain of a disk that starts at snapshot
+// snapID's layer: the layer itself, then what its chain.json records.
+func (b *Backend) layerChain(snapID string) []layerRef {
+	var below []layerRef
+	readJSON(filepath.Join(b.layerDir(snapID), "chain.json"), &below)
+	return append([]layerRef{{Path: filepath.Join(b.layerDir(snapID), "disk.qcow2"), Format: "qcow2"}}, below...)
 }
 
 // linkOrCopy hard-links src to dst, copying where a link cannot be made.

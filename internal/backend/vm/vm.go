@@ -335,6 +335,7 @@ func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
 			return err
 		}
 		l.MemPath, l.Incoming, st.Boot = snap.mem, true, "snapshot"
+		l.Chain = snap.chain
 	} else {
 		base, err := b.ensureImage(ctx, sb.TemplateID)
 		if err != nil {
@@ -344,6 +345,10 @@ func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
 			return err
 		}
 		st.Boot = "cold"
+		l.Chain = []layerRef{{Path: base, Format: "raw"}}
+	}
+	if err := b.writeHead(sb.ID, head{Disk: "disk.qcow2", Chain: l.Chain}); err != nil {
+		return err
 	}
 	t0 := time.Now()
 	proc, err := b.start(ctx, sb, l)

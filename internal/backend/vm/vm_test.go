@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -395,4 +396,46 @@ func TestConsoleLogIsTamed(t *testing.T) {
 	if b, _ := os.ReadFile(path); string(b) != "after\n" {
 		t.Fatalf("after the cap the log holds %d bytes", len(b))
 	}
+}
+
+// TestBackingHeaderIgnored: a vm's top qcow2 layer is writable by its QEMU
+// (which runs what the guest attacks); a backing file name rewritten in
+// its header must not make a later start open another file. nook passes
+// the chain from its own records.
+func TestBackingHeaderIgnored(t *testing.T) {
+	b, h := newTestBackend(t, testConfig{})
+	ctx := context.Background()
+	s := conformance.Create(t, h, "vm-header")
+	s.Sh(t, "echo mine > /root/a && sync")
+	if err := b.Pause(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	disk := filepath.Join(b.dir(s.ID), b.readHead(s.ID).Disk)
+	if out, err := exec.Command("qemu-img", "rebase", "-u", "-f", "qcow2", "-b", "/etc/passwd", "-F", "raw", disk).CombinedOutput(); err != nil {
+		t.Fatalf("rewrite the header: %v: %s", err, out)
+	}
+	if err := b.Resume(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.Agent.Close()
+	if got := s.Sh(t, "cat /root/a"); got != "mine\n" {
+		t.Fatalf("after the header was rewritten: %q", got)
+	}
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", qemuPID(b.dir(s.ID))))
+	if strings.Contains(string(cmdline), "/etc/passwd") {
+		t.Fatal("QEMU was given the rewritten backing file")
+	}
+	for _, fd := range mustGlob(t, fmt.Sprintf("/proc/%d/fd/*", qemuPID(b.dir(s.ID)))) {
+		if target, _ := os.Readlink(fd); target == "/etc/passwd" {
+			t.Fatal("QEMU opened the backing file the header names")
+		}
+	}
+}
+
+func mustGlob(t *testing.T, pattern string) []string {
+	m, err := filepath.Glob(pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
