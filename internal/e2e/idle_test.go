@@ -110,6 +110,10 @@ func TestIdlePause(t *testing.T) {
 
 	// The TTL of the on-expire pause sandbox runs out: paused, not destroyed.
 	sb = d.waitState("idle-expire", api.StatePaused, time.Until(created.Add(90*time.Second)))
+	// The pause is recorded first, then the expiry: wait for both.
+	for deadline := time.Now().Add(10 * time.Second); !sb.Expired && time.Now().Before(deadline); sb = d.inspect("idle-expire") {
+		time.Sleep(100 * time.Millisecond)
+	}
 	if !sb.Expired || sb.OnExpire != "pause" || !strings.Contains(sb.Reason, "TTL ran out") {
 		t.Fatalf("expired sandbox: %+v", sb)
 	}
