@@ -5,8 +5,10 @@ package fsutil
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -79,4 +81,29 @@ func SyncDir(dir string) {
 		d.Sync()
 		d.Close()
 	}
+}
+
+// Tail returns the last max bytes of a file that someone untrusted may
+// write (a sandbox's log or console), as text safe to show: invalid UTF-8
+// and control characters (terminal escapes) become '?', carriage returns
+// are dropped.
+func Tail(path string, max int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > max {
+		f.Seek(fi.Size()-max, io.SeekStart)
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, max))
+	return strings.Map(func(r rune) rune {
+		if r == '\r' {
+			return -1
+		}
+		if r != '\n' && r != '\t' && (r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0)) {
+			return '?'
+		}
+		return r
+	}, strings.ToValidUTF8(string(b), "?"))
 }

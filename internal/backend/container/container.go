@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -26,6 +25,7 @@ import (
 	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/warmpool"
 )
@@ -228,21 +228,10 @@ func (b *Backend) createCold(ctx context.Context, sb *core.Sandbox) (err error) 
 	return nil
 }
 
-// tail returns the last lines of a log file, for error messages.
-// A sandbox can write to its log (it is the agent's stderr), so only its
-// end is ever read.
-func tail(path string) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > 2000 {
-		f.Seek(fi.Size()-2000, io.SeekStart)
-	}
-	b, _ := io.ReadAll(io.LimitReader(f, 2000))
-	return string(bytes.TrimSpace(b))
-}
+// tail returns the end of a log file, for error messages. A sandbox can
+// write to its log (it is the agent's stderr), so only its end is ever
+// read, and it is shown without terminal escapes.
+func tail(path string) string { return strings.TrimSpace(fsutil.Tail(path, 2000)) }
 
 // Status implements core.Backend: the container runs while its init
 // process (the agent) does.

@@ -35,6 +35,7 @@ import (
 	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/warmpool"
 )
@@ -633,28 +634,9 @@ func capConsole(path string) {
 	}
 }
 
-// readTail returns the last 4 KiB of a file (a guest can write to its
-// console), with control characters (terminal escapes) shown as '?'.
-func readTail(path string) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > 4096 {
-		f.Seek(fi.Size()-4096, io.SeekStart)
-	}
-	b, _ := io.ReadAll(io.LimitReader(f, 4096))
-	return strings.Map(func(r rune) rune {
-		if r == '\r' {
-			return -1
-		}
-		if r != '\n' && r != '\t' && (r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0)) {
-			return '?'
-		}
-		return r
-	}, strings.ToValidUTF8(string(b), "?"))
-}
+// readTail returns the last 4 KiB of a file a guest can write (its
+// console), safe to show.
+func readTail(path string) string { return fsutil.Tail(path, 4096) }
 
 var tscOnce = sync.OnceValue(func() int64 {
 	if b, err := os.ReadFile("/sys/devices/system/cpu/cpu0/tsc_freq_khz"); err == nil {
