@@ -303,24 +303,46 @@ func prepareKernel(ctx context.Context, cacheDir, kernelRoot, agentBinary string
 			return nil, fmt.Errorf("the fetched linux-image package has no kernel: %w", err)
 		}
 	}
-	h := sha256.New()
-	for _, p := range []string{src.vmlinuz, agentBinary} {
+	fileHash := func(p string) ([]byte, error) {
 		f, err := os.Open(p)
 		if err != nil {
 			return nil, err
 		}
-		_, err = io.Copy(h, f)
-		f.Close()
-		if err != nil {
+		defer f.Close()
+		h := sha256.New()
+		if _, err := io.Copy(h, f); err != nil {
 			return nil, err
 		}
+		return h.Sum(nil), nil
 	}
+	kernelSum, err := fileHash(src.vmlinuz)
+	if err != nil {
+		return nil, err
+	}
+	agentSum, err := fileHash(agentBinary)
+	if err != nil {
+		return nil, err
+	}
+	h := sha256.New()
+	h.Write(kernelSum)
+	h.Write(agentSum)
 	fmt.Fprintln(h, initramfsLayout, guestModules)
 	hash := hex.EncodeToString(h.Sum(nil))[:16]
 	dir := filepath.Join(cacheDir, src.release+"-"+hash)
+	// The modules disk depends on the kernel alone: every agent build of
+	// the same kernel shares it.
+	modDir := filepath.Join(cacheDir, src.release+"-modules-"+hex.EncodeToString(kernelSum)[:16])
 	k := &Kernel{Release: src.release, Vmlinux: filepath.Join(dir, "vmlinux"), Initrd: filepath.Join(dir, "initrd.cpio"),
-		Modules: filepath.Join(dir, "modules.ext4"), Hash: hash}
-	if _, err := os.Stat(k.Modules); err == nil {
+		Modules: filepath.Join(modDir, "modules.ext4"), Hash: hash}
+	if _, err := os.Stat(k.Modules); err != nil {
+		if err := os.MkdirAll(modDir, 0o700); err != nil {
+			return nil, err
+		}
+		if err := buildModulesImage(ctx, src, k.Modules); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := os.Stat(k.Initrd); err == nil {
 		return k, nil
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -334,9 +356,6 @@ func prepareKernel(ctx context.Context, cacheDir, kernelRoot, agentBinary string
 		return nil, err
 	}
 	if err := buildInitramfs(k.Initrd, agentBinary, mods); err != nil {
-		return nil, err
-	}
-	if err := buildModulesImage(ctx, src, k.Modules); err != nil {
 		return nil, err
 	}
 	return k, nil
