@@ -29,6 +29,7 @@ import (
 	"github.com/nookhq/nook/internal/backend/vm"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/keylock"
 	"github.com/nookhq/nook/internal/store"
 	"github.com/nookhq/nook/internal/template"
 )
@@ -119,17 +120,12 @@ type Manager struct {
 	tplMu sync.RWMutex
 
 	mu     sync.Mutex
-	locks  map[string]*nameLock     // serializes lifecycle operations per sandbox name
+	locks  keylock.Map              // serializes lifecycle operations per sandbox name
 	agents map[string]*agent.Client // by sandbox ID
 
 	net *sandboxNets // sandbox networks (network.go); nil when networking is off
 
 	idle *idleTracker // when each sandbox was last used (idle.go)
-}
-
-type nameLock struct {
-	mu   sync.Mutex
-	refs int
 }
 
 // New opens the data directory, reconciles the database with the host and returns a Manager.
@@ -156,8 +152,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg: cfg, log: cfg.Log, store: st,
 		templates: template.NewStore(cfg.TemplatesDir, cfg.Log),
-		locks:     map[string]*nameLock{}, agents: map[string]*agent.Client{},
-		idle: newIdleTracker(),
+		agents:    map[string]*agent.Client{},
+		idle:      newIdleTracker(),
 	}
 	var hooks core.NetHooks // stays a nil interface when networking is off
 	if cfg.Net.Enabled {
@@ -217,25 +213,7 @@ func (m *Manager) Close() error {
 }
 
 // lockName serializes lifecycle operations on one sandbox name.
-func (m *Manager) lockName(name string) func() {
-	m.mu.Lock()
-	l := m.locks[name]
-	if l == nil {
-		l = &nameLock{}
-		m.locks[name] = l
-	}
-	l.refs++
-	m.mu.Unlock()
-	l.mu.Lock()
-	return func() {
-		l.mu.Unlock()
-		m.mu.Lock()
-		if l.refs--; l.refs == 0 {
-			delete(m.locks, name)
-		}
-		m.mu.Unlock()
-	}
-}
+func (m *Manager) lockName(name string) func() { return m.locks.Lock(name) }
 
 func (m *Manager) backend(isolation string) (core.Backend, error) {
 	b, ok := m.backends[isolation]

@@ -20,6 +20,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/keylock"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -127,7 +128,7 @@ type Manager struct {
 	done   chan struct{}
 
 	mu        sync.Mutex
-	locks     map[string]*idLock
+	locks     keylock.Map // serializes operations per sandbox ID
 	sandboxes map[string]*sandbox
 	byIndex   map[int]string
 }
@@ -145,11 +146,6 @@ type sandbox struct {
 	learned      map[netip.Addr]learnedEntry
 	exposes      map[uint16]*forwarder
 	events       tokenBucket
-}
-
-type idLock struct {
-	mu   sync.Mutex
-	refs int
 }
 
 // New starts a Manager: it installs the nftables table (keeping the
@@ -172,7 +168,6 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		pool:      pool,
 		lay:       newLayout(pool.Prefix(), cfg.LogGroup, cfg.LogRate),
 		log:       cfg.Log,
-		locks:     map[string]*idLock{},
 		sandboxes: map[string]*sandbox{},
 		byIndex:   map[int]string{},
 	}
@@ -298,25 +293,7 @@ func validateID(id string) error {
 }
 
 // lock serializes operations on one sandbox ID.
-func (m *Manager) lock(id string) func() {
-	m.mu.Lock()
-	l := m.locks[id]
-	if l == nil {
-		l = &idLock{}
-		m.locks[id] = l
-	}
-	l.refs++
-	m.mu.Unlock()
-	l.mu.Lock()
-	return func() {
-		l.mu.Unlock()
-		m.mu.Lock()
-		if l.refs--; l.refs == 0 {
-			delete(m.locks, id)
-		}
-		m.mu.Unlock()
-	}
-}
+func (m *Manager) lock(id string) func() { return m.locks.Lock(id) }
 
 func (m *Manager) checkArgs(ctx context.Context, id string, subnet netip.Prefix) error {
 	if err := ctx.Err(); err != nil {

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -91,11 +90,13 @@ func (b *Backend) readRun(id string) (state, bool) {
 	return st, st.PID > 0 && procfs.StartTime(st.PID) == st.StartTime
 }
 
-// idLock returns the mutex that serializes operations on one vm (pause,
-// resume, snapshot, rollback, destroy, and crash recovery).
-func (b *Backend) idLock(id string) *sync.Mutex {
-	v, _ := b.ops.LoadOrStore(id, &sync.Mutex{})
-	return v.(*sync.Mutex)
+// operate takes the lock that serializes operations on one vm (pause,
+// resume, snapshot, rollback, destroy, crash recovery), finishes what a
+// crash interrupted, and returns the unlock.
+func (b *Backend) operate(id string) func() {
+	unlock := b.ops.Lock(id)
+	b.recoverLocked(id)
+	return unlock
 }
 
 // committed reports whether the vm's head names a saved state that exists.
@@ -117,9 +118,8 @@ func (b *Backend) running(id string) (state, bool) {
 // recover finishes what a crash interrupted, unless an operation on the
 // vm is in progress (its state is then that operation's, not a crash's).
 func (b *Backend) recover(id string) {
-	mu := b.idLock(id)
-	if mu.TryLock() {
-		defer mu.Unlock()
+	if unlock, ok := b.ops.TryLock(id); ok {
+		defer unlock()
 		b.recoverLocked(id)
 	}
 }
@@ -238,10 +238,7 @@ func stopQEMU(ctx context.Context, dir string, pid int) {
 
 // Pause implements core.Pauser.
 func (b *Backend) Pause(ctx context.Context, id string) error {
-	mu := b.idLock(id)
-	mu.Lock()
-	defer mu.Unlock()
-	b.recoverLocked(id)
+	defer b.operate(id)()
 	st, live := b.running(id)
 	h := b.readHead(id)
 	if !live {
@@ -278,10 +275,7 @@ func (b *Backend) commitSaved(ctx context.Context, id string, st state, h head, 
 
 // Resume implements core.Pauser: it starts the vm from the state its head names.
 func (b *Backend) Resume(ctx context.Context, id string) error {
-	mu := b.idLock(id)
-	mu.Lock()
-	defer mu.Unlock()
-	b.recoverLocked(id)
+	defer b.operate(id)()
 	if _, live := b.running(id); live {
 		return nil
 	}

@@ -46,12 +46,9 @@ func (b *Backend) Snapshot(ctx context.Context, id, snapID string) (core.Snapsho
 	if err := validSnapID(snapID); err != nil {
 		return core.SnapshotInfo{}, err
 	}
-	mu := b.idLock(id)
-	mu.Lock()
-	defer mu.Unlock()
+	defer b.operate(id)()
 	b.gcMu.RLock()
 	defer b.gcMu.RUnlock()
-	b.recoverLocked(id)
 	dir := b.dir(id)
 	layer := b.layerDir(snapID)
 	tmp := layer + ".tmp"
@@ -127,12 +124,9 @@ func (b *Backend) Rollback(ctx context.Context, id, snapID string) error {
 	if err := validSnapID(snapID); err != nil {
 		return err
 	}
-	mu := b.idLock(id)
-	mu.Lock()
-	defer mu.Unlock()
+	defer b.operate(id)()
 	b.gcMu.RLock()
 	defer b.gcMu.RUnlock()
-	b.recoverLocked(id)
 	layer := b.layerDir(snapID)
 	if _, err := os.Stat(filepath.Join(layer, "meta.json")); err != nil {
 		return errdefs.NotFound("snapshot %s has no saved vm", snapID)

@@ -36,6 +36,7 @@ import (
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/keylock"
 	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/warmpool"
 )
@@ -85,7 +86,7 @@ type Backend struct {
 	slock map[string]*sync.Mutex // per template snapshot, in this process (flock across processes)
 
 	pool *warmpool.Pool[state]
-	ops  sync.Map     // by sandbox ID: *sync.Mutex, see idLock
+	ops  keylock.Map  // per sandbox ID, see operate
 	gcMu sync.RWMutex // GC (write) against snapshot, rollback and fork (read)
 	// ready holds, by sandbox ID, an agent connection a warm vm's warm-up
 	// left open (handshake done) for the first DialAgent.
@@ -526,12 +527,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if id == "" || strings.ContainsAny(id, "/.") {
 		return errdefs.Invalid("bad sandbox id %q", id)
 	}
-	mu := b.idLock(id)
-	mu.Lock()
-	defer func() {
-		mu.Unlock()
-		b.ops.Delete(id)
-	}()
+	defer b.ops.Lock(id)()
 	if c, ok := b.ready.LoadAndDelete(id); ok {
 		c.(net.Conn).Close()
 	}
