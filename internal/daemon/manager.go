@@ -212,6 +212,21 @@ func (m *Manager) Close() error {
 	return m.store.Close()
 }
 
+// lockSandbox checks a sandbox name, takes its lifecycle lock and reads
+// its record; on an error nothing is held.
+func (m *Manager) lockSandbox(ctx context.Context, name string) (*core.Sandbox, func(), error) {
+	if err := core.ValidateName(name); err != nil {
+		return nil, nil, err
+	}
+	unlock := m.lockName(name)
+	sb, err := m.store.GetSandbox(ctx, name)
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return sb, unlock, nil
+}
+
 // lockName serializes lifecycle operations on one sandbox name.
 func (m *Manager) lockName(name string) func() { return m.locks.Lock(name) }
 
@@ -506,15 +521,11 @@ func (m *Manager) List(ctx context.Context) ([]*core.Sandbox, error) {
 
 // Destroy removes a sandbox and everything it had on the host.
 func (m *Manager) Destroy(ctx context.Context, name string) error {
-	if err := core.ValidateName(name); err != nil {
-		return err
-	}
-	unlock := m.lockName(name)
-	defer unlock()
-	sb, err := m.store.GetSandbox(ctx, name)
+	sb, unlock, err := m.lockSandbox(ctx, name)
 	if err != nil {
 		return err
 	}
+	defer unlock()
 	return m.destroyLocked(context.WithoutCancel(ctx), sb)
 }
 
@@ -599,15 +610,11 @@ func (e notPaused) Unwrap() error        { return e.error }
 func (e notPaused) Is(target error) bool { return target == errNotPaused }
 
 func (m *Manager) setPaused(ctx context.Context, name string, pause bool) (*core.Sandbox, error) {
-	if err := core.ValidateName(name); err != nil {
-		return nil, err
-	}
-	unlock := m.lockName(name)
-	defer unlock()
-	sb, err := m.store.GetSandbox(ctx, name)
+	sb, unlock, err := m.lockSandbox(ctx, name)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	b, err := m.backend(sb.Isolation)
 	if err != nil {
 		return nil, err
@@ -701,15 +708,11 @@ func (m *Manager) SetTTL(ctx context.Context, name, ttl string) (*core.Sandbox, 
 	if err != nil {
 		return nil, err
 	}
-	if err := core.ValidateName(name); err != nil {
-		return nil, err
-	}
-	unlock := m.lockName(name)
-	defer unlock()
-	sb, err := m.store.GetSandbox(ctx, name)
+	sb, unlock, err := m.lockSandbox(ctx, name)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	if sb.State == core.StateDestroying {
 		return nil, errdefs.Precondition("sandbox %s is being destroyed", name)
 	}

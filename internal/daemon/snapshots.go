@@ -148,15 +148,11 @@ func (m *Manager) snapshotOf(ctx context.Context, sb *core.Sandbox, ref string) 
 // DeleteSnapshot removes a snapshot; its files go once nothing uses them
 // (a later snapshot's layers and forks keep what they build on).
 func (m *Manager) DeleteSnapshot(ctx context.Context, name, ref string) error {
-	if err := core.ValidateName(name); err != nil {
-		return err
-	}
-	unlock := m.lockName(name)
-	defer unlock()
-	sb, err := m.store.GetSandbox(ctx, name)
+	sb, unlock, err := m.lockSandbox(ctx, name)
 	if err != nil {
 		return err
 	}
+	defer unlock()
 	sn, err := m.snapshotOf(ctx, sb, ref)
 	if err != nil {
 		return err
@@ -192,15 +188,11 @@ func (m *Manager) gcSnapshots(ctx context.Context) {
 // Rollback puts a sandbox back to one of its snapshots: its disk, and its
 // memory (processes, open files) where the snapshot has it. It is running after.
 func (m *Manager) Rollback(ctx context.Context, name, ref string) (*core.Sandbox, error) {
-	if err := core.ValidateName(name); err != nil {
-		return nil, err
-	}
-	unlock := m.lockName(name)
-	defer unlock()
-	sb, err := m.store.GetSandbox(ctx, name)
+	sb, unlock, err := m.lockSandbox(ctx, name)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	if sb.State != core.StateRunning && sb.State != core.StatePaused {
 		return nil, errdefs.Precondition("sandbox %s is %s: only a running or paused sandbox can be rolled back", name, sb.State)
 	}
