@@ -457,7 +457,7 @@ func (b *Backend) Status(ctx context.Context, sb *core.Sandbox) (core.RuntimeSta
 	if _, live := b.running(sb.ID); live {
 		return core.RuntimeStatus{State: core.RuntimeRunning}, nil
 	}
-	if paused, _ := b.Paused(ctx, sb.ID); paused {
+	if b.readHead(sb.ID).Resume != "" { // not running, saved: paused (recovered above)
 		return core.RuntimeStatus{State: core.RuntimeSaved, Detail: "paused to disk"}, nil
 	}
 	if _, err := os.Stat(b.dir(sb.ID)); err == nil {
