@@ -275,7 +275,7 @@ func (m *Manager) idlePause(ctx context.Context, sb *core.Sandbox, seen time.Tim
 		return
 	}
 	idleFor := core.FormatDuration(sb.IdlePause)
-	if _, err := m.Pause(ctx, sb.Name); err != nil {
+	if _, err := m.pauseFor(ctx, sb.Name, "idle for "+idleFor); err != nil {
 		if gone(err) {
 			return // no longer running (destroyed, paused or failed meanwhile)
 		}
@@ -283,7 +283,6 @@ func (m *Manager) idlePause(ctx context.Context, sb *core.Sandbox, seen time.Tim
 		m.idle.touch(sb.ID) // try again after another idle window, not every tick
 		return
 	}
-	m.setPauseReason(ctx, sb, "idle for "+idleFor)
 	m.log.Info("sandbox paused: idle", "sandbox", sb.Name, "idle_pause", idleFor)
 }
 
@@ -295,7 +294,7 @@ func (m *Manager) expirePause(ctx context.Context, sb *core.Sandbox) {
 	if sb.State == core.StateRunning {
 		if _, ok := pauser(m.backends[sb.Isolation]); !ok {
 			m.log.Error("sandbox expired with on_expire pause, but its backend cannot pause: it stays running", "sandbox", sb.Name)
-		} else if _, err := m.Pause(ctx, sb.Name); err != nil && !gone(err) {
+		} else if _, err := m.pauseFor(ctx, sb.Name, reason); err != nil && !gone(err) {
 			m.log.Error("pause expired sandbox; retrying", "sandbox", sb.Name, "err", err)
 			return
 		}
@@ -324,38 +323,5 @@ func gone(err error) bool {
 	return errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition)
 }
 
-// setPauseReason records why nook paused a sandbox, shown as its reason
-// until it runs again.
-func (m *Manager) setPauseReason(ctx context.Context, sb *core.Sandbox, reason string) {
-	unlock := m.lockName(sb.Name)
-	defer unlock()
-	cur, err := m.store.GetSandbox(ctx, sb.Name)
-	if err != nil || cur.ID != sb.ID || cur.State != core.StatePaused {
-		return
-	}
-	cur.Reason = reason
-	if err := m.store.UpdateSandbox(ctx, cur); err != nil {
-		m.log.Error("record why a sandbox was paused", "sandbox", sb.Name, "err", err)
-	}
-}
-
-// resumed restarts a resumed sandbox's idle clock and clears the reason
-// nook paused it for.
-func (m *Manager) resumed(ctx context.Context, sb *core.Sandbox) {
-	m.idle.touch(sb.ID)
-	if sb.Reason == "" {
-		return
-	}
-	unlock := m.lockName(sb.Name)
-	defer unlock()
-	cur, err := m.store.GetSandbox(ctx, sb.Name)
-	if err != nil || cur.ID != sb.ID || cur.State != core.StateRunning || cur.Reason != sb.Reason {
-		return
-	}
-	cur.Reason = ""
-	if err := m.store.UpdateSandbox(context.WithoutCancel(ctx), cur); err != nil {
-		m.log.Error("clear pause reason", "sandbox", sb.Name, "err", err)
-		return
-	}
-	sb.Reason = ""
-}
+// resumed restarts a resumed sandbox's idle clock.
+func (m *Manager) resumed(sb *core.Sandbox) { m.idle.touch(sb.ID) }

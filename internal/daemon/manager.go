@@ -575,14 +575,20 @@ func (m *Manager) View(sb *core.Sandbox) api.Sandbox {
 // Pause stops a running sandbox's processes, keeping them (how depends on
 // the backend: Capabilities.Pause, and PauseKind in the sandbox).
 func (m *Manager) Pause(ctx context.Context, name string) (*core.Sandbox, error) {
-	return m.setPaused(ctx, name, true)
+	return m.setPaused(ctx, name, true, "")
+}
+
+// pauseFor pauses a sandbox on nook's own initiative, recording why in the
+// same update that records the pause, so no reader sees one without the other.
+func (m *Manager) pauseFor(ctx context.Context, name, reason string) (*core.Sandbox, error) {
+	return m.setPaused(ctx, name, true, reason)
 }
 
 // Resume continues a paused sandbox.
 func (m *Manager) Resume(ctx context.Context, name string) (*core.Sandbox, error) {
-	sb, err := m.setPaused(ctx, name, false)
+	sb, err := m.setPaused(ctx, name, false, "")
 	if err == nil {
-		m.resumed(ctx, sb)
+		m.resumed(sb)
 	}
 	return sb, err
 }
@@ -591,12 +597,12 @@ func (m *Manager) Resume(ctx context.Context, name string) (*core.Sandbox, error
 // it running is no error: concurrent calls that all found it paused all
 // get the running sandbox.
 func (m *Manager) wake(ctx context.Context, name string) (*core.Sandbox, error) {
-	sb, err := m.setPaused(ctx, name, false)
+	sb, err := m.setPaused(ctx, name, false, "")
 	if errors.Is(err, errNotPaused) {
 		return m.Get(ctx, name)
 	}
 	if err == nil {
-		m.resumed(ctx, sb)
+		m.resumed(sb)
 	}
 	return sb, err
 }
@@ -609,7 +615,7 @@ type notPaused struct{ error }
 func (e notPaused) Unwrap() error        { return e.error }
 func (e notPaused) Is(target error) bool { return target == errNotPaused }
 
-func (m *Manager) setPaused(ctx context.Context, name string, pause bool) (*core.Sandbox, error) {
+func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason string) (*core.Sandbox, error) {
 	sb, unlock, err := m.lockSandbox(ctx, name)
 	if err != nil {
 		return nil, err
@@ -643,7 +649,8 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool) (*core
 	// host with the record (neither step was acknowledged).
 	cctx := context.WithoutCancel(ctx)
 	if pause {
-		sb.State = core.StatePaused
+		oldReason := sb.Reason
+		sb.State, sb.Reason = core.StatePaused, reason
 		if err := m.store.UpdateSandbox(cctx, sb); err != nil {
 			return nil, err
 		}
@@ -654,7 +661,7 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool) (*core
 			if rerr := p.Resume(cctx, sb.ID); rerr != nil {
 				m.log.Error("thaw after a failed pause", "sandbox", name, "err", rerr)
 			}
-			sb.State = core.StateRunning
+			sb.State, sb.Reason = core.StateRunning, oldReason
 			if uerr := m.store.UpdateSandbox(cctx, sb); uerr != nil {
 				m.log.Error("undo pause record", "sandbox", name, "err", uerr)
 			}
@@ -673,7 +680,8 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool) (*core
 			return nil, fmt.Errorf("resume sandbox %s: %w", name, err)
 		}
 	}
-	sb.State = core.StateRunning
+	// The reason nook paused it for goes with the pause.
+	sb.State, sb.Reason = core.StateRunning, ""
 	return sb, m.store.UpdateSandbox(cctx, sb)
 }
 
