@@ -145,8 +145,9 @@ type Snapshotter interface {
 	// Snapshot saves sandbox id as snapshot snapID: a running sandbox goes
 	// on running, a paused one stays paused.
 	Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, error)
-	// Rollback puts sandbox id back to snapshot snapID, running.
-	Rollback(ctx context.Context, id, snapID string) error
+	// Rollback puts sandbox sb back to snapshot snapID, running; it may
+	// update sb.BackendState.
+	Rollback(ctx context.Context, sb *Sandbox, snapID string) error
 	// Fork creates sandbox sb (ID and limits set) from snapshot snapID, running.
 	Fork(ctx context.Context, sb *Sandbox, snapID string) error
 	// GC removes the files of snapshots not in keep that nothing uses.

@@ -86,19 +86,17 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *core.Sandbox, label st
 	if err := m.store.InsertSnapshot(ctx, rec); err != nil {
 		return nil, err
 	}
-	if sb.State == core.StateRunning {
-		m.restarted(ctx, sb)
+	if sb.State == core.StateRunning && sb.Isolation == api.IsolationVM {
+		m.restarted(ctx, sb) // a vm's snapshot restarts its QEMU
 	}
 	m.log.Info("snapshot taken", "sandbox", sb.Name, "snapshot", rec.Name, "id", rec.ID, "bytes", rec.SizeBytes)
 	return rec, nil
 }
 
-// restarted gives a sandbox whose vm was started again from saved state
-// (a snapshot, a rollback) a new agent session and the time.
+// restarted gives a sandbox started again from saved state (a vm's
+// snapshot or rollback, a container's rollback) a new agent session, its
+// identity and the time.
 func (m *Manager) restarted(ctx context.Context, sb *core.Sandbox) {
-	if sb.Isolation != api.IsolationVM {
-		return
-	}
 	m.dropAgent(sb.ID)
 	if err := m.waitAgent(ctx, sb); err != nil {
 		m.log.Warn("configure the sandbox after a restart from saved state", "sandbox", sb.Name, "err", err)
@@ -206,7 +204,7 @@ func (m *Manager) Rollback(ctx context.Context, name, ref string) (*core.Sandbox
 	}
 	cctx := context.WithoutCancel(ctx)
 	m.dropAgent(sb.ID)
-	if err := s.Rollback(cctx, sb.ID, sn.ID); err != nil {
+	if err := s.Rollback(cctx, sb, sn.ID); err != nil {
 		return nil, fmt.Errorf("roll back sandbox %s to %s: %w", name, sn.Name, err)
 	}
 	if err := m.store.SetSnapshotHead(cctx, sb.ID, sn.ID); err != nil {

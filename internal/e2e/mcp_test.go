@@ -201,30 +201,32 @@ func TestMCPTools(t *testing.T) {
 	if m := sc["matches"].([]any); len(m) != 1 {
 		t.Fatalf("search_files: %+v", sc)
 	}
-	// A container sandbox cannot take snapshots: every snapshot tool says
-	// so, and how to get a sandbox that can; nothing is made.
-	for _, c := range []struct {
-		tool string
-		args map[string]any
-	}{
-		{"sandbox_snapshot", map[string]any{"sandbox": "mcp-tools", "name": "before"}},
-		{"sandbox_rollback", map[string]any{"sandbox": "mcp-tools", "snapshot": "before"}},
-		{"sandbox_fork", map[string]any{"sandbox": "mcp-tools", "count": 2, "name": "mcp-try"}},
-	} {
-		res, _ := call(c.tool, c.args)
-		text := res.Content[0].(*mcp.TextContent).Text
-		if !res.IsError || !strings.Contains(text, "cannot take snapshots yet: create the sandbox with --isolation vm") || !strings.Contains(text, `isolation "vm"`) {
-			t.Errorf("%s on a container sandbox: %v %q", c.tool, res.IsError, text)
-		}
+	// A container sandbox's snapshots hold its files, not its processes.
+	call("exec", map[string]any{"sandbox": "mcp-tools", "command": "echo before > /root/state"})
+	if _, sc := call("sandbox_snapshot", map[string]any{"sandbox": "mcp-tools", "name": "before"}); sc["name"] != "before" || sc["memory"] == true {
+		t.Fatalf("sandbox_snapshot of a container: %+v", sc)
 	}
-	if _, sc := call("sandbox_snapshots", map[string]any{"sandbox": "mcp-tools"}); sc["snapshots"] == nil || len(sc["snapshots"].([]any)) != 0 {
+	call("exec", map[string]any{"sandbox": "mcp-tools", "command": "echo after > /root/state"})
+	if res, _ := call("sandbox_rollback", map[string]any{"sandbox": "mcp-tools", "snapshot": "before"}); res.IsError {
+		t.Fatalf("sandbox_rollback of a container: %+v", res)
+	}
+	if _, sc := call("exec", map[string]any{"sandbox": "mcp-tools", "command": "cat /root/state"}); sc["stdout"] != "before\n" {
+		t.Fatalf("after sandbox_rollback: %+v", sc)
+	}
+	if _, sc := call("sandbox_fork", map[string]any{"sandbox": "mcp-tools", "snapshot": "before", "count": 2, "name": "mcp-try"}); len(sc["sandboxes"].([]any)) != 2 {
+		t.Fatalf("sandbox_fork of a container: %+v", sc)
+	}
+	if _, sc := call("exec", map[string]any{"sandbox": "mcp-try-2", "command": "cat /root/state; hostname"}); sc["stdout"] != "before\nmcp-try-2\n" {
+		t.Fatalf("exec in a fork: %+v", sc)
+	}
+	if _, sc := call("sandbox_snapshots", map[string]any{"sandbox": "mcp-tools"}); len(sc["snapshots"].([]any)) != 1 {
 		t.Fatalf("sandbox_snapshots of a container sandbox: %+v", sc)
 	}
 	if res, _ := call("sandbox_snapshots", map[string]any{"sandbox": "ghost"}); !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "sandbox_list") {
 		t.Fatalf("sandbox_snapshots of a missing sandbox: %+v", res)
 	}
-	if _, sc := call("sandbox_list", nil); len(sc["sandboxes"].([]any)) != 1 {
-		t.Fatalf("a refused fork made sandboxes: %+v", sc)
+	if _, sc := call("sandbox_list", nil); len(sc["sandboxes"].([]any)) != 3 {
+		t.Fatalf("sandbox_list after two forks: %+v", sc)
 	}
 }
 

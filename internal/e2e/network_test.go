@@ -246,22 +246,24 @@ func testNetworkPolicy(t *testing.T, isolation string) {
 		t.Fatalf("nook net egress:\n%s", got)
 	}
 
-	check := func(when string) {
+	checkSandbox := func(sb, when string) {
 		t.Helper()
-		t.Logf("checking the policy %s", when)
-		d.mustReach("egress", "http://allowed.test/", "allowed-web")
-		d.mustReach("egress", "http://www.allowed.test/", "allowed-web")
-		d.mustReach("egress", "http://"+webCIDR+"/", "cidr-web")                          // the CIDR rule
-		d.mustRefuse("egress", "http://denied.test/", 6)                                  // NXDOMAIN
-		d.mustRefuse("egress", "http://"+webDenied+"/", 7)                                // never resolved through nook, not allowed
-		d.mustRefuse("egress", "http://"+metadataIP+"/", 7)                               // link-local and metadata
-		d.mustRefuse("egress", "http://"+n.Gateway+":"+hostPort+"/", 7)                   // the host, at its sandbox-side address
-		d.mustRefuse("egress", "http://"+nettest.HostUplink.String()+":"+hostPort+"/", 7) // and at its uplink address
-		d.mustRefuse("egress", "http://"+worldDNS+":53/", 7)                              // DNS elsewhere than nook's resolver
-		if r := d.sh("egress", "getent hosts denied.test"); r.code == 0 {
+		t.Logf("checking the policy of %s %s", sb, when)
+		gw := d.network(sb).Gateway
+		d.mustReach(sb, "http://allowed.test/", "allowed-web")
+		d.mustReach(sb, "http://www.allowed.test/", "allowed-web")
+		d.mustReach(sb, "http://"+webCIDR+"/", "cidr-web")                          // the CIDR rule
+		d.mustRefuse(sb, "http://denied.test/", 6)                                  // NXDOMAIN
+		d.mustRefuse(sb, "http://"+webDenied+"/", 7)                                // never resolved through nook, not allowed
+		d.mustRefuse(sb, "http://"+metadataIP+"/", 7)                               // link-local and metadata
+		d.mustRefuse(sb, "http://"+gw+":"+hostPort+"/", 7)                          // the host, at its sandbox-side address
+		d.mustRefuse(sb, "http://"+nettest.HostUplink.String()+":"+hostPort+"/", 7) // and at its uplink address
+		d.mustRefuse(sb, "http://"+worldDNS+":53/", 7)                              // DNS elsewhere than nook's resolver
+		if r := d.sh(sb, "getent hosts denied.test"); r.code == 0 {
 			t.Fatalf("denied.test resolved: %q", r.stdout)
 		}
 	}
+	check := func(when string) { t.Helper(); checkSandbox("egress", when) }
 	check("after create")
 
 	// Another sandbox is out of reach, even on a port it serves; the host
@@ -344,6 +346,17 @@ func testNetworkPolicy(t *testing.T, isolation string) {
 	d.start(netDaemonArgs()...)
 	check("after kill -9 of the daemon")
 	d.mustRefuse("egress", "http://"+otherAddr+":8000/", 7)
+
+	// A rollback keeps the policy; a fork inherits it on an address of its own.
+	d.must("snapshot", "egress", "--name", "net")
+	d.must("rollback", "egress", "net")
+	check("after a rollback")
+	d.must("fork", "egress:net", "--name", "egress-fork")
+	if fn := d.network("egress-fork"); fn.Mode != "allowlist" || len(fn.Allow) != 3 || fn.Address == n.Address {
+		t.Fatalf("the fork's network: %+v (the source's address %s)", fn, n.Address)
+	}
+	checkSandbox("egress-fork", "after a fork")
+	d.must("rm", "egress-fork")
 
 	// Unexpose closes it; destroy leaves nothing in the simulated host.
 	d.must("unexpose", "other", "8000")

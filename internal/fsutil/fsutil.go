@@ -107,3 +107,24 @@ func Tail(path string, max int64) string {
 		return r
 	}, strings.ToValidUTF8(string(b), "?"))
 }
+
+// RemoveUnused removes every entry of dir whose name used does not hold
+// (a missing dir has none).
+func RemoveUnused(dir string, used map[string]bool) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if !used[e.Name()] {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

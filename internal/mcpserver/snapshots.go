@@ -11,16 +11,17 @@ import (
 )
 
 func addSnapshotTools(s *mcp.Server, t *tools) {
-	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_snapshot", Description: "Save a named snapshot of a sandbox: its whole disk and its memory, so running processes (servers, shells, builds), open files and connections are kept too. " +
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_snapshot", Description: "Save a named snapshot of a sandbox: its whole disk, and on a sandbox created with isolation \"vm\" also its memory, so running processes (servers, shells, builds), open files and connections are kept too. " +
+		"A container sandbox's snapshot holds its files only: after a rollback or fork its processes start afresh (start servers again). " +
 		"The sandbox keeps running; it stops only for a moment. Take one before anything risky or before trying an approach you may want to undo: " +
 		"snapshot, try approach 1, sandbox_rollback to the snapshot, try approach 2 (or sandbox_fork the snapshot to try several at once). " +
-		"Only sandboxes created with isolation \"vm\" can take snapshots. Returns the snapshot (its name, id and parent)."}, t.snapshot)
+		"Returns the snapshot (its name, id, parent, and memory: whether it holds running processes)."}, t.snapshot)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_snapshots", Description: "List a sandbox's snapshots, oldest first, each with its name, id, parent (the snapshot it was taken on top of, so they form a tree), " +
 		"creation time, the disk it uses and whether it holds memory (running processes) as well as files. Use it to find the snapshot to roll back to or fork."}, t.snapshots)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_rollback", Description: "Put a sandbox back exactly to one of its snapshots: files, and running processes and servers where the snapshot holds memory, as they were when it was taken. " +
 		"Everything done since then is lost (take a snapshot first to keep it); the sandbox's other snapshots stay, so you can roll back to a later one too. " +
 		"Use it to undo a failed attempt and try another approach from the same starting point. The sandbox is running afterwards. Returns the sandbox."}, t.rollback)
-	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_fork", Description: "Make independent copies of a sandbox, each a new sandbox with its own name, hostname and network address, starting with the same files and running processes. " +
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_fork", Description: "Make independent copies of a sandbox, each a new sandbox with its own name, hostname and network address, starting with the same files and (from a vm sandbox) the same running processes. " +
 		"Without snapshot the copies start from the sandbox as it is now (a snapshot named fork-... is taken for it); with snapshot, from that snapshot. " +
 		"Nothing written in one copy is seen in another or in the original. Use it to try several approaches in parallel from one starting point, then destroy the copies you do not need. " +
 		"Returns the new sandboxes."}, t.fork)

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/keylock"
 	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/warmpool"
 )
@@ -35,6 +37,7 @@ type Config struct {
 	Runc         string // runc binary; default: found in PATH
 	RuncRoot     string // runc's state directory (tmpfs, e.g. /run/nook/runc)
 	StateDir     string // per-sandbox directories (e.g. /var/lib/nook/sandboxes)
+	SnapshotDir  string // snapshot layers (e.g. /var/lib/nook/container-snapshots); default: beside StateDir
 	AgentBinary  string // the host's static nook-agent, bind-mounted into every sandbox
 	CgroupParent string // sandboxes' cgroups go under /<CgroupParent>/<id> in every hierarchy
 	// TemplateRootfs returns the read-only root filesystem of a template build.
@@ -53,6 +56,11 @@ type Config struct {
 type Backend struct {
 	cfg  Config
 	pool *warmpool.Pool[state]
+	// gcMu: snapshots, rollbacks and forks (readers) against the removal
+	// of layers nothing uses (the writer).
+	gcMu sync.RWMutex
+	// rollbacks: a rollback against Status finishing an interrupted one.
+	rollbacks keylock.Map
 }
 
 var _ core.Backend = (*Backend)(nil)
@@ -68,6 +76,9 @@ func New(cfg Config) *Backend {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	if cfg.SnapshotDir == "" {
+		cfg.SnapshotDir = filepath.Join(filepath.Dir(cfg.StateDir), "container-snapshots")
+	}
 	b := &Backend{cfg: cfg}
 	b.pool = newPool(b, cfg.WarmPool)
 	return b
@@ -78,8 +89,9 @@ func (b *Backend) Isolation() string { return api.IsolationContainer }
 
 // Capabilities implements core.Backend. Disk size is not limited: an
 // overlay upper directory on the host's filesystem has no quota here.
+// Snapshots are of the disk only (see snapshots.go).
 func (b *Backend) Capabilities() api.Capabilities {
-	return api.Capabilities{CPULimit: true, MemoryLimit: true, PidsLimit: true, Pause: true}
+	return api.Capabilities{CPULimit: true, MemoryLimit: true, PidsLimit: true, Pause: true, Snapshot: true}
 }
 
 // Available implements core.Backend.
@@ -133,15 +145,28 @@ func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) error {
 	return nil
 }
 
-func (b *Backend) createCold(ctx context.Context, sb *core.Sandbox) (err error) {
-	lower, err := b.cfg.TemplateRootfs(sb.TemplateID)
+func (b *Backend) createCold(ctx context.Context, sb *core.Sandbox) error {
+	return b.start(ctx, sb, chain{Template: sb.TemplateID}, true)
+}
+
+// start mounts a sandbox's root filesystem, its upper directory over the
+// chain c, and runs its container. fresh: a failure removes everything (a
+// create, a fork); otherwise (a rollback) the sandbox's files stay.
+func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bool) (err error) {
+	lowers, err := b.lowerDirs(c)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if err != nil {
+		switch {
+		case err == nil:
+		case fresh:
 			if derr := b.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
 				b.cfg.Log.Error("clean up after failed create", "sandbox", sb.ID, "err", derr)
+			}
+		default:
+			if serr := b.stop(context.WithoutCancel(ctx), sb.ID); serr != nil {
+				b.cfg.Log.Error("stop after failed start", "sandbox", sb.ID, "err", serr)
 			}
 		}
 	}()
@@ -159,9 +184,12 @@ func (b *Backend) createCold(ctx context.Context, sb *core.Sandbox) (err error) 
 			return err
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
-	if err := unix.Mount("overlay", rootfs, "overlay", unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mount overlay rootfs: %w", err)
+	chainJSON, _ := json.Marshal(c)
+	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "chain.json"), chainJSON); err != nil {
+		return err
+	}
+	if err := mountOverlay(lowers, upper, work, rootfs); err != nil {
+		return err
 	}
 	spec, err := generateSpec(sb, b.cfg.AgentBinary, b.cfg.CgroupParent)
 	if err != nil {
@@ -179,6 +207,9 @@ func (b *Backend) createCold(ctx context.Context, sb *core.Sandbox) (err error) 
 	// sandbox cannot see and hands it in as fd 3: the sandbox cannot swap
 	// the socket for a symlink, and the daemon can connect at once (the
 	// kernel queues the connection until the agent accepts).
+	if err := os.Remove(b.socket(sb.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: b.socket(sb.ID), Net: "unix"})
 	if err != nil {
 		return fmt.Errorf("agent socket: %w", err)
@@ -218,6 +249,11 @@ func (b *Backend) createCold(ctx context.Context, sb *core.Sandbox) (err error) 
 	}
 	st := state{PID: pid, StartTime: procfs.StartTime(pid)}
 	sb.BackendState, _ = json.Marshal(st)
+	// Also beside its files: a rollback starts a new init, and a crash
+	// before the daemon records it must not make the sandbox look dead.
+	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "init.json"), sb.BackendState); err != nil {
+		return err
+	}
 	if b.cfg.Net != nil {
 		netStart := time.Now()
 		if err := b.cfg.Net.AttachNetns(ctx, sb.ID, fmt.Sprintf("/proc/%d/ns/net", pid)); err != nil {
@@ -236,13 +272,35 @@ func tail(path string) string { return strings.TrimSpace(fsutil.Tail(path, 2000)
 // Status implements core.Backend: the container runs while its init
 // process (the agent) does.
 func (b *Backend) Status(ctx context.Context, sb *core.Sandbox) (core.RuntimeStatus, error) {
+	// A rollback in progress replaces the init: wait for it.
+	unlock := b.rollbacks.Lock(sb.ID)
+	defer unlock()
+	return b.statusLocked(ctx, sb, true)
+}
+
+func (b *Backend) statusLocked(ctx context.Context, sb *core.Sandbox, finish bool) (core.RuntimeStatus, error) {
 	var st state
 	if len(sb.BackendState) > 0 {
 		if err := json.Unmarshal(sb.BackendState, &st); err != nil {
 			return core.RuntimeStatus{}, fmt.Errorf("sandbox %s: backend state: %w", sb.ID, err)
 		}
 	}
-	if st.PID > 0 && st.StartTime != 0 && procfs.StartTime(st.PID) == st.StartTime {
+	// The init a rollback started, which the record may not have yet.
+	var latest state
+	if readJSON(filepath.Join(b.dir(sb.ID), "init.json"), &latest) == nil && latest.PID > 0 {
+		st = latest
+	}
+	running := st.PID > 0 && st.StartTime != 0 && procfs.StartTime(st.PID) == st.StartTime
+	if finish {
+		redone, err := b.finishRollback(ctx, sb, running)
+		if err != nil {
+			b.cfg.Log.Error("finish an interrupted rollback", "sandbox", sb.ID, "err", err)
+		}
+		if redone && err == nil {
+			return b.statusLocked(ctx, sb, false)
+		}
+	}
+	if running {
 		return core.RuntimeStatus{State: core.RuntimeRunning}, nil
 	}
 	if _, err := os.Stat(b.dir(sb.ID)); err == nil {
@@ -275,11 +333,31 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		return errdefs.Invalid("bad sandbox id %q", id)
 	}
 	var errs []error
+	if err := b.stop(ctx, id); err != nil {
+		errs = append(errs, err)
+	}
+	// The container's namespace is gone with its processes; the rest of
+	// its network (rules, resolver, exposed ports) goes now.
+	if b.cfg.Net != nil {
+		if err := b.cfg.Net.Detach(ctx, id); err != nil {
+			errs = append(errs, fmt.Errorf("network: %w", err))
+		}
+	}
+	if err := os.RemoveAll(b.dir(id)); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// stop ends a sandbox's container: its processes, cgroups and runc state,
+// and unmounts its root filesystem. Its files and network stay.
+func (b *Backend) stop(ctx context.Context, id string) error {
+	var errs []error
 	// Frozen processes cannot die: thaw a paused sandbox first (through
 	// runc, and straight in the cgroup in case runc lost the container).
 	if paused, err := b.Paused(ctx, id); err == nil && paused {
 		if err := b.Resume(ctx, id); err != nil {
-			b.cfg.Log.Warn("runc resume before destroy", "sandbox", id, "err", err)
+			b.cfg.Log.Warn("runc resume before stop", "sandbox", id, "err", err)
 		}
 		b.thaw(id)
 	}
@@ -289,22 +367,12 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		!bytes.Contains(out, []byte("does not exist")) && !bytes.Contains(out, []byte("not exist")) {
 		errs = append(errs, fmt.Errorf("runc delete: %v: %s", err, bytes.TrimSpace(out)))
 	}
-	// The container's namespace is gone with its processes; the rest of
-	// its network (rules, resolver, exposed ports) goes now.
-	if b.cfg.Net != nil {
-		if err := b.cfg.Net.Detach(ctx, id); err != nil {
-			errs = append(errs, fmt.Errorf("network: %w", err))
-		}
-	}
 	// A create interrupted between cgroup creation and runc's state leaves
 	// cgroups runc no longer knows about.
 	if err := b.removeCgroups(id); err != nil {
 		errs = append(errs, err)
 	}
 	if err := unmount(b.rootfs(id)); err != nil {
-		errs = append(errs, err)
-	}
-	if err := os.RemoveAll(b.dir(id)); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

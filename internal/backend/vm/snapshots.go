@@ -3,7 +3,6 @@ package vm
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/fsutil"
 )
 
 var _ core.Snapshotter = (*Backend)(nil)
@@ -120,7 +120,8 @@ func (b *Backend) Snapshot(ctx context.Context, id, snapID string) (core.Snapsho
 
 // Rollback implements core.Snapshotter: the vm's current state is
 // discarded and it starts from the snapshot's.
-func (b *Backend) Rollback(ctx context.Context, id, snapID string) error {
+func (b *Backend) Rollback(ctx context.Context, sb *core.Sandbox, snapID string) error {
+	id := sb.ID
 	if err := validSnapID(snapID); err != nil {
 		return err
 	}
@@ -255,22 +256,7 @@ func (b *Backend) GC(ctx context.Context, keep []string) error {
 			}
 		}
 	}
-	entries, err := os.ReadDir(b.cfg.LayersDir)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		return err
-	}
-	var errs []error
-	for _, e := range entries {
-		if !used[e.Name()] {
-			if err := os.RemoveAll(filepath.Join(b.cfg.LayersDir, e.Name())); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
+	return fsutil.RemoveUnused(b.cfg.LayersDir, used)
 }
 
 // layerOf returns the snapshot a file in LayersDir belongs to.

@@ -289,7 +289,7 @@ func TestSnapshots(t *testing.T) {
 	if err := s.Agent.SignalProcess(ctx, srv, "KILL"); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Rollback(ctx, s.ID, "snap-1"); err != nil {
+	if err := b.Rollback(ctx, &core.Sandbox{ID: s.ID}, "snap-1"); err != nil {
 		t.Fatal(err)
 	}
 	s.Agent.Close()
@@ -360,7 +360,7 @@ func TestSnapshots(t *testing.T) {
 	if entries, _ := os.ReadDir(b.cfg.LayersDir); len(entries) != 0 {
 		t.Fatalf("GC left %d layers", len(entries))
 	}
-	if err := b.Rollback(ctx, "0000000000000000", "snap-1"); err == nil {
+	if err := b.Rollback(ctx, &core.Sandbox{ID: "0000000000000000"}, "snap-1"); err == nil {
 		t.Fatal("rollback to a removed snapshot succeeded")
 	}
 }

@@ -1,0 +1,337 @@
+package container
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// A container's disk is an overlay: the template's rootfs at the bottom,
+// then the layers of the snapshots it was rolled back or forked to, then
+// its own upper directory, where every write lands.
+//
+// A snapshot freezes the container and copies its upper directory, as it
+// is (whiteouts and overlay xattrs included), into a new read-only layer.
+// The host's filesystem has no reflinks, so the copy is made cheap the
+// other way: a file unchanged since the sandbox's previous snapshot is a
+// hard link to that snapshot's copy (layers never change once written, so
+// sharing their inodes is safe). A chain of snapshots of a sandbox that
+// changes 10 MB between each costs those 10 MB each, not a copy of
+// everything so far.
+
+// fileKey tells whether a file in the upper directory changed since a
+// snapshot copied it. Every change to a file's data or metadata moves its
+// ctime, which no process can set.
+type fileKey struct {
+	Ino   uint64 `json:"ino"`
+	Ctime int64  `json:"ctime"`
+	Size  int64  `json:"size"`
+}
+
+// manifest lists, by path in the upper directory, the files a snapshot
+// copied and can share with the next snapshot of the same upper directory.
+type manifest struct {
+	Snapshot string             `json:"snapshot"`
+	Files    map[string]fileKey `json:"files"`
+}
+
+// ctimeSlack: a file whose ctime is this close to the moment the container
+// was frozen could be written again after the thaw within the same tick of
+// the kernel's coarse clock, keeping its ctime; it is never shared.
+const ctimeSlack = 50e6 // ns
+
+// copyLayer copies the tree src into dst (which must not exist) with
+// owners, modes, times, xattrs and device nodes (overlay whiteouts); files
+// prev lists unchanged are hard-linked from prevLayer instead. frozenAt is
+// when src stopped changing (UnixNano). It returns the new manifest.
+// Symlinks are copied as links and never followed; sockets are skipped;
+// hard links inside src become separate copies.
+func copyLayer(src, dst string, prev *manifest, prevLayer string, frozenAt int64) (*manifest, error) {
+	next := &manifest{Files: map[string]fileKey{}}
+	type dirTimes struct {
+		path string
+		st   *syscall.Stat_t
+	}
+	var dirs []dirTimes
+	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return fmt.Errorf("%s: no stat", path)
+		}
+		mode := fi.Mode()
+		switch {
+		case mode.IsDir():
+			if err := os.Mkdir(target, 0o700); err != nil {
+				return err
+			}
+			if err := copyMeta(path, target, st, true); err != nil {
+				return err
+			}
+			dirs = append(dirs, dirTimes{target, st})
+			return nil
+		case mode.IsRegular():
+			key := fileKey{Ino: st.Ino, Ctime: st.Ctim.Nano(), Size: st.Size}
+			shared := false
+			if prev != nil && prevLayer != "" && prev.Files[rel] == key {
+				shared = linkUnchanged(filepath.Join(prevLayer, rel), target, key.Size)
+			}
+			if !shared {
+				if err := copyFile(path, target, st); err != nil {
+					return err
+				}
+			}
+			if key.Ctime < frozenAt-ctimeSlack {
+				next.Files[rel] = key
+			}
+			return nil
+		case mode&fs.ModeSymlink != 0:
+			link, err := os.Readlink(path)
+			if err != nil {
+				return err
+			}
+			if err := os.Symlink(link, target); err != nil {
+				return err
+			}
+			return copyMeta(path, target, st, false)
+		case mode&fs.ModeSocket != 0:
+			return nil // a socket is nothing without its process
+		default: // devices (whiteouts are 0:0 character devices) and fifos
+			if err := unix.Mknod(target, st.Mode, int(st.Rdev)); err != nil {
+				return fmt.Errorf("mknod %s: %w", target, err)
+			}
+			return copyMeta(path, target, st, true)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Directory times last: creating their entries moved them.
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := setTimes(dirs[i].path, dirs[i].st); err != nil {
+			return nil, err
+		}
+	}
+	return next, nil
+}
+
+// linkUnchanged hard-links a previous layer's copy of an unchanged file.
+// The previous layer is nook's own and immutable, but it is checked anyway:
+// the path must lead to a regular file of the expected size without
+// passing through a symlink.
+func linkUnchanged(from, to string, size int64) bool {
+	if real, err := filepath.EvalSymlinks(from); err != nil || real != from {
+		return false
+	}
+	fi, err := os.Lstat(from)
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() != size {
+		return false
+	}
+	return os.Link(from, to) == nil
+}
+
+func copyFile(src, dst string, st *syscall.Stat_t) error {
+	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := copySparse(out, in, st.Size); err != nil {
+		out.Close()
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return copyMeta(src, dst, st, true)
+}
+
+// copySparse copies a file's data extents only and keeps its holes: a
+// sandbox's 1 TB sparse file must not become 1 TB of zeros on the host.
+func copySparse(out, in *os.File, size int64) error {
+	for off := int64(0); off < size; {
+		data, err := in.Seek(off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return err
+		}
+		hole, err := in.Seek(data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		if _, err := in.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := out.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := io.CopyN(out, in, hole-data); err != nil { // copy_file_range where it can
+			return err
+		}
+		off = hole
+	}
+	return out.Truncate(size)
+}
+
+// copyMeta gives dst src's owner, mode (after the owner: chown clears
+// setuid bits), xattrs and times. chmod is skipped for symlinks.
+func copyMeta(src, dst string, st *syscall.Stat_t, chmod bool) error {
+	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
+		return err
+	}
+	if chmod {
+		if err := unix.Fchmodat(unix.AT_FDCWD, dst, st.Mode&07777, 0); err != nil {
+			return fmt.Errorf("chmod %s: %w", dst, err)
+		}
+	}
+	if err := copyXattrs(src, dst); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return nil // set once the directory is complete
+	}
+	return setTimes(dst, st)
+}
+
+func setTimes(path string, st *syscall.Stat_t) error {
+	ts := []unix.Timespec{unix.NsecToTimespec(st.Atim.Nano()), unix.NsecToTimespec(st.Mtim.Nano())}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, path, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("set times of %s: %w", path, err)
+	}
+	return nil
+}
+
+// copyXattrs copies every extended attribute, the overlay's own
+// (trusted.overlay.opaque, ...) and file capabilities included.
+func copyXattrs(src, dst string) error {
+	size, err := unix.Llistxattr(src, nil)
+	if err != nil || size == 0 {
+		if errors.Is(err, unix.ENOTSUP) {
+			return nil
+		}
+		return err
+	}
+	buf := make([]byte, size)
+	size, err = unix.Llistxattr(src, buf)
+	if err != nil {
+		return err
+	}
+	for _, name := range strings.Split(strings.TrimRight(string(buf[:size]), "\x00"), "\x00") {
+		if name == "" {
+			continue
+		}
+		n, err := unix.Lgetxattr(src, name, nil)
+		if err != nil {
+			return fmt.Errorf("read xattr %s of %s: %w", name, src, err)
+		}
+		val := make([]byte, n)
+		if n, err = unix.Lgetxattr(src, name, val); err != nil {
+			return fmt.Errorf("read xattr %s of %s: %w", name, src, err)
+		}
+		if err := unix.Lsetxattr(dst, name, val[:n], 0); err != nil {
+			return fmt.Errorf("write xattr %s of %s: %w", name, dst, err)
+		}
+	}
+	return nil
+}
+
+// layerUsage is the disk a layer's files take, a file shared by hard links
+// counted in equal parts by every link: summed over all layers, it is
+// what they really use together.
+func layerUsage(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink > 0 {
+			if d.IsDir() {
+				n += st.Blocks * 512
+			} else {
+				n += st.Blocks * 512 / int64(st.Nlink)
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// mountOverlay mounts an overlay of lowers (topmost first) under upper at
+// target. A chain too long for mount(2)'s one page of options is mounted
+// through the new mount API, one lower layer at a time.
+func mountOverlay(lowers []string, upper, work, target string) error {
+	for _, l := range lowers {
+		if strings.ContainsAny(l, ",:") {
+			return fmt.Errorf("overlay layer path %q has a comma or colon", l)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lowers, ":"), upper, work)
+	if len(opts) < 4000 {
+		if err := unix.Mount("overlay", target, "overlay", unix.MS_NODEV, opts); err != nil {
+			return fmt.Errorf("mount overlay rootfs: %w", err)
+		}
+		return nil
+	}
+	fd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("mount overlay rootfs of %d layers: %w", len(lowers), err)
+	}
+	defer unix.Close(fd)
+	set := func(key, val string) error {
+		if err := unix.FsconfigSetString(fd, key, val); err != nil {
+			return fmt.Errorf("mount overlay rootfs of %d layers: %s=%s: %w", len(lowers), key, val, err)
+		}
+		return nil
+	}
+	for _, l := range lowers {
+		if err := set("lowerdir+", l); err != nil {
+			return err
+		}
+	}
+	if err := set("upperdir", upper); err != nil {
+		return err
+	}
+	if err := set("workdir", work); err != nil {
+		return err
+	}
+	if err := unix.FsconfigCreate(fd); err != nil {
+		return fmt.Errorf("mount overlay rootfs of %d layers: %w", len(lowers), err)
+	}
+	mfd, err := unix.Fsmount(fd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return fmt.Errorf("mount overlay rootfs of %d layers: %w", len(lowers), err)
+	}
+	defer unix.Close(mfd)
+	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mount overlay rootfs of %d layers: %w", len(lowers), err)
+	}
+	return nil
+}

@@ -1,0 +1,314 @@
+package container
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/fsutil"
+)
+
+// Container snapshots are of the disk only: without a working CRIU (see
+// HOST.md) a container's memory cannot be saved, so a rollback or a fork
+// starts the sandbox's processes afresh on the snapshot's files.
+//
+// Files:
+//
+//	<SnapshotDir>/<snapID>/layer       the copied upper directory (read-only by convention)
+//	<SnapshotDir>/<snapID>/chain.json  the layers below it ({template, layers})
+//	<StateDir>/<id>/chain.json         the layers under the sandbox's upper directory
+//	<StateDir>/<id>/manifest.json      what its upper held at its last snapshot
+//
+// A layer is written under <snapID>.tmp and renamed into place when
+// complete; the daemon records the snapshot after that. A crash leaves a
+// .tmp or an unrecorded layer, which GC removes.
+
+var _ core.Snapshotter = (*Backend)(nil)
+
+// chain is what a root filesystem is stacked from.
+type chain struct {
+	Template string   `json:"template"` // template build ID: its rootfs is at the bottom
+	Layers   []string `json:"layers"`   // snapshot IDs, topmost first
+}
+
+func (b *Backend) layerDir(snapID string) string { return filepath.Join(b.cfg.SnapshotDir, snapID) }
+
+func validSnapID(snapID string) error {
+	if snapID == "" || strings.ContainsAny(snapID, "/.,:") {
+		return errdefs.Invalid("bad snapshot id %q", snapID)
+	}
+	return nil
+}
+
+func readJSON(path string, v any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// sandboxChain is the chain under a sandbox's upper directory.
+func (b *Backend) sandboxChain(id string) (chain, error) {
+	var c chain
+	err := readJSON(filepath.Join(b.dir(id), "chain.json"), &c)
+	return c, err
+}
+
+// snapshotChain is the whole chain a snapshot's files are seen through:
+// its own layer on top of the chain it was taken over.
+func (b *Backend) snapshotChain(snapID string) (chain, error) {
+	if err := validSnapID(snapID); err != nil {
+		return chain{}, err
+	}
+	var c chain
+	if err := readJSON(filepath.Join(b.layerDir(snapID), "chain.json"), &c); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return chain{}, errdefs.NotFound("snapshot %s has no files on this host", snapID)
+		}
+		return chain{}, err
+	}
+	c.Layers = append([]string{snapID}, c.Layers...)
+	return c, nil
+}
+
+// lowerDirs turns a chain into overlay lower directories, topmost first.
+func (b *Backend) lowerDirs(c chain) ([]string, error) {
+	rootfs, err := b.cfg.TemplateRootfs(c.Template)
+	if err != nil {
+		return nil, err
+	}
+	dirs := make([]string, 0, len(c.Layers)+1)
+	for _, l := range c.Layers {
+		d := filepath.Join(b.layerDir(l), "layer")
+		if _, err := os.Stat(d); err != nil {
+			return nil, fmt.Errorf("snapshot layer %s: %w", l, err)
+		}
+		dirs = append(dirs, d)
+	}
+	return append(dirs, rootfs), nil
+}
+
+// Snapshot implements core.Snapshotter: the container is frozen while its
+// upper directory is copied (a paused one stays paused).
+func (b *Backend) Snapshot(ctx context.Context, id, snapID string) (core.SnapshotInfo, error) {
+	if err := validSnapID(snapID); err != nil {
+		return core.SnapshotInfo{}, err
+	}
+	b.gcMu.RLock()
+	defer b.gcMu.RUnlock()
+	base, err := b.sandboxChain(id)
+	if err != nil {
+		return core.SnapshotInfo{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	var prev *manifest
+	if err := readJSON(filepath.Join(b.dir(id), "manifest.json"), &prev); err != nil && !errors.Is(err, os.ErrNotExist) {
+		b.cfg.Log.Warn("previous snapshot manifest unreadable: copying every file", "sandbox", id, "err", err)
+		prev = nil
+	}
+	paused, err := b.Paused(ctx, id)
+	if err != nil {
+		return core.SnapshotInfo{}, err
+	}
+	if !paused {
+		if err := b.Pause(ctx, id); err != nil {
+			return core.SnapshotInfo{}, err
+		}
+		defer func() {
+			if err := b.Resume(context.WithoutCancel(ctx), id); err != nil {
+				b.cfg.Log.Error("thaw after snapshot", "sandbox", id, "err", err)
+			}
+		}()
+	}
+	frozenAt := time.Now().UnixNano()
+	if err := os.MkdirAll(b.cfg.SnapshotDir, 0o700); err != nil {
+		return core.SnapshotInfo{}, err
+	}
+	final := b.layerDir(snapID)
+	tmp := final + ".tmp"
+	if err := os.RemoveAll(tmp); err != nil {
+		return core.SnapshotInfo{}, err
+	}
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return core.SnapshotInfo{}, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(tmp)
+		}
+	}()
+	prevLayer := ""
+	if prev != nil && validSnapID(prev.Snapshot) == nil {
+		prevLayer = filepath.Join(b.layerDir(prev.Snapshot), "layer")
+	}
+	next, err := copyLayer(filepath.Join(b.dir(id), "upper"), filepath.Join(tmp, "layer"), prev, prevLayer, frozenAt)
+	if err != nil {
+		return core.SnapshotInfo{}, fmt.Errorf("copy the sandbox's files: %w", err)
+	}
+	next.Snapshot = snapID
+	data, _ := json.Marshal(base)
+	if err := os.WriteFile(filepath.Join(tmp, "chain.json"), data, 0o600); err != nil {
+		return core.SnapshotInfo{}, err
+	}
+	if err := syncfs(tmp); err != nil {
+		return core.SnapshotInfo{}, err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return core.SnapshotInfo{}, err
+	}
+	ok = true
+	fsutil.SyncDir(b.cfg.SnapshotDir)
+	// Only now may the next snapshot share this one's files.
+	data, _ = json.Marshal(next)
+	if err := fsutil.WriteFileAtomic(filepath.Join(b.dir(id), "manifest.json"), data); err != nil {
+		b.cfg.Log.Warn("save snapshot manifest: the next snapshot copies every file", "sandbox", id, "err", err)
+	}
+	return core.SnapshotInfo{SizeBytes: layerUsage(final)}, nil
+}
+
+func syncfs(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// Rollback implements core.Snapshotter: the container is stopped, its
+// upper directory emptied, and it starts again over the snapshot's chain,
+// with sb's identity and limits. Its processes start afresh.
+func (b *Backend) Rollback(ctx context.Context, sb *core.Sandbox, snapID string) error {
+	unlock := b.rollbacks.Lock(sb.ID)
+	defer unlock()
+	return b.rollbackLocked(ctx, sb, snapID)
+}
+
+func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID string) error {
+	b.gcMu.RLock()
+	defer b.gcMu.RUnlock()
+	c, err := b.snapshotChain(snapID)
+	if err != nil {
+		return err
+	}
+	if _, err := b.sandboxChain(sb.ID); err != nil {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
+	}
+	// From here the old state is going: a crash before the new container
+	// runs leaves this marker, and Status finishes the rollback.
+	dir := b.dir(sb.ID)
+	marker, _ := json.Marshal(pendingRollback{Snapshot: snapID})
+	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "rollback.json"), marker); err != nil {
+		return err
+	}
+	if err := b.stop(ctx, sb.ID); err != nil {
+		return err
+	}
+	for _, d := range []string{"upper", "work", "manifest.json"} {
+		if err := os.RemoveAll(filepath.Join(dir, d)); err != nil {
+			return err
+		}
+	}
+	if err := b.start(ctx, sb, c, false); err != nil {
+		return err
+	}
+	return os.Remove(filepath.Join(dir, "rollback.json"))
+}
+
+// pendingRollback marks a rollback begun and not finished.
+type pendingRollback struct {
+	Snapshot string `json:"snapshot"`
+}
+
+// finishRollback completes a rollback a crash interrupted, if there is
+// one. The caller holds the sandbox's rollbacks lock.
+func (b *Backend) finishRollback(ctx context.Context, sb *core.Sandbox, running bool) (bool, error) {
+	var p pendingRollback
+	path := filepath.Join(b.dir(sb.ID), "rollback.json")
+	if err := readJSON(path, &p); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return false, nil
+		}
+		return false, err
+	}
+	if running { // the crash came after the new container started
+		return false, os.Remove(path)
+	}
+	b.cfg.Log.Info("finishing an interrupted rollback", "sandbox", sb.ID, "snapshot", p.Snapshot)
+	return true, b.rollbackLocked(ctx, sb, p.Snapshot)
+}
+
+// Fork implements core.Snapshotter: a new container over the snapshot's chain.
+func (b *Backend) Fork(ctx context.Context, sb *core.Sandbox, snapID string) error {
+	b.gcMu.RLock()
+	defer b.gcMu.RUnlock()
+	c, err := b.snapshotChain(snapID)
+	if err != nil {
+		return err
+	}
+	if c.Template != sb.TemplateID {
+		return fmt.Errorf("snapshot %s is of template build %s, not %s", snapID, c.Template, sb.TemplateID)
+	}
+	return b.start(ctx, sb, c, true)
+}
+
+// SnapshotUsage implements core.Snapshotter.
+func (b *Backend) SnapshotUsage(snapID string) int64 {
+	if validSnapID(snapID) != nil {
+		return 0
+	}
+	return layerUsage(b.layerDir(snapID))
+}
+
+// GC implements core.Snapshotter: it removes layers that are not kept and
+// that no sandbox's chain (nor a kept layer's chain) uses, and unfinished ones.
+func (b *Backend) GC(ctx context.Context, keep []string) error {
+	b.gcMu.Lock()
+	defer b.gcMu.Unlock()
+	used := map[string]bool{}
+	for _, id := range keep {
+		used[id] = true
+	}
+	ids, err := b.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if c, err := b.sandboxChain(id); err == nil {
+			for _, l := range c.Layers {
+				used[l] = true
+			}
+		}
+		// A sandbox's last snapshot stays while its manifest names it:
+		// the daemon records a snapshot only after the backend took it,
+		// and the next snapshot shares its unchanged files.
+		var m manifest
+		if readJSON(filepath.Join(b.dir(id), "manifest.json"), &m) == nil && m.Snapshot != "" {
+			used[m.Snapshot] = true
+		}
+	}
+	for snap := range used {
+		if c, err := b.snapshotChain(snap); err == nil {
+			for _, l := range c.Layers {
+				used[l] = true
+			}
+		}
+	}
+	return fsutil.RemoveUnused(b.cfg.SnapshotDir, used)
+}

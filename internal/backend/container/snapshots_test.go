@@ -1,0 +1,236 @@
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/core/conformance"
+	"github.com/nookhq/nook/internal/errdefs"
+)
+
+// snapshotFiles lists, for comparison, what a sandbox's interesting paths hold.
+const snapshotFiles = `cd /root && for f in a big dir/x link fifo; do printf '%s: ' $f; if [ -p $f ]; then echo fifo; elif [ -L $f ]; then readlink $f; elif [ -f $f ]; then md5sum < $f | cut -c1-8; else echo missing; fi; done;
+stat -c '%a %u' /root/a; ls -A /etc/skel | wc -l; ls /root/dir; test -e /etc/motd && echo motd || echo no-motd`
+
+// TestSnapshotRollbackFork: a container's snapshots keep its files exactly
+// (whiteouts, opaque directories, links, modes), roll back and fork over
+// chains of layers, share unchanged files between snapshots, and GC
+// removes exactly the layers nothing uses.
+func TestSnapshotRollbackFork(t *testing.T) {
+	b, h := newTestBackend(t)
+	ctx := context.Background()
+	s := conformance.Create(t, h, "snapper")
+	s.Sh(t, `cd /root && echo one > a && chmod 640 a && chown 1000 a && head -c 4000000 /dev/urandom > big &&
+		mkdir dir && echo x > dir/x && ln -s a link && mkfifo fifo && truncate -s 100G sparse && echo end >> sparse &&
+		rm /etc/motd && rm -rf /etc/skel && mkdir /etc/skel && echo only > /etc/skel/new`)
+	// Files changed within ctimeSlack of a snapshot are never shared: let the clock move on.
+	time.Sleep(100 * time.Millisecond)
+	at1 := s.Sh(t, snapshotFiles)
+	info1, err := b.Snapshot(ctx, s.ID, "snap-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info1.Memory || info1.SizeBytes < 4000000 || info1.SizeBytes > 5000000 {
+		t.Fatalf("snapshot 1 (4 MB of data and a 100 GB sparse file): %+v", info1)
+	}
+	if fi, err := os.Stat(filepath.Join(b.layerDir("snap-1"), "layer/root/sparse")); err != nil || fi.Size() != 100<<30+4 {
+		t.Fatalf("sparse file in the layer: %v", err)
+	}
+	if got := s.Sh(t, "cat /root/a"); got != "one\n" {
+		t.Fatalf("sandbox after snapshot: %q", got)
+	}
+	// Change a little, keep the big file.
+	s.Sh(t, `cd /root && echo two > a && rm -r dir && rm link && echo back > /etc/motd && echo y > c`)
+	at2 := s.Sh(t, snapshotFiles)
+	info2, err := b.Snapshot(ctx, s.ID, "snap-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info2.SizeBytes > 2500000 {
+		t.Fatalf("snapshot 2 uses %d bytes: the unchanged 4 MB file was not shared", info2.SizeBytes)
+	}
+	var st1, st2 syscall.Stat_t
+	syscall.Stat(filepath.Join(b.layerDir("snap-1"), "layer/root/big"), &st1)
+	syscall.Stat(filepath.Join(b.layerDir("snap-2"), "layer/root/big"), &st2)
+	if st1.Ino == 0 || st1.Ino != st2.Ino {
+		t.Fatalf("the unchanged file is not one inode in both layers: %d, %d", st1.Ino, st2.Ino)
+	}
+	if u1, u2 := b.SnapshotUsage("snap-1"), b.SnapshotUsage("snap-2"); u1+u2 > 4000000+2500000 || u1+u2 < 4000000 {
+		t.Fatalf("usage %d + %d: shared file not split between the layers", u1, u2)
+	}
+
+	// A background process dies with a rollback: a container's snapshot has no memory.
+	s.Sh(t, "setsid sleep 600 >/dev/null 2>&1 < /dev/null &")
+	s.Agent.Close()
+	if err := b.Rollback(ctx, s.Sandbox, "snap-1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Sh(t, snapshotFiles); got != at1 {
+		t.Fatalf("after rollback to snap-1:\n%s\nwant:\n%s", got, at1)
+	}
+	if got := s.Sh(t, "hostname; cat /proc/[0-9]*/comm | grep -c '^sleep$' || true"); got != "snapper\n0\n" {
+		t.Fatalf("after rollback: hostname and sleeps %q", got)
+	}
+	if st, err := b.Status(ctx, s.Sandbox); err != nil || st.State != core.RuntimeRunning {
+		t.Fatalf("status after rollback: %+v %v", st, err)
+	}
+	// A snapshot over the rolled-back chain, then back and forth.
+	s.Sh(t, "echo three > /root/a")
+	at3 := s.Sh(t, snapshotFiles)
+	if _, err := b.Snapshot(ctx, s.ID, "snap-3"); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := b.snapshotChain("snap-3"); strings.Join(c.Layers, ",") != "snap-3,snap-1" {
+		t.Fatalf("chain of snap-3: %v", c.Layers)
+	}
+	s.Sh(t, "rm -rf /root/*")
+	s.Agent.Close()
+	if err := b.Rollback(ctx, s.Sandbox, "snap-2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Sh(t, snapshotFiles); got != at2 {
+		t.Fatalf("after rollback to snap-2:\n%s\nwant:\n%s", got, at2)
+	}
+	s.Agent.Close()
+	if err := b.Rollback(ctx, s.Sandbox, "snap-3"); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Sh(t, snapshotFiles); got != at3 {
+		t.Fatalf("after rollback to snap-3:\n%s\nwant:\n%s", got, at3)
+	}
+
+	// A paused sandbox stays paused through a snapshot.
+	if err := b.Pause(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Snapshot(ctx, s.ID, "snap-4"); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := b.Paused(ctx, s.ID); err != nil || !p {
+		t.Fatalf("paused after snapshot: %v %v", p, err)
+	}
+	if err := b.Resume(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// Forks see the snapshot, and not each other.
+	var forks []*conformance.Sandbox
+	for i := range 2 {
+		sb := conformance.NewSandbox(fmt.Sprintf("fork-%d", i), h.TemplateID)
+		if err := b.Fork(ctx, sb, "snap-2"); err != nil {
+			t.Fatal(err)
+		}
+		forks = append(forks, conformance.Adopt(t, h, sb))
+	}
+	forks[0].Sh(t, "echo mine > /root/a")
+	if got := forks[1].Sh(t, snapshotFiles); got != at2 {
+		t.Fatalf("fork sees:\n%s\nwant:\n%s", got, at2)
+	}
+	if got := forks[1].Sh(t, "hostname"); got != "fork-1\n" {
+		t.Fatalf("fork hostname %q", got)
+	}
+
+	// GC: layers in use (chains of sandboxes, kept snapshots) stay.
+	if err := b.GC(ctx, []string{"snap-4"}); err != nil {
+		t.Fatal(err)
+	}
+	for snap, want := range map[string]bool{"snap-1": true, "snap-2": true, "snap-3": true, "snap-4": true} {
+		if _, err := os.Stat(b.layerDir(snap)); (err == nil) != want {
+			t.Errorf("after GC, layer %s there: %v, want %v", snap, err == nil, want)
+		}
+	}
+	for _, f := range forks {
+		f.Destroy(t)
+	}
+	if err := b.GC(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	// s is on snap-3 (over snap-1); its manifest names snap-4.
+	for snap, want := range map[string]bool{"snap-1": true, "snap-2": false, "snap-3": true, "snap-4": true} {
+		if _, err := os.Stat(b.layerDir(snap)); (err == nil) != want {
+			t.Errorf("after GC, layer %s there: %v, want %v", snap, err == nil, want)
+		}
+	}
+	if err := b.Rollback(ctx, s.Sandbox, "snap-2"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("rollback to a removed snapshot: %v", err)
+	}
+	if got := s.Sh(t, "cat /root/a"); got != "three\n" {
+		t.Fatalf("a refused rollback changed the sandbox: %q", got)
+	}
+	s.Destroy(t)
+	if err := b.GC(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(b.cfg.SnapshotDir); len(entries) != 0 {
+		t.Fatalf("%d snapshot layers left after GC", len(entries))
+	}
+}
+
+// TestSnapshotBadInput: bad IDs, a missing sandbox or snapshot are refused
+// and change nothing.
+func TestSnapshotBadInput(t *testing.T) {
+	b, h := newTestBackend(t)
+	ctx := context.Background()
+	for _, id := range []string{"", "../x", "a/b", "a,b"} {
+		if _, err := b.Snapshot(ctx, "0000", id); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("snapshot id %q: %v", id, err)
+		}
+	}
+	if _, err := b.Snapshot(ctx, "0000000000000000", "snap-x"); err == nil {
+		t.Fatal("snapshot of a sandbox that does not exist")
+	}
+	s := conformance.Create(t, h, "bad")
+	if err := b.Rollback(ctx, s.Sandbox, "snap-none"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("rollback to a missing snapshot: %v", err)
+	}
+	if err := b.Fork(ctx, conformance.NewSandbox("f", h.TemplateID), "snap-none"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("fork of a missing snapshot: %v", err)
+	}
+	if got := s.Sh(t, "echo alive"); got != "alive\n" {
+		t.Fatalf("sandbox after refused calls: %q", got)
+	}
+	if entries, _ := os.ReadDir(b.cfg.SnapshotDir); len(entries) != 0 {
+		t.Fatalf("refused calls left %d snapshot files", len(entries))
+	}
+}
+
+// TestMountDeepChain: a chain longer than mount(2)'s one page of options
+// mounts through the new mount API, with the topmost layer winning.
+func TestMountDeepChain(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting an overlay needs root")
+	}
+	root := t.TempDir()
+	var lowers []string
+	for i := range 120 {
+		d := filepath.Join(root, fmt.Sprintf("a-rather-long-layer-directory-name-%03d", i))
+		os.MkdirAll(d, 0o755)
+		os.WriteFile(filepath.Join(d, "f"), []byte(fmt.Sprint(i)), 0o644)
+		os.WriteFile(filepath.Join(d, fmt.Sprintf("only-%d", i)), nil, 0o644)
+		lowers = append(lowers, d)
+	}
+	upper, work, target := filepath.Join(root, "upper"), filepath.Join(root, "work"), filepath.Join(root, "mnt")
+	for _, d := range []string{upper, work, target} {
+		os.Mkdir(d, 0o755)
+	}
+	if err := mountOverlay(lowers, upper, work, target); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(target, 0)
+	if got, _ := os.ReadFile(filepath.Join(target, "f")); string(got) != "0" {
+		t.Fatalf("top of the chain: %q", got)
+	}
+	if entries, _ := os.ReadDir(target); len(entries) != 121 {
+		t.Fatalf("%d entries, want 121", len(entries))
+	}
+}
