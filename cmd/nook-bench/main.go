@@ -21,7 +21,7 @@ func main() {
 	flag.BoolVar(&cfg.VM, "vm", true, "also measure the vm backend (QEMU)")
 	flag.BoolVar(&cfg.OnlyVM, "only-vm", false, "measure only the vm backend")
 	flag.BoolVar(&cfg.OnlyNet, "only-net", false, "measure only sandbox networking")
-	flag.BoolVar(&cfg.OnlySnapshots, "only-snapshots", false, "measure only vm pause/resume, snapshots and forks")
+	flag.BoolVar(&cfg.OnlySnapshots, "only-snapshots", false, "measure only snapshots, rollbacks and forks (containers and vms) and vm pause/resume")
 	flag.IntVar(&cfg.SnapshotRounds, "snapshot-rounds", 20, "vm pause/resume rounds (forks: half as many)")
 	flag.IntVar(&cfg.PausedVMs, "paused-vms", 100, "paused vms whose CPU and RSS are measured")
 	flag.IntVar(&cfg.SnapshotChain, "snapshot-chain", 20, "snapshots in the chain whose disk use is measured")

@@ -86,6 +86,17 @@ func Run(ctx context.Context, cfg Config) error {
 		return runNetwork(ctx, cfg, root)
 	}
 	if cfg.OnlySnapshots {
+		fmt.Fprintln(cfg.Out, "baseline: bare runc run of the same rootfs, 10 times...")
+		bare, err := bareRunc(ctx, root, rootfs, 10)
+		if err != nil {
+			return fmt.Errorf("bare runc baseline: %w", err)
+		}
+		if err := runContainerSnapshots(ctx, cfg, root, rootfs, bare); err != nil {
+			return fmt.Errorf("container snapshots: %w", err)
+		}
+		if !cfg.VM {
+			return nil
+		}
 		return runSnapshots(ctx, cfg, root)
 	}
 
@@ -146,6 +157,9 @@ func Run(ctx context.Context, cfg Config) error {
 	fmt.Fprintf(tw, "peak RSS while streaming: agent\t%d MiB\tdaemon+client process\t%d MiB\tbounded\n", warm.agentRSS>>20, warm.selfRSS>>20)
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if err := runContainerSnapshots(ctx, cfg, root, rootfs, bare); err != nil {
+		return fmt.Errorf("container snapshots: %w", err)
 	}
 	fmt.Fprintln(cfg.Out)
 	if err := runNetwork(ctx, cfg, root); err != nil {

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -306,21 +305,12 @@ func snapForks(ctx context.Context, cl *sdk.Client, n int) (forkFigures, error) 
 	if err != nil {
 		return f, err
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(sbs))
-	for i, sb := range sbs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, errs[i] = firstOutput(ctx, cl, sb.Name, t0)
-		}()
-	}
-	wg.Wait()
+	err = allAnswer(ctx, cl, sbs, t0)
 	f.ten = time.Since(t0)
 	if len(sbs) != 10 {
 		return f, fmt.Errorf("fork --count 10 made %d sandboxes", len(sbs))
 	}
-	return f, errors.Join(errs...)
+	return f, err
 }
 
 type pausedFigures struct {

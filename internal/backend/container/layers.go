@@ -1,6 +1,7 @@
 package container
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -33,6 +34,9 @@ type fileKey struct {
 	Ino   uint64 `json:"ino"`
 	Ctime int64  `json:"ctime"`
 	Size  int64  `json:"size"`
+	// Recent: changed so close to the freeze that a write after the thaw
+	// could keep its ctime; shared only if its content is still the same.
+	Recent bool `json:"recent,omitempty"`
 }
 
 // manifest lists, by path in the upper directory, the files a snapshot
@@ -44,8 +48,13 @@ type manifest struct {
 
 // ctimeSlack: a file whose ctime is this close to the moment the container
 // was frozen could be written again after the thaw within the same tick of
-// the kernel's coarse clock, keeping its ctime; it is never shared.
-const ctimeSlack = 50e6 // ns
+// the kernel's coarse clock, keeping its ctime. Such a file is shared with
+// the next snapshot only if its content compares equal (up to
+// maxCompare; bigger ones are copied).
+const (
+	ctimeSlack = 50e6 // ns
+	maxCompare = 256 << 20
+)
 
 // copyLayer copies the tree src into dst (which must not exist) with
 // owners, modes, times, xattrs and device nodes (overlay whiteouts); files
@@ -91,17 +100,19 @@ func copyLayer(src, dst string, prev *manifest, prevLayer string, frozenAt int64
 		case mode.IsRegular():
 			key := fileKey{Ino: st.Ino, Ctime: st.Ctim.Nano(), Size: st.Size}
 			shared := false
-			if prev != nil && prevLayer != "" && prev.Files[rel] == key {
-				shared = linkUnchanged(filepath.Join(prevLayer, rel), target, key.Size)
+			if prev != nil && prevLayer != "" {
+				if was, ok := prev.Files[rel]; ok && was.Ino == key.Ino && was.Ctime == key.Ctime && was.Size == key.Size &&
+					(!was.Recent || key.Size <= maxCompare && sameContent(path, filepath.Join(prevLayer, rel))) {
+					shared = linkUnchanged(filepath.Join(prevLayer, rel), target, key.Size)
+				}
 			}
 			if !shared {
 				if err := copyFile(path, target, st); err != nil {
 					return err
 				}
 			}
-			if key.Ctime < frozenAt-ctimeSlack {
-				next.Files[rel] = key
-			}
+			key.Recent = key.Ctime >= frozenAt-ctimeSlack
+			next.Files[rel] = key
 			return nil
 		case mode&fs.ModeSymlink != 0:
 			link, err := os.Readlink(path)
@@ -146,6 +157,32 @@ func linkUnchanged(from, to string, size int64) bool {
 		return false
 	}
 	return os.Link(from, to) == nil
+}
+
+// sameContent reports whether two files hold the same bytes. Neither is
+// followed if it is a symlink.
+func sameContent(a, b string) bool {
+	fa, err := os.OpenFile(a, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return false
+	}
+	defer fa.Close()
+	fb, err := os.OpenFile(b, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return false
+	}
+	defer fb.Close()
+	ba, bb := make([]byte, 1<<16), make([]byte, 1<<16)
+	for {
+		na, ea := io.ReadFull(fa, ba)
+		nb, eb := io.ReadFull(fb, bb)
+		if na != nb || !bytes.Equal(ba[:na], bb[:nb]) {
+			return false
+		}
+		if ea != nil || eb != nil {
+			return (ea == io.EOF || ea == io.ErrUnexpectedEOF) && (eb == io.EOF || eb == io.ErrUnexpectedEOF)
+		}
+	}
 }
 
 func copyFile(src, dst string, st *syscall.Stat_t) error {

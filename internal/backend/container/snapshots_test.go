@@ -234,3 +234,44 @@ func TestMountDeepChain(t *testing.T) {
 		t.Fatalf("%d entries, want 121", len(entries))
 	}
 }
+
+// TestCopyLayerRecentFiles: a file changed close to a snapshot's freeze is
+// shared with the next snapshot only if its content is unchanged; one
+// whose ctime was kept by a write in the same clock tick is copied.
+func TestCopyLayerRecentFiles(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("copying owners and xattrs needs root")
+	}
+	root := t.TempDir()
+	src := filepath.Join(root, "upper")
+	os.Mkdir(src, 0o755)
+	os.WriteFile(filepath.Join(src, "same"), []byte("same"), 0o644)
+	os.WriteFile(filepath.Join(src, "changed"), []byte("new!"), 0o644)
+	prevLayer := filepath.Join(root, "prev")
+	os.Mkdir(prevLayer, 0o755)
+	os.WriteFile(filepath.Join(prevLayer, "same"), []byte("same"), 0o644)
+	os.WriteFile(filepath.Join(prevLayer, "changed"), []byte("old!"), 0o644)
+	// The previous snapshot saw both files with the keys they have now, close to its freeze.
+	prev := &manifest{Snapshot: "prev", Files: map[string]fileKey{}}
+	for _, f := range []string{"same", "changed"} {
+		var st syscall.Stat_t
+		syscall.Stat(filepath.Join(src, f), &st)
+		prev.Files[f] = fileKey{Ino: st.Ino, Ctime: st.Ctim.Nano(), Size: st.Size, Recent: true}
+	}
+	next, err := copyLayer(src, filepath.Join(root, "next"), prev, prevLayer, time.Now().UnixNano())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var same, changed syscall.Stat_t
+	syscall.Stat(filepath.Join(root, "next", "same"), &same)
+	syscall.Stat(filepath.Join(root, "next", "changed"), &changed)
+	if same.Nlink != 2 {
+		t.Errorf("an unchanged recent file was copied, not shared (nlink %d)", same.Nlink)
+	}
+	if got, _ := os.ReadFile(filepath.Join(root, "next", "changed")); changed.Nlink != 1 || string(got) != "new!" {
+		t.Errorf("a recent file changed within its ctime: nlink %d, content %q", changed.Nlink, got)
+	}
+	if len(next.Files) != 2 || !next.Files["same"].Recent {
+		t.Errorf("next manifest: %+v", next.Files)
+	}
+}
