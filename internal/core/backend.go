@@ -142,9 +142,9 @@ type NetHooks interface {
 // layers are shared copy-on-write chains. Every step is crash-safe: a
 // daemon killed midway leaves the old state or the new one.
 type Snapshotter interface {
-	// Snapshot saves sandbox id as snapshot snapID: a running sandbox goes
+	// Snapshot saves sandbox sb as snapshot snapID: a running sandbox goes
 	// on running, a paused one stays paused.
-	Snapshot(ctx context.Context, id, snapID string) (SnapshotInfo, error)
+	Snapshot(ctx context.Context, sb *Sandbox, snapID string) (SnapshotInfo, error)
 	// Rollback puts sandbox sb back to snapshot snapID, running; it may
 	// update sb.BackendState.
 	Rollback(ctx context.Context, sb *Sandbox, snapID string) error

@@ -78,7 +78,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *core.Sandbox, label st
 	rec := &core.Snapshot{ID: "snap-" + newID()[:12], SandboxID: sb.ID, Sandbox: sb.Name, Name: label, Parent: parent, CreatedAt: time.Now().UTC()}
 	// The backend's files first, then the record: a crash in between
 	// leaves files no record names, which GC removes once nothing uses them.
-	info, err := sn.Snapshot(ctx, sb.ID, rec.ID)
+	info, err := sn.Snapshot(ctx, sb, rec.ID)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot sandbox %s: %w", sb.Name, err)
 	}

@@ -329,8 +329,8 @@ func (b *Backend) DialAgent(ctx context.Context, sb *core.Sandbox) (net.Conn, er
 // Destroy implements core.Backend. Each step tolerates what an earlier,
 // interrupted create or destroy left behind.
 func (b *Backend) Destroy(ctx context.Context, id string) error {
-	if id == "" || strings.ContainsAny(id, "/.") {
-		return errdefs.Invalid("bad sandbox id %q", id)
+	if err := validID(id); err != nil {
+		return err
 	}
 	var errs []error
 	if err := b.stop(ctx, id); err != nil {
@@ -376,6 +376,13 @@ func (b *Backend) stop(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+func validID(id string) error {
+	if id == "" || strings.ContainsAny(id, "/.") {
+		return errdefs.Invalid("bad sandbox id %q", id)
+	}
+	return nil
 }
 
 func (b *Backend) removeCgroups(id string) error {

@@ -103,13 +103,23 @@ func (b *Backend) lowerDirs(c chain) ([]string, error) {
 
 // Snapshot implements core.Snapshotter: the container is frozen while its
 // upper directory is copied (a paused one stays paused).
-func (b *Backend) Snapshot(ctx context.Context, id, snapID string) (core.SnapshotInfo, error) {
+func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string) (core.SnapshotInfo, error) {
 	if err := validSnapID(snapID); err != nil {
+		return core.SnapshotInfo{}, err
+	}
+	id := sb.ID
+	if err := validID(id); err != nil {
 		return core.SnapshotInfo{}, err
 	}
 	b.gcMu.RLock()
 	defer b.gcMu.RUnlock()
 	base, err := b.sandboxChain(id)
+	if errors.Is(err, os.ErrNotExist) && sb.TemplateID != "" {
+		if _, serr := os.Stat(filepath.Join(b.dir(id), "upper")); serr == nil {
+			// Created by a nook without snapshots: its upper lies right over the template.
+			base, err = chain{Template: sb.TemplateID}, nil
+		}
+	}
 	if err != nil {
 		return core.SnapshotInfo{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
@@ -207,7 +217,10 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 	if err != nil {
 		return err
 	}
-	if _, err := b.sandboxChain(sb.ID); err != nil {
+	if err := validID(sb.ID); err != nil {
+		return err
+	}
+	if _, err := os.Stat(b.dir(sb.ID)); err != nil {
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}
 	// From here the old state is going: a crash before the new container

@@ -36,7 +36,7 @@ func TestSnapshotRollbackFork(t *testing.T) {
 	// Files changed within ctimeSlack of a snapshot are never shared: let the clock move on.
 	time.Sleep(100 * time.Millisecond)
 	at1 := s.Sh(t, snapshotFiles)
-	info1, err := b.Snapshot(ctx, s.ID, "snap-1")
+	info1, err := b.Snapshot(ctx, s.Sandbox, "snap-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestSnapshotRollbackFork(t *testing.T) {
 	// Change a little, keep the big file.
 	s.Sh(t, `cd /root && echo two > a && rm -r dir && rm link && echo back > /etc/motd && echo y > c`)
 	at2 := s.Sh(t, snapshotFiles)
-	info2, err := b.Snapshot(ctx, s.ID, "snap-2")
+	info2, err := b.Snapshot(ctx, s.Sandbox, "snap-2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestSnapshotRollbackFork(t *testing.T) {
 	// A snapshot over the rolled-back chain, then back and forth.
 	s.Sh(t, "echo three > /root/a")
 	at3 := s.Sh(t, snapshotFiles)
-	if _, err := b.Snapshot(ctx, s.ID, "snap-3"); err != nil {
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-3"); err != nil {
 		t.Fatal(err)
 	}
 	if c, _ := b.snapshotChain("snap-3"); strings.Join(c.Layers, ",") != "snap-3,snap-1" {
@@ -113,7 +113,7 @@ func TestSnapshotRollbackFork(t *testing.T) {
 	if err := b.Pause(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Snapshot(ctx, s.ID, "snap-4"); err != nil {
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-4"); err != nil {
 		t.Fatal(err)
 	}
 	if p, err := b.Paused(ctx, s.ID); err != nil || !p {
@@ -182,11 +182,11 @@ func TestSnapshotBadInput(t *testing.T) {
 	b, h := newTestBackend(t)
 	ctx := context.Background()
 	for _, id := range []string{"", "../x", "a/b", "a,b"} {
-		if _, err := b.Snapshot(ctx, "0000", id); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, err := b.Snapshot(ctx, &core.Sandbox{ID: "0000"}, id); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("snapshot id %q: %v", id, err)
 		}
 	}
-	if _, err := b.Snapshot(ctx, "0000000000000000", "snap-x"); err == nil {
+	if _, err := b.Snapshot(ctx, &core.Sandbox{ID: "0000000000000000"}, "snap-x"); err == nil {
 		t.Fatal("snapshot of a sandbox that does not exist")
 	}
 	s := conformance.Create(t, h, "bad")
@@ -201,6 +201,22 @@ func TestSnapshotBadInput(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(b.cfg.SnapshotDir); len(entries) != 0 {
 		t.Fatalf("refused calls left %d snapshot files", len(entries))
+	}
+	// A sandbox made by a nook without snapshots (no chain.json) can take them.
+	if err := os.Remove(filepath.Join(b.dir(s.ID), "chain.json")); err != nil {
+		t.Fatal(err)
+	}
+	s.Sh(t, "echo legacy > /root/l")
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-legacy"); err != nil {
+		t.Fatal(err)
+	}
+	s.Sh(t, "rm /root/l")
+	s.Agent.Close()
+	if err := b.Rollback(ctx, s.Sandbox, "snap-legacy"); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Sh(t, "cat /root/l"); got != "legacy\n" {
+		t.Fatalf("after rollback: %q", got)
 	}
 }
 

@@ -273,7 +273,7 @@ func TestSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitHTTP(t, s)
-	info, err := b.Snapshot(ctx, s.ID, "snap-1")
+	info, err := b.Snapshot(ctx, s.Sandbox, "snap-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +329,7 @@ func TestSnapshots(t *testing.T) {
 	if err := b.Pause(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Snapshot(ctx, s.ID, "snap-2"); err != nil {
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-2"); err != nil {
 		t.Fatal(err)
 	}
 	if paused, _ := b.Paused(ctx, s.ID); !paused {
