@@ -186,20 +186,28 @@ func sandboxAddr(n api.Network) string { return strings.SplitN(n.Address, "/", 2
 // httpGet fetches / from addr inside namespace ns.
 func httpGet(t *testing.T, w *world, addr string) string {
 	t.Helper()
+	got, err := tryHTTPGet(w, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func tryHTTPGet(w *world, addr string) (string, error) {
 	c, err := nettest.DialNS(context.Background(), w.topo.Host, addr, 3*time.Second)
 	if err != nil {
-		t.Fatalf("dial %s from the simulated host: %v", addr, err)
+		return "", fmt.Errorf("dial %s from the simulated host: %w", addr, err)
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: x\r\n\r\n")
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
-		t.Fatalf("GET %s: %v", addr, err)
+		return "", fmt.Errorf("GET %s: %w", addr, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return fmt.Sprintf("%d %s", resp.StatusCode, b)
+	return fmt.Sprintf("%d %s", resp.StatusCode, b), nil
 }
 
 // The egress policy end to end, with the real daemon in a simulated host:
@@ -357,6 +365,17 @@ func testNetworkPolicy(t *testing.T, isolation string) {
 	}
 	checkSandbox("egress-fork", "after a fork")
 	d.must("rm", "egress-fork")
+	// An exposed port stays exposed through a rollback (whose processes
+	// start afresh on a container: the server is started again).
+	d.must("snapshot", "other", "--name", "net")
+	d.must("rollback", "other", "net")
+	if isolation == "container" {
+		d.must("exec", "-d", "other", "--", "python3", "-m", "http.server", "8000", "-d", "/etc")
+	}
+	waitFor(t, "the exposed port after a rollback", func() bool {
+		got, err := tryHTTPGet(w, exposed)
+		return err == nil && strings.HasPrefix(got, "200 ")
+	})
 
 	// Unexpose closes it; destroy leaves nothing in the simulated host.
 	d.must("unexpose", "other", "8000")

@@ -264,7 +264,13 @@ func (b *Backend) finishRollback(ctx context.Context, sb *core.Sandbox, running 
 		return false, os.Remove(path)
 	}
 	b.cfg.Log.Info("finishing an interrupted rollback", "sandbox", sb.ID, "snapshot", p.Snapshot)
-	return true, b.rollbackLocked(ctx, sb, p.Snapshot)
+	if err := b.rollbackLocked(ctx, sb, p.Snapshot); err != nil {
+		// Once: a rollback that cannot finish leaves the sandbox stopped
+		// (the daemon marks it failed, its files kept), not retried every tick.
+		os.Remove(path)
+		return false, fmt.Errorf("finish the rollback to %s: %w", p.Snapshot, err)
+	}
+	return true, nil
 }
 
 // Fork implements core.Snapshotter: a new container over the snapshot's chain.
