@@ -34,13 +34,7 @@ func runContainerSnapshots(ctx context.Context, cfg Config, root, rootfs string,
 		return err
 	}
 	defer func() {
-		if sbs, lerr := cl.ListSandboxes(context.Background()); lerr == nil {
-			for _, sb := range sbs {
-				if derr := cl.DeleteSandbox(context.Background(), sb.Name); derr != nil {
-					err = errors.Join(err, fmt.Errorf("destroy %s: %w", sb.Name, derr))
-				}
-			}
-		}
+		err = errors.Join(err, destroyAll(cl))
 		stop()
 	}()
 	fmt.Fprintf(out, "\ncontainer snapshots: create -> first exec output %d times (baseline); a chain of %d snapshots, 10 MB written before each; %d rollbacks, %d forks -> first exec output; fork --count 10...\n", rounds, chain, rounds, rounds)
@@ -176,4 +170,19 @@ func treeBlocks(dir string) int64 {
 		return nil
 	})
 	return n
+}
+
+// destroyAll destroys every sandbox the daemon has.
+func destroyAll(cl *sdk.Client) error {
+	sbs, err := cl.ListSandboxes(context.Background())
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, sb := range sbs {
+		if err := cl.DeleteSandbox(context.Background(), sb.Name); err != nil {
+			errs = append(errs, fmt.Errorf("destroy %s: %w", sb.Name, err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -83,13 +83,7 @@ func runSnapshots(ctx context.Context, cfg Config, root string) (err error) {
 	defer func() {
 		// Destroy everything the daemon has, then stop it (vms outlive a
 		// daemon that stops).
-		if sbs, lerr := cl.ListSandboxes(context.Background()); lerr == nil {
-			for _, sb := range sbs {
-				if derr := cl.DeleteSandbox(context.Background(), sb.Name); derr != nil {
-					err = errors.Join(err, fmt.Errorf("destroy %s: %w", sb.Name, derr))
-				}
-			}
-		}
+		err = errors.Join(err, destroyAll(cl))
 		stop()
 	}()
 	// The first create of this shape builds its template snapshot if the

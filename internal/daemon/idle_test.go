@@ -148,9 +148,10 @@ func TestIdlePause(t *testing.T) {
 	}
 	reapUntil(t, m, 10*time.Second, "idle pause after the background process ended", isPaused, "dozy")
 
-	// A call wakes it and restarts the clock.
-	runToExit(t, m, "dozy", "true")
+	// A call wakes it and restarts the clock, at some point during the
+	// call: measure from its start.
 	woke := time.Now()
+	runToExit(t, m, "dozy", "true")
 	reapUntil(t, m, 10*time.Second, "idle pause after a call", isPaused, "dozy")
 	if d := time.Since(woke); d < time.Second {
 		t.Fatalf("paused %s after a call, within its idle pause of 1s", d)

@@ -84,11 +84,12 @@ func TestIdlePause(t *testing.T) {
 	// Once the exec is over, its sandbox is idle too.
 	d.waitState("idle-fg", api.StatePaused, 15*time.Second)
 
-	// A call on a paused sandbox answers, and restarts its idle clock.
+	// A call on a paused sandbox answers, and restarts its idle clock, at
+	// some point during the call: measure from its start.
+	woke := time.Now()
 	if out := d.must("exec", "idle-quiet", "--", "echo", "awake"); out != "awake\n" {
 		t.Fatalf("exec on an idle-paused sandbox: %q", out)
 	}
-	woke := time.Now()
 	if sb := d.inspect("idle-quiet"); sb.State != api.StateRunning || sb.Reason != "" {
 		t.Fatalf("after exec: %s, reason %q", sb.State, sb.Reason)
 	}

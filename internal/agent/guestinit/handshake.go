@@ -58,7 +58,24 @@ func readUntil(r io.Reader, token []byte) error {
 }
 
 // DialHandshake is the host's side: it greets the guest until it answers.
-func DialHandshake(ctx context.Context, conn net.Conn) error {
+// Reads and writes alike end with ctx: a guest that reads nothing (a
+// stopped vm, whose port buffer then fills) must not block a write
+// forever. On an error the caller closes conn.
+func DialHandshake(ctx context.Context, conn net.Conn) (err error) {
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		conn.SetDeadline(time.Now())
+		close(fired)
+	})
+	defer func() {
+		if !stop() {
+			<-fired
+		}
+		conn.SetDeadline(time.Time{})
+		if err != nil && ctx.Err() != nil {
+			err = errors.Join(errors.New("agent handshake: the guest agent did not answer"), ctx.Err())
+		}
+	}()
 	ready := make(chan error, 1)
 	go func() { ready <- readUntil(conn, Ready) }()
 	tick := time.NewTicker(5 * time.Millisecond)
@@ -78,11 +95,6 @@ func DialHandshake(ctx context.Context, conn net.Conn) error {
 			if _, err := conn.Write(Hello); err != nil {
 				return err
 			}
-		case <-ctx.Done():
-			conn.SetDeadline(time.Now()) // ends the reader
-			<-ready
-			conn.SetDeadline(time.Time{})
-			return errors.Join(errors.New("agent handshake: the guest agent did not answer"), ctx.Err())
 		}
 	}
 }

@@ -3,8 +3,10 @@ package guestinit
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -76,5 +78,24 @@ func TestModuleParams(t *testing.T) {
 	cmd := "console=ttyS0 virtio_mmio.device=512@0xfeb00e00:12 virtio-mmio.device=512@0xfeb00c00:13 ext4.x=1 virtio_mmio. other"
 	if got := ModuleParams(cmd, "virtio_mmio"); got != "device=512@0xfeb00e00:12 device=512@0xfeb00c00:13" {
 		t.Fatalf("%q", got)
+	}
+}
+
+// TestDialHandshakeGuestNotReading: a guest that reads nothing (a stopped
+// vm fills its port's buffer, and then the host's writes block) does not
+// hold the host past its context.
+func TestDialHandshakeGuestNotReading(t *testing.T) {
+	host, guest := net.Pipe() // a write blocks until the other side reads
+	defer guest.Close()
+	defer host.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := DialHandshake(ctx, host)
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "did not answer") {
+		t.Fatalf("handshake with a guest that never reads: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the handshake took %s past a 200ms context", d)
 	}
 }

@@ -495,7 +495,62 @@ func (b *Backend) DialAgent(ctx context.Context, sb *core.Sandbox) (net.Conn, er
 	if c, ok := b.ready.LoadAndDelete(sb.ID); ok {
 		return c.(net.Conn), nil
 	}
-	return dialAgent(ctx, filepath.Join(b.dir(sb.ID), "agent.sock"))
+	sock := filepath.Join(b.dir(sb.ID), "agent.sock")
+	hctx, cancel := context.WithTimeout(ctx, agentAnswer)
+	conn, err := dialAgent(hctx, sock)
+	cancel()
+	if err == nil || ctx.Err() != nil {
+		return conn, err
+	}
+	// No answer for that long: a guest left stopped (no operation on the
+	// vm, yet QEMU not running it) is continued, and asked once more.
+	status, changed := b.unstick(sb.ID)
+	if !changed {
+		if status != "" {
+			err = fmt.Errorf("%w (QEMU's run state: %s)", err, status)
+		}
+		return nil, err
+	}
+	return dialAgent(ctx, sock)
+}
+
+// agentAnswer bounds how long a guest may take to answer a connection
+// before the vm is looked at (a restore under TCG answers in under a second).
+var agentAnswer = 20 * time.Second
+
+// unstick continues a vm that QEMU holds stopped while no operation on it
+// is under way and nothing is being saved, and says what state it found.
+func (b *Backend) unstick(id string) (status string, changed bool) {
+	unlock, ok := b.ops.TryLock(id)
+	if !ok {
+		return "", false
+	}
+	defer unlock()
+	if st, live := b.readRun(id); !live || st.Saved {
+		b.recoverLocked(id)
+		return "", false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	mon, err := dialQMP(ctx, filepath.Join(b.dir(id), "qmp.sock"))
+	if err != nil {
+		return "", false
+	}
+	defer mon.close()
+	status, err = mon.status()
+	if err != nil {
+		return "", false
+	}
+	switch status {
+	case "paused", "postmigrate", "finish-migrate":
+		b.cfg.Log.Warn("continuing a vm that was left stopped", "sandbox", id, "state", status)
+		if err := mon.run("cont", nil, nil); err != nil {
+			b.cfg.Log.Error("continue a vm left stopped", "sandbox", id, "err", err)
+			return status, false
+		}
+		return status, true
+	}
+	return status, false
 }
 
 // dialAgent connects to a guest agent and opens the stream with the handshake.

@@ -439,3 +439,28 @@ func mustGlob(t *testing.T, pattern string) []string {
 	}
 	return m
 }
+
+// TestStoppedGuestContinued: a guest QEMU holds stopped with no operation
+// on the vm under way (as a crash at the wrong moment could leave it) does
+// not hang a connection: it is continued, and the agent answers.
+func TestStoppedGuestContinued(t *testing.T) {
+	b, h := newTestBackend(t, testConfig{})
+	s := conformance.Create(t, h, "vm-stuck")
+	old := agentAnswer
+	agentAnswer = 2 * time.Second
+	t.Cleanup(func() { agentAnswer = old })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	mon, err := dialQMP(ctx, filepath.Join(b.dir(s.ID), "qmp.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mon.run("stop", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	mon.close()
+	s.Agent.Close()
+	if got := s.Sh(t, "echo back"); got != "back\n" {
+		t.Fatalf("after the guest was left stopped: %q", got)
+	}
+}

@@ -61,11 +61,21 @@ func testProcesses(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	// Resize only once the first stty has reported the initial size (the
+	// shell may take any time to get there under TCG); resize and input
+	// are applied in order.
+	var first bytes.Buffer
+	for !strings.Contains(first.String(), "10 40") {
+		kind, b, err := p.Next()
+		if err != nil || kind == api.FrameExit {
+			t.Fatalf("terminal ended before its first stty size (output %q): %v", first.String(), err)
+		}
+		first.Write(b)
+	}
 	p.Resize(50, 132)
-	time.Sleep(100 * time.Millisecond)
 	p.Write([]byte("go\n"))
 	out, st = drain(t, p)
+	out = first.String() + out
 	p.Close()
 	if !strings.Contains(out, "10 40") || !strings.Contains(out, "50 132") || !strings.Contains(out, "/dev/pts/") || st.ExitCode != 0 {
 		t.Fatalf("terminal: %q %+v", out, st)
