@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -58,11 +59,14 @@ const (
 
 // copyLayer copies the tree src into dst (which must not exist) with
 // owners, modes, times, xattrs and device nodes (overlay whiteouts); files
-// prev lists unchanged are hard-linked from prevLayer instead. frozenAt is
-// when src stopped changing (UnixNano). It returns the new manifest.
-// Symlinks are copied as links and never followed; sockets are skipped;
-// hard links inside src become separate copies.
-func copyLayer(src, dst string, prev *manifest, prevLayer string, frozenAt int64) (*manifest, error) {
+// prev lists unchanged are hard-linked from prevLayer instead. It returns
+// the new manifest. Symlinks are copied as links and never followed;
+// sockets are skipped; hard links inside src become separate copies.
+//
+// live: src may change meanwhile (the pre-copy of a running container),
+// so entries that vanish or fail are skipped; the copy is then only a
+// base for a frozen copyLayer to share from.
+func copyLayer(src, dst string, prev *manifest, prevLayer string, live bool) (*manifest, error) {
 	next := &manifest{Files: map[string]fileKey{}}
 	type dirTimes struct {
 		path string
@@ -70,78 +74,95 @@ func copyLayer(src, dst string, prev *manifest, prevLayer string, frozenAt int64
 	}
 	var dirs []dirTimes
 	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+		if err == nil {
+			err = copyEntry(src, dst, path, d, prev, prevLayer, next, func(target string, st *syscall.Stat_t) {
+				dirs = append(dirs, dirTimes{target, st})
+			})
 		}
-		rel, err := filepath.Rel(src, path)
-		if err != nil {
-			return err
-		}
-		target := filepath.Join(dst, rel)
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return fmt.Errorf("%s: no stat", path)
-		}
-		mode := fi.Mode()
-		switch {
-		case mode.IsDir():
-			if err := os.Mkdir(target, 0o700); err != nil {
-				return err
+		if err != nil && live && path != src {
+			if d != nil && d.IsDir() {
+				return filepath.SkipDir
 			}
-			if err := copyMeta(path, target, st, true); err != nil {
-				return err
-			}
-			dirs = append(dirs, dirTimes{target, st})
 			return nil
-		case mode.IsRegular():
-			key := fileKey{Ino: st.Ino, Ctime: st.Ctim.Nano(), Size: st.Size}
-			shared := false
-			if prev != nil && prevLayer != "" {
-				if was, ok := prev.Files[rel]; ok && was.Ino == key.Ino && was.Ctime == key.Ctime && was.Size == key.Size &&
-					(!was.Recent || key.Size <= maxCompare && sameContent(path, filepath.Join(prevLayer, rel))) {
-					shared = linkUnchanged(filepath.Join(prevLayer, rel), target, key.Size)
-				}
-			}
-			if !shared {
-				if err := copyFile(path, target, st); err != nil {
-					return err
-				}
-			}
-			key.Recent = key.Ctime >= frozenAt-ctimeSlack
-			next.Files[rel] = key
-			return nil
-		case mode&fs.ModeSymlink != 0:
-			link, err := os.Readlink(path)
-			if err != nil {
-				return err
-			}
-			if err := os.Symlink(link, target); err != nil {
-				return err
-			}
-			return copyMeta(path, target, st, false)
-		case mode&fs.ModeSocket != 0:
-			return nil // a socket is nothing without its process
-		default: // devices (whiteouts are 0:0 character devices) and fifos
-			if err := unix.Mknod(target, st.Mode, int(st.Rdev)); err != nil {
-				return fmt.Errorf("mknod %s: %w", target, err)
-			}
-			return copyMeta(path, target, st, true)
 		}
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	// Directory times last: creating their entries moved them.
 	for i := len(dirs) - 1; i >= 0; i-- {
-		if err := setTimes(dirs[i].path, dirs[i].st); err != nil {
+		if err := setTimes(dirs[i].path, dirs[i].st); err != nil && !live {
 			return nil, err
 		}
 	}
 	return next, nil
+}
+
+// copyEntry copies one entry of copyLayer's walk; addDir records a
+// directory whose times are set once it is complete.
+func copyEntry(src, dst, path string, d fs.DirEntry, prev *manifest, prevLayer string, next *manifest, addDir func(string, *syscall.Stat_t)) error {
+	rel, err := filepath.Rel(src, path)
+	if err != nil {
+		return err
+	}
+	target := filepath.Join(dst, rel)
+	// A write after this moment moves the file's ctime past any
+	// ctime older than now-ctimeSlack: newer ones are marked Recent.
+	now := time.Now().UnixNano()
+	fi, err := d.Info()
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("%s: no stat", path)
+	}
+	mode := fi.Mode()
+	switch {
+	case mode.IsDir():
+		if err := os.Mkdir(target, 0o700); err != nil {
+			return err
+		}
+		if err := copyMeta(path, target, st, true); err != nil {
+			return err
+		}
+		addDir(target, st)
+		return nil
+	case mode.IsRegular():
+		key := fileKey{Ino: st.Ino, Ctime: st.Ctim.Nano(), Size: st.Size}
+		shared := false
+		if prev != nil && prevLayer != "" {
+			if was, ok := prev.Files[rel]; ok && was.Ino == key.Ino && was.Ctime == key.Ctime && was.Size == key.Size &&
+				(!was.Recent || key.Size <= maxCompare && sameContent(path, filepath.Join(prevLayer, rel))) {
+				shared = linkUnchanged(filepath.Join(prevLayer, rel), target, key.Size)
+			}
+		}
+		if !shared {
+			if err := copyFile(path, target, st); err != nil {
+				return err
+			}
+		}
+		key.Recent = key.Ctime >= now-ctimeSlack
+		next.Files[rel] = key
+		return nil
+	case mode&fs.ModeSymlink != 0:
+		link, err := os.Readlink(path)
+		if err != nil {
+			return err
+		}
+		if err := os.Symlink(link, target); err != nil {
+			return err
+		}
+		return copyMeta(path, target, st, false)
+	case mode&fs.ModeSocket != 0:
+		return nil // a socket is nothing without its process
+	default: // devices (whiteouts are 0:0 character devices) and fifos
+		if err := unix.Mknod(target, st.Mode, int(st.Rdev)); err != nil {
+			return fmt.Errorf("mknod %s: %w", target, err)
+		}
+		return copyMeta(path, target, st, true)
+	}
 }
 
 // linkUnchanged hard-links a previous layer's copy of an unchanged file.

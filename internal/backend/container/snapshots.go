@@ -128,21 +128,6 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 		b.cfg.Log.Warn("previous snapshot manifest unreadable: copying every file", "sandbox", id, "err", err)
 		prev = nil
 	}
-	paused, err := b.Paused(ctx, id)
-	if err != nil {
-		return core.SnapshotInfo{}, err
-	}
-	if !paused {
-		if err := b.Pause(ctx, id); err != nil {
-			return core.SnapshotInfo{}, err
-		}
-		defer func() {
-			if err := b.Resume(context.WithoutCancel(ctx), id); err != nil {
-				b.cfg.Log.Error("thaw after snapshot", "sandbox", id, "err", err)
-			}
-		}()
-	}
-	frozenAt := time.Now().UnixNano()
 	if err := os.MkdirAll(b.cfg.SnapshotDir, 0o700); err != nil {
 		return core.SnapshotInfo{}, err
 	}
@@ -164,9 +149,42 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 	if prev != nil && validSnapID(prev.Snapshot) == nil {
 		prevLayer = filepath.Join(b.layerDir(prev.Snapshot), "layer")
 	}
-	next, err := copyLayer(filepath.Join(b.dir(id), "upper"), filepath.Join(tmp, "layer"), prev, prevLayer, frozenAt)
+	upper := filepath.Join(b.dir(id), "upper")
+	thaw := func() {}
+	paused, err := b.Paused(ctx, id)
+	if err != nil {
+		return core.SnapshotInfo{}, err
+	}
+	if !paused {
+		// First a copy while it runs (only what changed since the last
+		// snapshot), then, frozen, a copy that shares every file the first
+		// one got right: the freeze lasts for what changed meanwhile.
+		pre := filepath.Join(tmp, "pre")
+		if m, err := copyLayer(upper, pre, prev, prevLayer, true); err == nil {
+			prev, prevLayer = m, pre
+		} else {
+			b.cfg.Log.Warn("snapshot pre-copy failed: copying everything frozen", "sandbox", id, "err", err)
+		}
+		if err := b.Pause(ctx, id); err != nil {
+			return core.SnapshotInfo{}, err
+		}
+		frozen := time.Now()
+		thaw = func() {
+			thaw = func() {}
+			if err := b.Resume(context.WithoutCancel(ctx), id); err != nil {
+				b.cfg.Log.Error("thaw after snapshot", "sandbox", id, "err", err)
+			}
+			b.cfg.Log.Debug("snapshot freeze", "sandbox", id, "duration", time.Since(frozen))
+		}
+		defer func() { thaw() }()
+	}
+	next, err := copyLayer(upper, filepath.Join(tmp, "layer"), prev, prevLayer, false)
+	thaw()
 	if err != nil {
 		return core.SnapshotInfo{}, fmt.Errorf("copy the sandbox's files: %w", err)
+	}
+	if err := os.RemoveAll(filepath.Join(tmp, "pre")); err != nil {
+		return core.SnapshotInfo{}, err
 	}
 	next.Snapshot = snapID
 	data, _ := json.Marshal(base)

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/core/conformance"
 	"github.com/nookhq/nook/internal/errdefs"
@@ -274,7 +275,7 @@ func TestCopyLayerRecentFiles(t *testing.T) {
 		syscall.Stat(filepath.Join(src, f), &st)
 		prev.Files[f] = fileKey{Ino: st.Ino, Ctime: st.Ctim.Nano(), Size: st.Size, Recent: true}
 	}
-	next, err := copyLayer(src, filepath.Join(root, "next"), prev, prevLayer, time.Now().UnixNano())
+	next, err := copyLayer(src, filepath.Join(root, "next"), prev, prevLayer, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,5 +290,45 @@ func TestCopyLayerRecentFiles(t *testing.T) {
 	}
 	if len(next.Files) != 2 || !next.Files["same"].Recent {
 		t.Errorf("next manifest: %+v", next.Files)
+	}
+}
+
+// TestSnapshotWhileWriting: snapshots of a sandbox that writes all the
+// time are of one moment: the copy made while it runs is only a base, and
+// what changed meanwhile is copied frozen.
+func TestSnapshotWhileWriting(t *testing.T) {
+	b, h := newTestBackend(t)
+	ctx := context.Background()
+	s := conformance.Create(t, h, "writer")
+	// Each round writes a, then z (each through a rename): at any moment z
+	// is a or a-1. A copy of the running sandbox reads a, then a big new
+	// file (m-...), then z, rounds later.
+	if _, err := s.Agent.Start(ctx, &agent.ExecRequest{Argv: []string{"sh", "-c",
+		`cd /root && i=0; while :; do i=$((i+1)); echo $i > a.t && mv a.t a; echo $i > z.t && mv z.t z; sleep 0.005; done`}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if s.Sh(t, "cat /root/a") == s.Sh(t, "sleep 0.2; cat /root/a") {
+		t.Fatal("the writer does not run")
+	}
+	for i := 1; i <= 4; i++ {
+		s.Sh(t, fmt.Sprintf("head -c 50000000 /dev/urandom > /root/m-%d", i))
+		if _, err := b.Snapshot(ctx, s.Sandbox, fmt.Sprintf("w-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i <= 4; i++ {
+		s.Agent.Close()
+		if err := b.Rollback(ctx, s.Sandbox, fmt.Sprintf("w-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+		got := s.Sh(t, "cat /root/a /root/z")
+		var a, z int
+		if _, err := fmt.Sscan(got, &a, &z); err != nil {
+			t.Fatalf("snapshot w-%d: %q: %v", i, got, err)
+		}
+		if z != a && z != a-1 {
+			t.Fatalf("snapshot w-%d is not of one moment: a=%d z=%d", i, a, z)
+		}
 	}
 }
