@@ -51,6 +51,10 @@ type Backend interface {
 type RuntimeStatus struct {
 	State  RuntimeState
 	Detail string // e.g. why it stopped
+	// Restarted: the backend started the sandbox's processes afresh while
+	// looking (it finished a rollback a crash interrupted); its agent
+	// needs its configuration again.
+	Restarted bool
 }
 
 // RuntimeState is the host-side state of a sandbox.

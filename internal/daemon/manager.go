@@ -864,6 +864,9 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 		}
 		return true
 	}
+	if err == nil && rs.Restarted {
+		m.restarted(ctx, sb)
+	}
 	if err != nil || rs.State == core.RuntimeRunning || rs.State == core.RuntimeSaved {
 		return true
 	}

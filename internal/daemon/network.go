@@ -163,6 +163,22 @@ func (n *sandboxNets) subnetFor(ctx context.Context, id string) (netip.Prefix, e
 	if st != nil {
 		return st.subnet, nil
 	}
+	// Recorded but not loaded yet (a sandbox the backend starts while the
+	// daemon reconciles): its own subnet, and every recorded one is taken.
+	recs, err := n.store.ListNets(ctx)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	for rid, rec := range recs {
+		p, err := netip.ParsePrefix(rec.Subnet)
+		if err != nil {
+			continue
+		}
+		if rid == id {
+			return p, nil
+		}
+		taken = append(taken, p)
+	}
 	atts, err := n.mgr.List(ctx)
 	if err != nil {
 		return netip.Prefix{}, err

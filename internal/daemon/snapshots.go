@@ -205,6 +205,17 @@ func (m *Manager) Rollback(ctx context.Context, name, ref string) (*core.Sandbox
 	cctx := context.WithoutCancel(ctx)
 	m.dropAgent(sb.ID)
 	if err := s.Rollback(cctx, sb, sn.ID); err != nil {
+		// A backend that put the sandbox back as it was, running again:
+		// record that, and give its agent its configuration.
+		if b, berr := m.backend(sb.Isolation); berr == nil {
+			if rs, serr := b.Status(cctx, sb); serr == nil && rs.State == core.RuntimeRunning {
+				sb.State, sb.Reason = core.StateRunning, ""
+				if uerr := m.store.UpdateSandbox(cctx, sb); uerr != nil {
+					m.log.Error("record sandbox after a failed rollback", "sandbox", name, "err", uerr)
+				}
+				m.restarted(cctx, sb)
+			}
+		}
 		return nil, fmt.Errorf("roll back sandbox %s to %s: %w", name, sn.Name, err)
 	}
 	if err := m.store.SetSnapshotHead(cctx, sb.ID, sn.ID); err != nil {

@@ -249,17 +249,18 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bo
 	}
 	st := state{PID: pid, StartTime: procfs.StartTime(pid)}
 	sb.BackendState, _ = json.Marshal(st)
-	// Also beside its files: a rollback starts a new init, and a crash
-	// before the daemon records it must not make the sandbox look dead.
-	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "init.json"), sb.BackendState); err != nil {
-		return err
-	}
 	if b.cfg.Net != nil {
 		netStart := time.Now()
 		if err := b.cfg.Net.AttachNetns(ctx, sb.ID, fmt.Sprintf("/proc/%d/ns/net", pid)); err != nil {
 			return fmt.Errorf("network: %w", err)
 		}
 		b.cfg.Log.Debug("network attach", "sandbox", sb.ID, "duration", time.Since(netStart))
+	}
+	// Also beside its files, once it is whole (network included): a
+	// rollback starts a new init, and a crash before the daemon records it
+	// must not make the sandbox look dead.
+	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "init.json"), sb.BackendState); err != nil {
+		return err
 	}
 	return nil
 }
@@ -297,7 +298,9 @@ func (b *Backend) statusLocked(ctx context.Context, sb *core.Sandbox, finish boo
 			b.cfg.Log.Error("finish an interrupted rollback", "sandbox", sb.ID, "err", err)
 		}
 		if redone && err == nil {
-			return b.statusLocked(ctx, sb, false)
+			rs, err := b.statusLocked(ctx, sb, false)
+			rs.Restarted = true
+			return rs, err
 		}
 	}
 	if running {
@@ -332,6 +335,9 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if err := validID(id); err != nil {
 		return err
 	}
+	// Not while Status finishes an interrupted rollback of it.
+	unlock := b.rollbacks.Lock(id)
+	defer unlock()
 	var errs []error
 	if err := b.stop(ctx, id); err != nil {
 		errs = append(errs, err)

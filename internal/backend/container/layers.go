@@ -30,14 +30,25 @@ import (
 
 // fileKey tells whether a file in the upper directory changed since a
 // snapshot copied it. Every change to a file's data or metadata moves its
-// ctime, which no process can set.
+// ctime, which no process can set; a write through a shared mapping does
+// too, on its first write to a page since that page was last written back,
+// and every snapshot syncs the filesystem while the container is frozen,
+// before it looks at a file (see Snapshot).
 type fileKey struct {
 	Ino   uint64 `json:"ino"`
 	Ctime int64  `json:"ctime"`
 	Size  int64  `json:"size"`
-	// Recent: changed so close to the freeze that a write after the thaw
-	// could keep its ctime; shared only if its content is still the same.
+	Mode  uint32 `json:"mode"`
+	UID   uint32 `json:"uid"`
+	GID   uint32 `json:"gid"`
+	// Recent: changed so close to the snapshot that a change after the
+	// thaw could keep its ctime (the kernel's coarse clock); shared only
+	// if its content and xattrs are still the same.
 	Recent bool `json:"recent,omitempty"`
+}
+
+func (k fileKey) same(o fileKey) bool {
+	return k.Ino == o.Ino && k.Ctime == o.Ctime && k.Size == o.Size && k.Mode == o.Mode && k.UID == o.UID && k.GID == o.GID
 }
 
 // manifest lists, by path in the upper directory, the files a snapshot
@@ -47,11 +58,10 @@ type manifest struct {
 	Files    map[string]fileKey `json:"files"`
 }
 
-// ctimeSlack: a file whose ctime is this close to the moment the container
-// was frozen could be written again after the thaw within the same tick of
-// the kernel's coarse clock, keeping its ctime. Such a file is shared with
-// the next snapshot only if its content compares equal (up to
-// maxCompare; bigger ones are copied).
+// ctimeSlack: a file whose ctime is this close to the moment it was looked
+// at could change again within the same tick of the kernel's coarse clock,
+// keeping its ctime. Such a file is shared with the next snapshot only if
+// its content compares equal (up to maxCompare; bigger ones are copied).
 const (
 	ctimeSlack = 50e6 // ns
 	maxCompare = 256 << 20
@@ -60,55 +70,48 @@ const (
 // copyLayer copies the tree src into dst (which must not exist) with
 // owners, modes, times, xattrs and device nodes (overlay whiteouts); files
 // prev lists unchanged are hard-linked from prevLayer instead. It returns
-// the new manifest. Symlinks are copied as links and never followed;
-// sockets are skipped; hard links inside src become separate copies.
-//
-// live: src may change meanwhile (the pre-copy of a running container),
-// so entries that vanish or fail are skipped; the copy is then only a
-// base for a frozen copyLayer to share from.
-func copyLayer(src, dst string, prev *manifest, prevLayer string, live bool) (*manifest, error) {
-	next := &manifest{Files: map[string]fileKey{}}
-	type dirTimes struct {
-		path string
-		st   *syscall.Stat_t
-	}
-	var dirs []dirTimes
-	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
-		if err == nil {
-			err = copyEntry(src, dst, path, d, prev, prevLayer, next, func(target string, st *syscall.Stat_t) {
-				dirs = append(dirs, dirTimes{target, st})
-			})
-		}
-		if err != nil && live && path != src {
-			if d != nil && d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		return err
-	})
-	if err != nil {
+// the new manifest. src must not change meanwhile (the container is
+// frozen): the walk trusts that a directory it saw is still one.
+// Symlinks are copied as links and never followed; sockets are skipped;
+// hard links inside src stay links (one copy per inode).
+func copyLayer(src, dst string, prev *manifest, prevLayer string) (*manifest, error) {
+	c := &copier{src: src, dst: dst, prev: prev, prevLayer: prevLayer,
+		next: &manifest{Files: map[string]fileKey{}}, inodes: map[uint64]string{}}
+	if err := filepath.WalkDir(src, c.entry); err != nil {
 		return nil, err
 	}
 	// Directory times last: creating their entries moved them.
-	for i := len(dirs) - 1; i >= 0; i-- {
-		if err := setTimes(dirs[i].path, dirs[i].st); err != nil && !live {
+	for i := len(c.dirs) - 1; i >= 0; i-- {
+		if err := setTimes(c.dirs[i].path, c.dirs[i].st); err != nil {
 			return nil, err
 		}
 	}
-	return next, nil
+	return c.next, nil
 }
 
-// copyEntry copies one entry of copyLayer's walk; addDir records a
-// directory whose times are set once it is complete.
-func copyEntry(src, dst, path string, d fs.DirEntry, prev *manifest, prevLayer string, next *manifest, addDir func(string, *syscall.Stat_t)) error {
-	rel, err := filepath.Rel(src, path)
+type copier struct {
+	src, dst, prevLayer string
+	prev, next          *manifest
+	inodes              map[uint64]string // a multiply-linked file's first copy, by inode
+	dirs                []dirTimes
+}
+
+type dirTimes struct {
+	path string
+	st   *syscall.Stat_t
+}
+
+func (c *copier) entry(path string, d fs.DirEntry, err error) error {
 	if err != nil {
 		return err
 	}
-	target := filepath.Join(dst, rel)
-	// A write after this moment moves the file's ctime past any
-	// ctime older than now-ctimeSlack: newer ones are marked Recent.
+	rel, err := filepath.Rel(c.src, path)
+	if err != nil {
+		return err
+	}
+	target := filepath.Join(c.dst, rel)
+	// A change after this moment moves the file's ctime past any ctime
+	// older than now-ctimeSlack: newer ones are marked Recent.
 	now := time.Now().UnixNano()
 	fi, err := d.Info()
 	if err != nil {
@@ -127,15 +130,23 @@ func copyEntry(src, dst, path string, d fs.DirEntry, prev *manifest, prevLayer s
 		if err := copyMeta(path, target, st, true); err != nil {
 			return err
 		}
-		addDir(target, st)
+		c.dirs = append(c.dirs, dirTimes{target, st})
 		return nil
 	case mode.IsRegular():
-		key := fileKey{Ino: st.Ino, Ctime: st.Ctim.Nano(), Size: st.Size}
+		if st.Nlink > 1 {
+			// Hard links stay links: one copy per inode, however many names.
+			if first, ok := c.inodes[st.Ino]; ok {
+				return os.Link(first, target)
+			}
+			c.inodes[st.Ino] = target
+		}
+		key := fileKey{Ino: st.Ino, Ctime: st.Ctim.Nano(), Size: st.Size, Mode: st.Mode, UID: st.Uid, GID: st.Gid}
 		shared := false
-		if prev != nil && prevLayer != "" {
-			if was, ok := prev.Files[rel]; ok && was.Ino == key.Ino && was.Ctime == key.Ctime && was.Size == key.Size &&
-				(!was.Recent || key.Size <= maxCompare && sameContent(path, filepath.Join(prevLayer, rel))) {
-				shared = linkUnchanged(filepath.Join(prevLayer, rel), target, key.Size)
+		if c.prev != nil && c.prevLayer != "" {
+			from := filepath.Join(c.prevLayer, rel)
+			if was, ok := c.prev.Files[rel]; ok && was.same(key) &&
+				(!was.Recent || key.Size <= maxCompare && sameContent(path, from) && sameXattrs(path, from)) {
+				shared = linkUnchanged(from, target, key.Size)
 			}
 		}
 		if !shared {
@@ -144,7 +155,7 @@ func copyEntry(src, dst, path string, d fs.DirEntry, prev *manifest, prevLayer s
 			}
 		}
 		key.Recent = key.Ctime >= now-ctimeSlack
-		next.Files[rel] = key
+		c.next.Files[rel] = key
 		return nil
 	case mode&fs.ModeSymlink != 0:
 		link, err := os.Readlink(path)
@@ -183,12 +194,12 @@ func linkUnchanged(from, to string, size int64) bool {
 // sameContent reports whether two files hold the same bytes. Neither is
 // followed if it is a symlink.
 func sameContent(a, b string) bool {
-	fa, err := os.OpenFile(a, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	fa, err := os.OpenFile(a, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return false
 	}
 	defer fa.Close()
-	fb, err := os.OpenFile(b, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	fb, err := os.OpenFile(b, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return false
 	}
@@ -207,11 +218,14 @@ func sameContent(a, b string) bool {
 }
 
 func copyFile(src, dst string, st *syscall.Stat_t) error {
-	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
+	if fi, err := in.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Sys().(*syscall.Stat_t).Ino != st.Ino {
+		return fmt.Errorf("copy %s: it changed while being copied", src)
+	}
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
@@ -286,35 +300,66 @@ func setTimes(path string, st *syscall.Stat_t) error {
 // copyXattrs copies every extended attribute, the overlay's own
 // (trusted.overlay.opaque, ...) and file capabilities included.
 func copyXattrs(src, dst string) error {
-	size, err := unix.Llistxattr(src, nil)
-	if err != nil || size == 0 {
-		if errors.Is(err, unix.ENOTSUP) {
-			return nil
-		}
-		return err
-	}
-	buf := make([]byte, size)
-	size, err = unix.Llistxattr(src, buf)
+	xs, err := readXattrs(src)
 	if err != nil {
 		return err
 	}
-	for _, name := range strings.Split(strings.TrimRight(string(buf[:size]), "\x00"), "\x00") {
-		if name == "" {
-			continue
-		}
-		n, err := unix.Lgetxattr(src, name, nil)
-		if err != nil {
-			return fmt.Errorf("read xattr %s of %s: %w", name, src, err)
-		}
-		val := make([]byte, n)
-		if n, err = unix.Lgetxattr(src, name, val); err != nil {
-			return fmt.Errorf("read xattr %s of %s: %w", name, src, err)
-		}
-		if err := unix.Lsetxattr(dst, name, val[:n], 0); err != nil {
+	for name, val := range xs {
+		if err := unix.Lsetxattr(dst, name, val, 0); err != nil {
 			return fmt.Errorf("write xattr %s of %s: %w", name, dst, err)
 		}
 	}
 	return nil
+}
+
+// readXattrs reads every extended attribute of path (not followed).
+func readXattrs(path string) (map[string][]byte, error) {
+	size, err := unix.Llistxattr(path, nil)
+	if err != nil || size == 0 {
+		if errors.Is(err, unix.ENOTSUP) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	buf := make([]byte, size)
+	size, err = unix.Llistxattr(path, buf)
+	if err != nil {
+		return nil, err
+	}
+	xs := map[string][]byte{}
+	for _, name := range strings.Split(strings.TrimRight(string(buf[:size]), "\x00"), "\x00") {
+		if name == "" {
+			continue
+		}
+		n, err := unix.Lgetxattr(path, name, nil)
+		if err != nil {
+			return nil, fmt.Errorf("read xattr %s of %s: %w", name, path, err)
+		}
+		val := make([]byte, n)
+		if n, err = unix.Lgetxattr(path, name, val); err != nil {
+			return nil, fmt.Errorf("read xattr %s of %s: %w", name, path, err)
+		}
+		xs[name] = val[:n]
+	}
+	return xs, nil
+}
+
+// sameXattrs reports whether two files have the same extended attributes.
+func sameXattrs(a, b string) bool {
+	xa, err := readXattrs(a)
+	if err != nil {
+		return false
+	}
+	xb, err := readXattrs(b)
+	if err != nil || len(xa) != len(xb) {
+		return false
+	}
+	for k, v := range xa {
+		if w, ok := xb[k]; !ok || !bytes.Equal(v, w) {
+			return false
+		}
+	}
+	return true
 }
 
 // layerUsage is the disk a layer's files take, a file shared by hard links

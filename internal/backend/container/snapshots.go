@@ -111,6 +111,9 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 	if err := validID(id); err != nil {
 		return core.SnapshotInfo{}, err
 	}
+	// Not while Status finishes an interrupted rollback of it.
+	unlock := b.rollbacks.Lock(id)
+	defer unlock()
 	b.gcMu.RLock()
 	defer b.gcMu.RUnlock()
 	base, err := b.sandboxChain(id)
@@ -150,41 +153,51 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 		prevLayer = filepath.Join(b.layerDir(prev.Snapshot), "layer")
 	}
 	upper := filepath.Join(b.dir(id), "upper")
-	thaw := func() {}
-	paused, err := b.Paused(ctx, id)
-	if err != nil {
+	if _, err := os.Stat(b.rootfs(id)); err != nil {
+		return core.SnapshotInfo{}, fmt.Errorf("sandbox %s has no root filesystem: %w", id, err)
+	}
+	// Flushed before the freeze (most of the work) and again frozen: a
+	// page written back is write-protected, so the next write through a
+	// shared mapping moves its file's ctime (see fileKey).
+	if err := syncfs(upper); err != nil {
 		return core.SnapshotInfo{}, err
 	}
-	if !paused {
-		// First a copy while it runs (only what changed since the last
-		// snapshot), then, frozen, a copy that shares every file the first
-		// one got right: the freeze lasts for what changed meanwhile.
-		pre := filepath.Join(tmp, "pre")
-		if m, err := copyLayer(upper, pre, prev, prevLayer, true); err == nil {
-			prev, prevLayer = m, pre
-		} else {
-			b.cfg.Log.Warn("snapshot pre-copy failed: copying everything frozen", "sandbox", id, "err", err)
+	paused, err := b.Paused(ctx, id)
+	if err != nil {
+		return core.SnapshotInfo{}, fmt.Errorf("sandbox %s is not running (%w): only a running or paused sandbox can be snapshotted", id, err)
+	}
+	frozen := time.Now()
+	thawed := paused
+	thaw := func() error {
+		if thawed {
+			return nil
 		}
+		thawed = true
+		err := b.Resume(context.WithoutCancel(ctx), id)
+		if err != nil {
+			b.thaw(id) // straight in the cgroup
+			if p, perr := b.Paused(ctx, id); perr == nil && !p {
+				err = nil
+			}
+		}
+		b.cfg.Log.Debug("snapshot freeze", "sandbox", id, "duration", time.Since(frozen))
+		return err
+	}
+	if !paused {
 		if err := b.Pause(ctx, id); err != nil {
 			return core.SnapshotInfo{}, err
 		}
-		frozen := time.Now()
-		thaw = func() {
-			thaw = func() {}
-			if err := b.Resume(context.WithoutCancel(ctx), id); err != nil {
-				b.cfg.Log.Error("thaw after snapshot", "sandbox", id, "err", err)
-			}
-			b.cfg.Log.Debug("snapshot freeze", "sandbox", id, "duration", time.Since(frozen))
-		}
-		defer func() { thaw() }()
+		defer thaw()
 	}
-	next, err := copyLayer(upper, filepath.Join(tmp, "layer"), prev, prevLayer, false)
-	thaw()
+	if err := syncfs(upper); err != nil {
+		return core.SnapshotInfo{}, err
+	}
+	next, err := copyLayer(upper, filepath.Join(tmp, "layer"), prev, prevLayer)
+	if terr := thaw(); terr != nil {
+		return core.SnapshotInfo{}, fmt.Errorf("thaw the sandbox after its snapshot: %w", terr)
+	}
 	if err != nil {
 		return core.SnapshotInfo{}, fmt.Errorf("copy the sandbox's files: %w", err)
-	}
-	if err := os.RemoveAll(filepath.Join(tmp, "pre")); err != nil {
-		return core.SnapshotInfo{}, err
 	}
 	next.Snapshot = snapID
 	data, _ := json.Marshal(base)
@@ -228,35 +241,82 @@ func (b *Backend) Rollback(ctx context.Context, sb *core.Sandbox, snapID string)
 	return b.rollbackLocked(ctx, sb, snapID)
 }
 
+// maxLayers is how many lower layers the kernel stacks in one overlay.
+const maxLayers = 500
+
 func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID string) error {
 	b.gcMu.RLock()
 	defer b.gcMu.RUnlock()
+	if err := validID(sb.ID); err != nil {
+		return err
+	}
+	dir := b.dir(sb.ID)
+	if _, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
+	}
 	c, err := b.snapshotChain(snapID)
 	if err != nil {
 		return err
 	}
-	if err := validID(sb.ID); err != nil {
+	// Everything the new state needs is there before the old one goes.
+	if _, err := b.lowerDirs(c); err != nil {
 		return err
 	}
-	if _, err := os.Stat(b.dir(sb.ID)); err != nil {
-		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
+	if len(c.Layers) >= maxLayers {
+		return errdefs.Precondition("snapshot %s sits on %d layers, and the kernel stacks at most %d: roll back to an older snapshot", snapID, len(c.Layers), maxLayers)
 	}
-	// From here the old state is going: a crash before the new container
-	// runs leaves this marker, and Status finishes the rollback.
-	dir := b.dir(sb.ID)
-	marker, _ := json.Marshal(pendingRollback{Snapshot: snapID})
+	// The state to go back to if the new one cannot start: the one a
+	// rollback a crash interrupted recorded, or the sandbox's.
+	var pending pendingRollback
+	old, err := b.sandboxChain(sb.ID)
+	if readJSON(filepath.Join(dir, "rollback.json"), &pending) == nil && pending.Old != nil {
+		old, err = *pending.Old, nil
+	} else if errors.Is(err, os.ErrNotExist) {
+		old, err = chain{Template: sb.TemplateID}, nil
+	}
+	if err != nil {
+		return err
+	}
+	// From here a crash before the new container runs leaves this
+	// marker, and Status finishes the rollback.
+	marker, _ := json.Marshal(pendingRollback{Snapshot: snapID, Old: &old})
 	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "rollback.json"), marker); err != nil {
 		return err
 	}
 	if err := b.stop(ctx, sb.ID); err != nil {
+		os.Remove(filepath.Join(dir, "rollback.json"))
 		return err
 	}
-	for _, d := range []string{"upper", "work", "manifest.json"} {
+	// The old upper directory is kept until the new container runs. One
+	// already there is the old state of a rollback a crash interrupted,
+	// and the current one a half-made new state.
+	upper, kept := filepath.Join(dir, "upper"), filepath.Join(dir, "upper.old")
+	if _, serr := os.Stat(kept); serr == nil {
+		err = os.RemoveAll(upper)
+	} else {
+		err = os.Rename(upper, kept)
+	}
+	if err != nil {
+		return err
+	}
+	for _, d := range []string{"work", "manifest.json"} {
 		if err := os.RemoveAll(filepath.Join(dir, d)); err != nil {
 			return err
 		}
 	}
 	if err := b.start(ctx, sb, c, false); err != nil {
+		// Back to the old state, running.
+		rerr := errors.Join(os.RemoveAll(upper), os.RemoveAll(filepath.Join(dir, "work")), os.Rename(kept, upper))
+		if rerr == nil {
+			rerr = b.start(ctx, sb, old, false)
+		}
+		os.Remove(filepath.Join(dir, "rollback.json"))
+		if rerr != nil {
+			return fmt.Errorf("%w; and the sandbox could not start again as it was: %v", err, rerr)
+		}
+		return fmt.Errorf("%w (the sandbox runs as it was before the rollback)", err)
+	}
+	if err := os.RemoveAll(kept); err != nil {
 		return err
 	}
 	return os.Remove(filepath.Join(dir, "rollback.json"))
@@ -265,10 +325,12 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 // pendingRollback marks a rollback begun and not finished.
 type pendingRollback struct {
 	Snapshot string `json:"snapshot"`
+	Old      *chain `json:"old,omitempty"` // the chain under upper.old
 }
 
 // finishRollback completes a rollback a crash interrupted, if there is
-// one. The caller holds the sandbox's rollbacks lock.
+// one, and reports whether it started the container again. The caller
+// holds the sandbox's rollbacks lock.
 func (b *Backend) finishRollback(ctx context.Context, sb *core.Sandbox, running bool) (bool, error) {
 	var p pendingRollback
 	path := filepath.Join(b.dir(sb.ID), "rollback.json")
@@ -279,13 +341,10 @@ func (b *Backend) finishRollback(ctx context.Context, sb *core.Sandbox, running 
 		return false, err
 	}
 	if running { // the crash came after the new container started
-		return false, os.Remove(path)
+		return false, errors.Join(os.RemoveAll(filepath.Join(b.dir(sb.ID), "upper.old")), os.Remove(path))
 	}
 	b.cfg.Log.Info("finishing an interrupted rollback", "sandbox", sb.ID, "snapshot", p.Snapshot)
 	if err := b.rollbackLocked(ctx, sb, p.Snapshot); err != nil {
-		// Once: a rollback that cannot finish leaves the sandbox stopped
-		// (the daemon marks it failed, its files kept), not retried every tick.
-		os.Remove(path)
 		return false, fmt.Errorf("finish the rollback to %s: %w", p.Snapshot, err)
 	}
 	return true, nil
@@ -326,18 +385,36 @@ func (b *Backend) GC(ctx context.Context, keep []string) error {
 	if err != nil {
 		return err
 	}
+	// A layer is removed only when nothing could use it: any sandbox
+	// file GC cannot read stops it.
 	for _, id := range ids {
-		if c, err := b.sandboxChain(id); err == nil {
-			for _, l := range c.Layers {
-				used[l] = true
-			}
+		c, err := b.sandboxChain(id)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		for _, l := range c.Layers {
+			used[l] = true
 		}
 		// A sandbox's last snapshot stays while its manifest names it:
 		// the daemon records a snapshot only after the backend took it,
 		// and the next snapshot shares its unchanged files.
 		var m manifest
-		if readJSON(filepath.Join(b.dir(id), "manifest.json"), &m) == nil && m.Snapshot != "" {
+		if err := readJSON(filepath.Join(b.dir(id), "manifest.json"), &m); err == nil {
 			used[m.Snapshot] = true
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		// So do both sides of an interrupted rollback.
+		var p pendingRollback
+		if err := readJSON(filepath.Join(b.dir(id), "rollback.json"), &p); err == nil {
+			used[p.Snapshot] = true
+			if p.Old != nil {
+				for _, l := range p.Old.Layers {
+					used[l] = true
+				}
+			}
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	}
 	for snap := range used {

@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -264,18 +265,22 @@ func TestCopyLayerRecentFiles(t *testing.T) {
 	os.Mkdir(src, 0o755)
 	os.WriteFile(filepath.Join(src, "same"), []byte("same"), 0o644)
 	os.WriteFile(filepath.Join(src, "changed"), []byte("new!"), 0o644)
+	os.WriteFile(filepath.Join(src, "xattr"), []byte("same"), 0o644)
+	unix.Lsetxattr(filepath.Join(src, "xattr"), "user.mark", []byte("new"), 0)
 	prevLayer := filepath.Join(root, "prev")
 	os.Mkdir(prevLayer, 0o755)
 	os.WriteFile(filepath.Join(prevLayer, "same"), []byte("same"), 0o644)
 	os.WriteFile(filepath.Join(prevLayer, "changed"), []byte("old!"), 0o644)
+	os.WriteFile(filepath.Join(prevLayer, "xattr"), []byte("same"), 0o644)
+	unix.Lsetxattr(filepath.Join(prevLayer, "xattr"), "user.mark", []byte("old"), 0)
 	// The previous snapshot saw both files with the keys they have now, close to its freeze.
 	prev := &manifest{Snapshot: "prev", Files: map[string]fileKey{}}
-	for _, f := range []string{"same", "changed"} {
+	for _, f := range []string{"same", "changed", "xattr"} {
 		var st syscall.Stat_t
 		syscall.Stat(filepath.Join(src, f), &st)
-		prev.Files[f] = fileKey{Ino: st.Ino, Ctime: st.Ctim.Nano(), Size: st.Size, Recent: true}
+		prev.Files[f] = fileKey{Ino: st.Ino, Ctime: st.Ctim.Nano(), Size: st.Size, Mode: st.Mode, UID: st.Uid, GID: st.Gid, Recent: true}
 	}
-	next, err := copyLayer(src, filepath.Join(root, "next"), prev, prevLayer, false)
+	next, err := copyLayer(src, filepath.Join(root, "next"), prev, prevLayer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,8 +293,41 @@ func TestCopyLayerRecentFiles(t *testing.T) {
 	if got, _ := os.ReadFile(filepath.Join(root, "next", "changed")); changed.Nlink != 1 || string(got) != "new!" {
 		t.Errorf("a recent file changed within its ctime: nlink %d, content %q", changed.Nlink, got)
 	}
-	if len(next.Files) != 2 || !next.Files["same"].Recent {
+	var xa syscall.Stat_t
+	syscall.Stat(filepath.Join(root, "next", "xattr"), &xa)
+	if xa.Nlink != 1 {
+		t.Errorf("a recent file whose xattrs changed within its ctime was shared")
+	}
+	if len(next.Files) != 3 || !next.Files["same"].Recent {
 		t.Errorf("next manifest: %+v", next.Files)
+	}
+}
+
+// TestCopyLayerHardLinks: a file with many names is copied once, however
+// many links a sandbox makes to it.
+func TestCopyLayerHardLinks(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("copying owners and xattrs needs root")
+	}
+	root := t.TempDir()
+	src := filepath.Join(root, "upper")
+	os.Mkdir(src, 0o755)
+	os.WriteFile(filepath.Join(src, "data"), make([]byte, 1<<20), 0o644)
+	for i := range 200 {
+		if err := os.Link(filepath.Join(src, "data"), filepath.Join(src, fmt.Sprintf("link-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := copyLayer(src, filepath.Join(root, "layer"), nil, ""); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	syscall.Stat(filepath.Join(root, "layer", "link-99"), &st)
+	if st.Nlink != 201 {
+		t.Fatalf("201 names of one file became files with %d links", st.Nlink)
+	}
+	if u := layerUsage(filepath.Join(root, "layer")); u > 2<<20 {
+		t.Fatalf("201 names of a 1 MiB file take %d bytes", u)
 	}
 }
 
@@ -329,6 +367,114 @@ func TestSnapshotWhileWriting(t *testing.T) {
 		}
 		if z != a && z != a-1 {
 			t.Fatalf("snapshot w-%d is not of one moment: a=%d z=%d", i, a, z)
+		}
+	}
+}
+
+// TestRollbackFailureKeepsOldState: a rollback whose new state cannot
+// start puts the sandbox back as it was, running, and says so.
+func TestRollbackFailureKeepsOldState(t *testing.T) {
+	b, h := newTestBackend(t)
+	ctx := context.Background()
+	s := conformance.Create(t, h, "rbfail")
+	s.Sh(t, "echo old > /root/f")
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-1"); err != nil {
+		t.Fatal(err)
+	}
+	s.Sh(t, "echo new > /root/f")
+	// The snapshot's layer is there, but cannot be mounted.
+	layer := filepath.Join(b.layerDir("snap-1"), "layer")
+	if err := os.RemoveAll(layer); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(layer, nil, 0o600)
+	s.Agent.Close()
+	err := b.Rollback(ctx, s.Sandbox, "snap-1")
+	if err == nil || !strings.Contains(err.Error(), "runs as it was before the rollback") {
+		t.Fatalf("rollback onto an unmountable layer: %v", err)
+	}
+	if got := s.Sh(t, "cat /root/f"); got != "new\n" {
+		t.Fatalf("after a failed rollback: %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(b.dir(s.ID), "rollback.json")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a failed rollback left its marker: %v", err)
+	}
+}
+
+// TestRollbackFinishedAfterCrash: what a crash in the middle of a rollback
+// leaves (the marker, the container stopped, the old upper directory set
+// aside) is finished by the next Status, which says the sandbox restarted.
+func TestRollbackFinishedAfterCrash(t *testing.T) {
+	b, h := newTestBackend(t)
+	ctx := context.Background()
+	s := conformance.Create(t, h, "rbcrash")
+	s.Sh(t, "echo snap > /root/f")
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-1"); err != nil {
+		t.Fatal(err)
+	}
+	s.Sh(t, "echo later > /root/f")
+	s.Agent.Close()
+	dir := b.dir(s.ID)
+	old, _ := b.sandboxChain(s.ID)
+	marker, _ := json.Marshal(pendingRollback{Snapshot: "snap-1", Old: &old})
+	os.WriteFile(filepath.Join(dir, "rollback.json"), marker, 0o600)
+	if err := b.stop(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "upper"), filepath.Join(dir, "upper.old")); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Status(ctx, s.Sandbox)
+	if err != nil || st.State != core.RuntimeRunning || !st.Restarted {
+		t.Fatalf("status after a crash mid-rollback: %+v %v", st, err)
+	}
+	if got := s.Sh(t, "cat /root/f"); got != "snap\n" {
+		t.Fatalf("after the finished rollback: %q", got)
+	}
+	for _, f := range []string{"rollback.json", "upper.old"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left after the rollback finished: %v", f, err)
+		}
+	}
+	if st, err := b.Status(ctx, s.Sandbox); err != nil || st.State != core.RuntimeRunning || st.Restarted {
+		t.Fatalf("status once more: %+v %v", st, err)
+	}
+}
+
+// TestSnapshotMmapWrites: a write through a shared mapping to a page that
+// is already dirty does not move its file's ctime; the snapshot's frozen
+// sync makes the next write fault (and move it), so a later snapshot never
+// shares a stale copy.
+func TestSnapshotMmapWrites(t *testing.T) {
+	b, h := newTestBackend(t)
+	ctx := context.Background()
+	s := conformance.Create(t, h, "mmap")
+	script := `import mmap, os, time
+f = open("/root/m", "w+b"); f.write(b"0" * 4096); f.flush()
+m = mmap.mmap(f.fileno(), 4096)
+m[:4096] = b"A" * 4096
+open("/tmp/a-written", "w").close()
+while not os.path.exists("/tmp/go"): time.sleep(0.01)
+m[:4096] = b"B" * 4096
+open("/tmp/b-written", "w").close()
+time.sleep(600)
+`
+	s.Sh(t, "cat > /tmp/m.py <<'EOF'\n"+script+"EOF")
+	if _, err := s.Agent.Start(ctx, &agent.ExecRequest{Argv: []string{"python3", "/tmp/m.py"}}); err != nil {
+		t.Fatal(err)
+	}
+	s.Sh(t, "while [ ! -e /tmp/a-written ]; do sleep 0.01; done; sleep 0.2")
+	if _, err := b.Snapshot(ctx, s.Sandbox, "m-1"); err != nil {
+		t.Fatal(err)
+	}
+	s.Sh(t, "touch /tmp/go; while [ ! -e /tmp/b-written ]; do sleep 0.01; done")
+	if _, err := b.Snapshot(ctx, s.Sandbox, "m-2"); err != nil {
+		t.Fatal(err)
+	}
+	for snap, want := range map[string]byte{"m-1": 'A', "m-2": 'B'} {
+		got, err := os.ReadFile(filepath.Join(b.layerDir(snap), "layer/root/m"))
+		if err != nil || len(got) != 4096 || got[0] != want {
+			t.Fatalf("snapshot %s holds %q..., want %c (%v)", snap, got[:min(len(got), 8)], want, err)
 		}
 	}
 }

@@ -504,8 +504,9 @@ func (b *Backend) DialAgent(ctx context.Context, sb *core.Sandbox) (net.Conn, er
 	}
 	// No answer for that long: a guest left stopped (no operation on the
 	// vm, yet QEMU not running it) is continued, and asked once more.
+	// A guest QEMU runs is only slow: it gets the rest of ctx.
 	status, changed := b.unstick(sb.ID)
-	if !changed {
+	if !changed && status != "running" {
 		if status != "" {
 			err = fmt.Errorf("%w (QEMU's run state: %s)", err, status)
 		}
@@ -515,8 +516,9 @@ func (b *Backend) DialAgent(ctx context.Context, sb *core.Sandbox) (net.Conn, er
 }
 
 // agentAnswer bounds how long a guest may take to answer a connection
-// before the vm is looked at (a restore under TCG answers in under a second).
-var agentAnswer = 20 * time.Second
+// before the vm is looked at (a restore under TCG answers in under a
+// second); shorter than the daemon's wait for a restarted sandbox's agent.
+var agentAnswer = 8 * time.Second
 
 // unstick continues a vm that QEMU holds stopped while no operation on it
 // is under way and nothing is being saved, and says what state it found.
