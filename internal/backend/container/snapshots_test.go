@@ -35,7 +35,8 @@ func TestSnapshotRollbackFork(t *testing.T) {
 	s.Sh(t, `cd /root && echo one > a && chmod 640 a && chown 1000 a && head -c 4000000 /dev/urandom > big &&
 		mkdir dir && echo x > dir/x && ln -s a link && mkfifo fifo && truncate -s 100G sparse && echo end >> sparse &&
 		rm /etc/motd && rm -rf /etc/skel && mkdir /etc/skel && echo only > /etc/skel/new`)
-	// Files changed within ctimeSlack of a snapshot are never shared: let the clock move on.
+	// Files changed within ctimeSlack of a snapshot are shared only after a
+	// byte compare: let the clock move on, so that this one is shared by its key.
 	time.Sleep(100 * time.Millisecond)
 	at1 := s.Sh(t, snapshotFiles)
 	info1, err := b.Snapshot(ctx, s.Sandbox, "snap-1")
@@ -332,15 +333,14 @@ func TestCopyLayerHardLinks(t *testing.T) {
 }
 
 // TestSnapshotWhileWriting: snapshots of a sandbox that writes all the
-// time are of one moment: the copy made while it runs is only a base, and
-// what changed meanwhile is copied frozen.
+// time are of one moment (a copy made while it ran would not be).
 func TestSnapshotWhileWriting(t *testing.T) {
 	b, h := newTestBackend(t)
 	ctx := context.Background()
 	s := conformance.Create(t, h, "writer")
 	// Each round writes a, then z (each through a rename): at any moment z
-	// is a or a-1. A copy of the running sandbox reads a, then a big new
-	// file (m-...), then z, rounds later.
+	// is a or a-1. A copy of the running sandbox would read a, then a big
+	// new file (m-...), then z, rounds later.
 	if _, err := s.Agent.Start(ctx, &agent.ExecRequest{Argv: []string{"sh", "-c",
 		`cd /root && i=0; while :; do i=$((i+1)); echo $i > a.t && mv a.t a; echo $i > z.t && mv z.t z; sleep 0.005; done`}}); err != nil {
 		t.Fatal(err)
