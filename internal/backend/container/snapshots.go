@@ -233,8 +233,9 @@ func syncfs(dir string) error {
 }
 
 // Rollback implements core.Snapshotter: the container is stopped, its
-// upper directory emptied, and it starts again over the snapshot's chain,
-// with sb's identity and limits. Its processes start afresh.
+// upper directory set aside (until the new state runs; the old one is
+// started again if the new one cannot), and it starts again over the
+// snapshot's chain with sb's identity and limits. Its processes start afresh.
 func (b *Backend) Rollback(ctx context.Context, sb *core.Sandbox, snapID string) error {
 	unlock := b.rollbacks.Lock(sb.ID)
 	defer unlock()
