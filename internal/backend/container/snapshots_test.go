@@ -34,6 +34,7 @@ func TestSnapshotRollbackFork(t *testing.T) {
 	s := conformance.Create(t, h, "snapper")
 	s.Sh(t, `cd /root && echo one > a && chmod 640 a && chown 1000 a && head -c 4000000 /dev/urandom > big &&
 		mkdir dir && echo x > dir/x && ln -s a link && mkfifo fifo && truncate -s 100G sparse && echo end >> sparse &&
+		ln -s / hostroot && ln -s /etc/shadow shadow &&
 		rm /etc/motd && rm -rf /etc/skel && mkdir /etc/skel && echo only > /etc/skel/new`)
 	// Files changed within ctimeSlack of a snapshot are shared only after a
 	// byte compare: let the clock move on, so that this one is shared by its key.
@@ -48,6 +49,12 @@ func TestSnapshotRollbackFork(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(b.layerDir("snap-1"), "layer/root/sparse")); err != nil || fi.Size() != 100<<30+4 {
 		t.Fatalf("sparse file in the layer: %v", err)
+	}
+	// Symlinks out of the sandbox are copied as links, never followed.
+	for _, l := range []string{"hostroot", "shadow"} {
+		if fi, err := os.Lstat(filepath.Join(b.layerDir("snap-1"), "layer/root", l)); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			t.Fatalf("%s in the layer is not a symlink: %v", l, err)
+		}
 	}
 	if got := s.Sh(t, "cat /root/a"); got != "one\n" {
 		t.Fatalf("sandbox after snapshot: %q", got)
