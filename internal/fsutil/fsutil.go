@@ -4,7 +4,9 @@ package fsutil
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -127,4 +129,39 @@ func RemoveUnused(dir string, used map[string]bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ReadJSON reads path and decodes its JSON into v. A missing file's error
+// is the os error (errors.Is(err, os.ErrNotExist)).
+func ReadJSON(path string, v any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// WriteJSONAtomic writes v as JSON to path, crash-safely (WriteFileAtomic).
+func WriteJSONAtomic(path string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(path, data)
+}
+
+// Syncfs flushes the filesystem that holds dir.
+func Syncfs(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -40,5 +41,23 @@ func TestWriteFileAtomic(t *testing.T) {
 	}
 	if _, err := os.Stat(path + ".tmp"); !os.IsNotExist(err) {
 		t.Fatal("temporary file left behind")
+	}
+}
+
+func TestJSONRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v.json")
+	var v struct{ A int }
+	if err := ReadJSON(path, &v); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing file: %v", err)
+	}
+	if err := WriteJSONAtomic(path, struct{ A int }{7}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ReadJSON(path, &v); err != nil || v.A != 7 {
+		t.Fatalf("read back: %+v %v", v, err)
+	}
+	os.WriteFile(path, []byte("{"), 0o600)
+	if err := ReadJSON(path, &v); err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("bad JSON: %v", err)
 	}
 }

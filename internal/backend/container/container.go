@@ -184,8 +184,7 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bo
 			return err
 		}
 	}
-	chainJSON, _ := json.Marshal(c)
-	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "chain.json"), chainJSON); err != nil {
+	if err := fsutil.WriteJSONAtomic(filepath.Join(dir, "chain.json"), c); err != nil {
 		return err
 	}
 	if err := mountOverlay(lowers, upper, work, rootfs); err != nil {
@@ -288,7 +287,7 @@ func (b *Backend) statusLocked(ctx context.Context, sb *core.Sandbox, finish boo
 	}
 	// The init a rollback started, which the record may not have yet.
 	var latest state
-	if readJSON(filepath.Join(b.dir(sb.ID), "init.json"), &latest) == nil && latest.PID > 0 {
+	if fsutil.ReadJSON(filepath.Join(b.dir(sb.ID), "init.json"), &latest) == nil && latest.PID > 0 {
 		st = latest
 	}
 	running := st.PID > 0 && st.StartTime != 0 && procfs.StartTime(st.PID) == st.StartTime

@@ -2,15 +2,12 @@ package container
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
@@ -49,21 +46,10 @@ func validSnapID(snapID string) error {
 	return nil
 }
 
-func readJSON(path string, v any) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
-}
-
 // sandboxChain is the chain under a sandbox's upper directory.
 func (b *Backend) sandboxChain(id string) (chain, error) {
 	var c chain
-	err := readJSON(filepath.Join(b.dir(id), "chain.json"), &c)
+	err := fsutil.ReadJSON(filepath.Join(b.dir(id), "chain.json"), &c)
 	return c, err
 }
 
@@ -74,7 +60,7 @@ func (b *Backend) snapshotChain(snapID string) (chain, error) {
 		return chain{}, err
 	}
 	var c chain
-	if err := readJSON(filepath.Join(b.layerDir(snapID), "chain.json"), &c); err != nil {
+	if err := fsutil.ReadJSON(filepath.Join(b.layerDir(snapID), "chain.json"), &c); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return chain{}, errdefs.NotFound("snapshot %s has no files on this host", snapID)
 		}
@@ -127,7 +113,7 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 		return core.SnapshotInfo{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	var prev *manifest
-	if err := readJSON(filepath.Join(b.dir(id), "manifest.json"), &prev); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := fsutil.ReadJSON(filepath.Join(b.dir(id), "manifest.json"), &prev); err != nil && !errors.Is(err, os.ErrNotExist) {
 		b.cfg.Log.Warn("previous snapshot manifest unreadable: copying every file", "sandbox", id, "err", err)
 		prev = nil
 	}
@@ -159,7 +145,7 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 	// Flushed before the freeze (most of the work) and again frozen: a
 	// page written back is write-protected, so the next write through a
 	// shared mapping moves its file's ctime (see fileKey).
-	if err := syncfs(upper); err != nil {
+	if err := fsutil.Syncfs(upper); err != nil {
 		return core.SnapshotInfo{}, err
 	}
 	paused, err := b.Paused(ctx, id)
@@ -189,7 +175,7 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 		}
 		defer thaw()
 	}
-	if err := syncfs(upper); err != nil {
+	if err := fsutil.Syncfs(upper); err != nil {
 		return core.SnapshotInfo{}, err
 	}
 	next, err := copyLayer(upper, filepath.Join(tmp, "layer"), prev, prevLayer)
@@ -200,11 +186,10 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 		return core.SnapshotInfo{}, fmt.Errorf("copy the sandbox's files: %w", err)
 	}
 	next.Snapshot = snapID
-	data, _ := json.Marshal(base)
-	if err := os.WriteFile(filepath.Join(tmp, "chain.json"), data, 0o600); err != nil {
+	if err := fsutil.WriteJSONAtomic(filepath.Join(tmp, "chain.json"), base); err != nil {
 		return core.SnapshotInfo{}, err
 	}
-	if err := syncfs(tmp); err != nil {
+	if err := fsutil.Syncfs(tmp); err != nil {
 		return core.SnapshotInfo{}, err
 	}
 	if err := os.Rename(tmp, final); err != nil {
@@ -213,23 +198,10 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 	ok = true
 	fsutil.SyncDir(b.cfg.SnapshotDir)
 	// Only now may the next snapshot share this one's files.
-	data, _ = json.Marshal(next)
-	if err := fsutil.WriteFileAtomic(filepath.Join(b.dir(id), "manifest.json"), data); err != nil {
+	if err := fsutil.WriteJSONAtomic(filepath.Join(b.dir(id), "manifest.json"), next); err != nil {
 		b.cfg.Log.Warn("save snapshot manifest: the next snapshot copies every file", "sandbox", id, "err", err)
 	}
 	return core.SnapshotInfo{SizeBytes: layerUsage(final)}, nil
-}
-
-func syncfs(dir string) error {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	if err := unix.Syncfs(fd); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return nil
 }
 
 // Rollback implements core.Snapshotter: the container is stopped, its
@@ -270,7 +242,7 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 	// rollback a crash interrupted recorded, or the sandbox's.
 	var pending pendingRollback
 	old, err := b.sandboxChain(sb.ID)
-	if readJSON(filepath.Join(dir, "rollback.json"), &pending) == nil && pending.Old != nil {
+	if fsutil.ReadJSON(filepath.Join(dir, "rollback.json"), &pending) == nil && pending.Old != nil {
 		old, err = *pending.Old, nil
 	} else if errors.Is(err, os.ErrNotExist) {
 		old, err = chain{Template: sb.TemplateID}, nil
@@ -280,8 +252,7 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 	}
 	// From here a crash before the new container runs leaves this
 	// marker, and Status finishes the rollback.
-	marker, _ := json.Marshal(pendingRollback{Snapshot: snapID, Old: &old})
-	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "rollback.json"), marker); err != nil {
+	if err := fsutil.WriteJSONAtomic(filepath.Join(dir, "rollback.json"), pendingRollback{Snapshot: snapID, Old: &old}); err != nil {
 		return err
 	}
 	if err := b.stop(ctx, sb.ID); err != nil {
@@ -335,7 +306,7 @@ type pendingRollback struct {
 func (b *Backend) finishRollback(ctx context.Context, sb *core.Sandbox, running bool) (bool, error) {
 	var p pendingRollback
 	path := filepath.Join(b.dir(sb.ID), "rollback.json")
-	if err := readJSON(path, &p); err != nil {
+	if err := fsutil.ReadJSON(path, &p); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return false, nil
 		}
@@ -400,14 +371,14 @@ func (b *Backend) GC(ctx context.Context, keep []string) error {
 		// the daemon records a snapshot only after the backend took it,
 		// and the next snapshot shares its unchanged files.
 		var m manifest
-		if err := readJSON(filepath.Join(b.dir(id), "manifest.json"), &m); err == nil {
+		if err := fsutil.ReadJSON(filepath.Join(b.dir(id), "manifest.json"), &m); err == nil {
 			used[m.Snapshot] = true
 		} else if !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		// So do both sides of an interrupted rollback.
 		var p pendingRollback
-		if err := readJSON(filepath.Join(b.dir(id), "rollback.json"), &p); err == nil {
+		if err := fsutil.ReadJSON(filepath.Join(b.dir(id), "rollback.json"), &p); err == nil {
 			used[p.Snapshot] = true
 			if p.Old != nil {
 				for _, l := range p.Old.Layers {

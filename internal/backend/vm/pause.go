@@ -54,7 +54,7 @@ func (b *Backend) readHead(id string) head {
 }
 
 func (b *Backend) writeHead(id string, h head) error {
-	return writeFileAtomic(filepath.Join(b.dir(id), "head.json"), h)
+	return fsutil.WriteJSONAtomic(filepath.Join(b.dir(id), "head.json"), h)
 }
 
 func (h head) resumePath(dir string) string {
@@ -62,15 +62,6 @@ func (h head) resumePath(dir string) string {
 		return h.Resume
 	}
 	return filepath.Join(dir, h.Resume)
-}
-
-// writeFileAtomic writes v as JSON to path, crash-safely.
-func writeFileAtomic(path string, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return fsutil.WriteFileAtomic(path, data)
 }
 
 // PauseKind implements core.Pauser.
@@ -165,7 +156,7 @@ func (b *Backend) recoverLocked(id string) {
 }
 
 func (b *Backend) writeRun(id string, st state) error {
-	return writeFileAtomic(b.runFile(id), st)
+	return fsutil.WriteJSONAtomic(b.runFile(id), st)
 }
 
 // Paused implements core.Pauser.

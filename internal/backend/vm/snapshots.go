@@ -83,11 +83,11 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 	}
 	meta := st
 	meta.PID, meta.StartTime, meta.Saved = 0, 0, false
-	if err := writeFileAtomic(filepath.Join(tmp, "meta.json"), meta); err != nil {
+	if err := fsutil.WriteJSONAtomic(filepath.Join(tmp, "meta.json"), meta); err != nil {
 		cont()
 		return core.SnapshotInfo{}, err
 	}
-	if err := writeFileAtomic(filepath.Join(tmp, "chain.json"), h.Chain); err != nil {
+	if err := fsutil.WriteJSONAtomic(filepath.Join(tmp, "chain.json"), h.Chain); err != nil {
 		cont()
 		return core.SnapshotInfo{}, err
 	}
@@ -155,7 +155,7 @@ func (b *Backend) Rollback(ctx context.Context, sb *core.Sandbox, snapID string)
 		}
 	}
 	if st.KernelHash == "" {
-		if err := readJSON(filepath.Join(layer, "meta.json"), &st); err != nil {
+		if err := fsutil.ReadJSON(filepath.Join(layer, "meta.json"), &st); err != nil {
 			return err
 		}
 	}
@@ -172,7 +172,7 @@ func (b *Backend) Fork(ctx context.Context, sb *core.Sandbox, snapID string) (er
 	defer b.gcMu.RUnlock()
 	layer := b.layerDir(snapID)
 	var st state
-	if err := readJSON(filepath.Join(layer, "meta.json"), &st); err != nil {
+	if err := fsutil.ReadJSON(filepath.Join(layer, "meta.json"), &st); err != nil {
 		return errdefs.NotFound("snapshot %s has no saved vm", snapID)
 	}
 	dir := b.dir(sb.ID)
@@ -273,7 +273,7 @@ func (b *Backend) layerOf(path string) (string, bool) {
 // snapID's layer: the layer itself, then what its chain.json records.
 func (b *Backend) layerChain(snapID string) []layerRef {
 	var below []layerRef
-	readJSON(filepath.Join(b.layerDir(snapID), "chain.json"), &below)
+	fsutil.ReadJSON(filepath.Join(b.layerDir(snapID), "chain.json"), &below)
 	return append([]layerRef{{Path: filepath.Join(b.layerDir(snapID), "disk.qcow2"), Format: "qcow2"}}, below...)
 }
 
@@ -283,12 +283,4 @@ func linkOrCopy(src, dst string) error {
 		return nil
 	}
 	return copyFile(src, dst)
-}
-
-func readJSON(path string, v any) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(data, v)
 }
