@@ -202,15 +202,18 @@ type Capabilities struct {
 
 // Info is the body of GET /v1/info.
 type Info struct {
-	Version     string    `json:"version"`
-	Kernel      string    `json:"kernel"`
-	CPUs        int       `json:"cpus"`
-	MemoryBytes int64     `json:"memory_bytes"`
-	Accelerator string    `json:"accelerator"` // kvm, pvm (not usable with stock kernels) or tcg
-	CgroupMode  string    `json:"cgroup_mode"` // v1, hybrid or v2
-	DataDir     string    `json:"data_dir"`
-	Backends    []Backend `json:"backends"`
-	Sandboxes   int       `json:"sandboxes"`
+	Version     string `json:"version"`
+	Kernel      string `json:"kernel"`
+	CPUs        int    `json:"cpus"`
+	MemoryBytes int64  `json:"memory_bytes"`
+	Accelerator string `json:"accelerator"` // kvm, pvm (not usable with stock kernels) or tcg
+	CgroupMode  string `json:"cgroup_mode"` // v1, hybrid or v2
+	// ContainerPause is what pausing a container does: checkpoint (to
+	// disk, with CRIU) or freeze (in RAM), and why.
+	ContainerPause string    `json:"container_pause"`
+	DataDir        string    `json:"data_dir"`
+	Backends       []Backend `json:"backends"`
+	Sandboxes      int       `json:"sandboxes"`
 	// SnapshotsBytes is the disk every snapshot really uses.
 	SnapshotsBytes int64 `json:"snapshots_bytes"`
 }

@@ -8,14 +8,25 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/agent/guestinit"
 )
 
 func main() {
+	// A container's agent has no stdio of the host's (so that CRIU can
+	// checkpoint it): it logs to a file in its own root.
+	if path := os.Getenv("NOOK_AGENT_LOG"); path != "" {
+		if err := logTo(path); err != nil {
+			fmt.Fprintln(os.Stderr, "nook-agent:", err)
+			os.Exit(1)
+		}
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if guestinit.IsGuest() {
 		guestinit.UpAndOff()
@@ -63,8 +74,30 @@ func listener() (net.Listener, error) {
 		return ln, nil
 	}
 	if path := os.Getenv("NOOK_AGENT_LISTEN"); path != "" {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, err
+		}
 		os.Remove(path)
 		return net.Listen("unix", path)
 	}
 	return nil, fmt.Errorf("set NOOK_AGENT_LISTEN_FD or NOOK_AGENT_LISTEN")
+}
+
+// logTo makes path (created 0600, appended to) the agent's stdout and
+// stderr, and its stdin /dev/null.
+func logTo(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("agent log: %w", err)
+	}
+	defer f.Close()
+	for _, fd := range []int{1, 2} {
+		if err := unix.Dup3(int(f.Fd()), fd, 0); err != nil {
+			return fmt.Errorf("agent log: %w", err)
+		}
+	}
+	return nil
 }

@@ -157,6 +157,8 @@ func serveCmd() *cobra.Command {
 	c.Flags().DurationVar(&cfg.Daemon.ReapInterval, "reap-interval", 5*time.Second, "how often expired sandboxes are looked for")
 	c.Flags().IntVar(&cfg.Daemon.WarmPool, "warm-pool", 2, "started sandboxes kept ready per template (and vm shape) in use (negative: none)")
 	c.Flags().StringVar(&cfg.Daemon.Accel, "accel", "", "vm accelerator: kvm or tcg (default: kvm where a stock guest kernel runs under it, else tcg)")
+	c.Flags().StringVar(&cfg.Daemon.ContainerPause, "container-pause", "", "what pausing a container does: checkpoint (to disk with CRIU, no RAM held) or freeze (in RAM) (default: checkpoint where CRIU >= 4 is installed)")
+	c.Flags().StringVar(&cfg.Daemon.CRIU, "criu", "", "CRIU >= 4 binary for container checkpoints (default: "+daemon.DefaultCRIU+", else criu in PATH)")
 	c.Flags().StringVar(&cfg.Daemon.KernelRoot, "kernel", "", "an unpacked Debian linux-image package for vm guests (default: fetched with apt on first use)")
 	c.Flags().StringVar(&cfg.Daemon.VMCacheDir, "vm-cache-dir", "", "guest kernels, vm template images and snapshots (default DATA-DIR/vm)")
 	c.Flags().StringVar(&idlePause, "idle-pause", "off", "pause sandboxes created without --idle-pause after this long idle, e.g. 30m (off: never)")
@@ -513,8 +515,8 @@ func infoCmd() *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), info)
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "nook %s (client %s) at %s\nkernel: %s\ncpus: %d  memory: %s\naccelerator: %s\ncgroups: %s\ndata dir: %s\nsandboxes: %d\nsnapshots: %s on disk\nbackends:\n",
-				info.Version, daemon.Version, cl.Host(), info.Kernel, info.CPUs, core.FormatBytes(info.MemoryBytes), info.Accelerator, info.CgroupMode, info.DataDir, info.Sandboxes, core.FormatBytes(info.SnapshotsBytes))
+			fmt.Fprintf(w, "nook %s (client %s) at %s\nkernel: %s\ncpus: %d  memory: %s\naccelerator: %s\ncontainer pause: %s\ncgroups: %s\ndata dir: %s\nsandboxes: %d\nsnapshots: %s on disk\nbackends:\n",
+				info.Version, daemon.Version, cl.Host(), info.Kernel, info.CPUs, core.FormatBytes(info.MemoryBytes), info.Accelerator, info.ContainerPause, info.CgroupMode, info.DataDir, info.Sandboxes, core.FormatBytes(info.SnapshotsBytes))
 			for _, b := range info.Backends {
 				state := "available"
 				if !b.Available {

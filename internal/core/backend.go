@@ -86,12 +86,14 @@ func (s RuntimeState) String() string {
 // paused sandbox succeeds), so the manager can bring the host in line with
 // the database after a crash. Paused reports the host's view.
 type Pauser interface {
+	// Pause may end the sandbox's processes (a pause to disk): the caller
+	// closes its connections to the agent first.
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string) error
 	Paused(ctx context.Context, id string) (bool, error)
-	// PauseKind says what a pause keeps and where, for users, e.g.
-	// "frozen: processes stopped, memory kept in RAM".
-	PauseKind() string
+	// PauseKind says what the pause of paused sandbox id keeps and where,
+	// for users, e.g. "frozen: processes stopped, memory kept in RAM".
+	PauseKind(id string) string
 }
 
 // WarmPool is an optional Backend feature: sandboxes started ahead of

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -47,13 +48,18 @@ type Config struct {
 	ReapInterval time.Duration // how often expired and dead sandboxes are looked for; default 5s
 	WarmPool     int           // started sandboxes kept ready per template (and vm shape) in use; default 2, negative: none
 	Accel        string        // vm accelerator: kvm or tcg; default: detected
-	VMCacheDir   string        // guest kernels, vm template images and snapshots; default DataDir/vm
-	KernelRoot   string        // an unpacked Debian linux-image package for vm guests; default: fetched with apt
-	VMColdBoot   bool          // boot vm sandboxes instead of restoring their template's snapshot (benchmarks)
-	Net          NetConfig     // sandbox networking (network.go); zero: off, loopback only
-	IdlePause    time.Duration // idle pause of sandboxes created without one; default 0: never
-	MinIdlePause time.Duration // the shortest idle pause accepted; default core.MinIdlePause (tests lower it)
-	Log          *slog.Logger
+	// ContainerPause is what a container's pause does: "checkpoint" (to
+	// disk with CRIU >= 4, which must be there), "freeze" (the cgroup
+	// freezer), or "" (checkpoint where CRIU >= 4 is found, else freeze).
+	ContainerPause string
+	CRIU           string        // the CRIU binary; default: DefaultCRIU, else criu in PATH
+	VMCacheDir     string        // guest kernels, vm template images and snapshots; default DataDir/vm
+	KernelRoot     string        // an unpacked Debian linux-image package for vm guests; default: fetched with apt
+	VMColdBoot     bool          // boot vm sandboxes instead of restoring their template's snapshot (benchmarks)
+	Net            NetConfig     // sandbox networking (network.go); zero: off, loopback only
+	IdlePause      time.Duration // idle pause of sandboxes created without one; default 0: never
+	MinIdlePause   time.Duration // the shortest idle pause accepted; default core.MinIdlePause (tests lower it)
+	Log            *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
@@ -126,6 +132,49 @@ type Manager struct {
 	net *sandboxNets // sandbox networks (network.go); nil when networking is off
 
 	idle *idleTracker // when each sandbox was last used (idle.go)
+
+	pauseMode string // what a container's pause does, for Info
+}
+
+// DefaultCRIU is where scripts/criu.sh installs the CRIU nook builds.
+const DefaultCRIU = container.DefaultCRIU
+
+// containerPause decides what a container's pause does (Config.ContainerPause)
+// and returns the CRIU binary to checkpoint with ("" to freeze).
+func (m *Manager) containerPause(ctx context.Context) (string, error) {
+	mode := m.cfg.ContainerPause
+	if mode != "" && mode != "checkpoint" && mode != "freeze" {
+		return "", errdefs.Invalid("container pause %q is not valid: use checkpoint, freeze (or leave it out to checkpoint where CRIU >= 4 is installed)", mode)
+	}
+	if mode == "freeze" {
+		m.pauseMode = "freeze (cgroup freezer, memory kept in RAM): chosen by --container-pause"
+		return "", nil
+	}
+	path := m.cfg.CRIU
+	if path == "" {
+		path = DefaultCRIU
+		if _, err := os.Stat(path); err != nil {
+			path, _ = exec.LookPath("criu")
+		}
+	}
+	why := "CRIU is not installed (scripts/criu.sh builds CRIU 4.1.1)"
+	if path != "" {
+		version, ok, err := container.CRIUVersion(ctx, path)
+		switch {
+		case err != nil:
+			why = err.Error()
+		case !ok:
+			why = fmt.Sprintf("%s is CRIU %s, and checkpoints need CRIU >= 4 (scripts/criu.sh builds 4.1.1)", path, version)
+		default:
+			m.pauseMode = fmt.Sprintf("checkpoint (to disk, with CRIU %s at %s)", version, path)
+			return path, nil
+		}
+	}
+	if mode == "checkpoint" {
+		return "", errdefs.Precondition("--container-pause checkpoint: %s", why)
+	}
+	m.pauseMode = "freeze (cgroup freezer, memory kept in RAM): " + why
+	return "", nil
 }
 
 // New opens the data directory, reconciles the database with the host and returns a Manager.
@@ -163,10 +212,18 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		}
 		hooks = m.net
 	}
+	criu, err := m.containerPause(ctx)
+	if err != nil {
+		if m.net != nil {
+			m.net.close()
+		}
+		st.Close()
+		return nil, err
+	}
 	ctr := container.New(container.Config{
 		RuncRoot: filepath.Join(cfg.RunDir, "runc"), StateDir: filepath.Join(cfg.DataDir, "sandboxes"),
 		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, Log: cfg.Log,
-		WarmPool: max(cfg.WarmPool, 0), Net: hooks,
+		WarmPool: max(cfg.WarmPool, 0), Net: hooks, CRIU: criu,
 	})
 	vmb := vm.New(vm.Config{
 		StateDir: filepath.Join(cfg.DataDir, "vms"), CacheDir: cfg.VMCacheDir, KernelRoot: cfg.KernelRoot,
@@ -566,7 +623,7 @@ func (m *Manager) View(sb *core.Sandbox) api.Sandbox {
 	v.SnapshotsBytes = m.SnapshotsUsage(context.Background(), sb.ID)
 	if sb.State == core.StatePaused {
 		if p, ok := m.backends[sb.Isolation].(core.Pauser); ok {
-			v.PauseKind = p.PauseKind()
+			v.PauseKind = p.PauseKind(sb.ID)
 		}
 	}
 	return v
@@ -654,8 +711,9 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason
 		if err := m.store.UpdateSandbox(cctx, sb); err != nil {
 			return nil, err
 		}
-		// A vm paused to disk ends its QEMU, and the agent session with it.
-		defer m.dropAgent(sb.ID)
+		// A pause to disk ends the sandbox's processes (a vm's QEMU), and a
+		// container's checkpoint must find no connection from the host.
+		m.dropAgent(sb.ID)
 		if err := p.Pause(cctx, sb.ID); err != nil {
 			// A freeze that failed half-way must not leave it frozen.
 			if rerr := p.Resume(cctx, sb.ID); rerr != nil {
@@ -1016,6 +1074,7 @@ func (m *Manager) Info(ctx context.Context) api.Info {
 	info := api.Info{
 		Version: Version, Kernel: utsRelease(uts), CPUs: cpus, MemoryBytes: mem,
 		Accelerator: m.accelerator(), CgroupMode: detectCgroupMode(), DataDir: m.cfg.DataDir,
+		ContainerPause: m.pauseMode,
 	}
 	for _, iso := range []string{api.IsolationContainer, api.IsolationVM} {
 		b, ok := m.backends[iso]

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/backend/container"
 )
 
 // Background processes: started detached, listed, re-attached from an
@@ -225,16 +226,33 @@ func TestFloodKeepsMemoryBounded(t *testing.T) {
 
 // Pause keeps everything; any call that needs the sandbox wakes it; the
 // state survives a daemon kill -9; a paused sandbox is destroyed cleanly.
+// Both kinds of container pause: frozen in RAM, and checkpointed to disk.
 func TestPauseResume(t *testing.T) {
-	d := newDaemon(t)
+	t.Run("freeze", func(t *testing.T) { testPauseResume(t, "freeze") })
+	t.Run("checkpoint", func(t *testing.T) {
+		if _, err := os.Stat(container.DefaultCRIU); err != nil {
+			t.Skipf("CRIU >= 4 is not installed at %s (scripts/criu.sh, run by make deps, builds it)", container.DefaultCRIU)
+		}
+		testPauseResume(t, "checkpoint")
+	})
+}
+
+func testPauseResume(t *testing.T, mode string) {
+	d := newDaemon(t, "--container-pause", mode)
+	if info := d.must("info"); !strings.Contains(info, "container pause: "+mode) {
+		t.Fatalf("info does not say what a pause does:\n%s", info)
+	}
 	d.must("create", "--name", "nap")
-	pid := strings.TrimSpace(d.must("exec", "-d", "nap", "--", "sh", "-c", "echo started; sleep 600"))
+	pid := strings.TrimSpace(d.must("exec", "-d", "nap", "--", "sh", "-c", "echo started; n=0; while :; do n=$((n+1)); echo $n > /tmp/n; sleep 0.05; done"))
+	time.Sleep(300 * time.Millisecond)
 	d.must("pause", "nap")
 	var sb api.Sandbox
 	json.Unmarshal([]byte(d.must("inspect", "nap", "--json")), &sb)
-	if sb.State != api.StatePaused || !strings.Contains(sb.PauseKind, "frozen") {
+	kind := map[string]string{"freeze": "frozen", "checkpoint": "checkpointed"}[mode]
+	if sb.State != api.StatePaused || !strings.HasPrefix(sb.PauseKind, kind) {
 		t.Fatalf("after pause: %s %q", sb.State, sb.PauseKind)
 	}
+	before, _ := os.ReadFile(filepath.Join(d.data, "sandboxes", sb.ID, "upper/tmp/n"))
 	if !strings.Contains(d.must("inspect", "nap"), "paused:") {
 		t.Fatal("inspect does not say how the sandbox is paused")
 	}
@@ -242,13 +260,19 @@ func TestPauseResume(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "already paused") {
 		t.Fatalf("pause of a paused sandbox: %+v", r)
 	}
-	// The daemon dies and comes back: still paused, still frozen.
+	// The daemon dies and comes back: still paused, still frozen (or
+	// checkpointed: no process, no cgroup).
 	d.stop(syscall.SIGKILL)
-	d.start()
+	d.start("--container-pause", mode)
 	json.Unmarshal([]byte(d.must("inspect", "nap", "--json")), &sb)
 	state, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/freezer", d.cgroup, sb.ID, "freezer.state"))
-	if sb.State != api.StatePaused || strings.TrimSpace(string(state)) != "FROZEN" {
+	want := map[string]string{"freeze": "FROZEN", "checkpoint": ""}[mode]
+	if sb.State != api.StatePaused || strings.TrimSpace(string(state)) != want {
 		t.Fatalf("after a restart: %s, freezer %q", sb.State, state)
+	}
+	// Nothing ran while it was paused.
+	if after, _ := os.ReadFile(filepath.Join(d.data, "sandboxes", sb.ID, "upper/tmp/n")); string(after) != string(before) || len(before) == 0 {
+		t.Fatalf("a paused sandbox's counter moved: %q then %q", before, after)
 	}
 	// An exec wakes it transparently, and its background process is still there.
 	if got := d.must("exec", "nap", "--", "echo", "awake"); got != "awake\n" {
@@ -262,6 +286,12 @@ func TestPauseResume(t *testing.T) {
 	json.Unmarshal([]byte(d.must("ps", "nap", "--json")), &ps)
 	if len(ps) != 1 || strconv.Itoa(ps[0].PID) != pid || !ps[0].Running {
 		t.Fatalf("background process lost across the pause: %+v", ps)
+	}
+	// Its memory too: the counter goes on from where it was.
+	time.Sleep(200 * time.Millisecond)
+	n0, _ := strconv.Atoi(strings.TrimSpace(string(before)))
+	if n, _ := strconv.Atoi(strings.TrimSpace(d.must("exec", "nap", "--", "cat", "/tmp/n"))); n <= n0 {
+		t.Fatalf("the counter after resume is %d, it was %d at the pause", n, n0)
 	}
 	r, _ = d.nook("resume", "nap")
 	if r.code != 1 || !strings.Contains(r.stderr, "not paused") {

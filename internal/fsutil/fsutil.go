@@ -95,6 +95,11 @@ func Tail(path string, max int64) string {
 		return ""
 	}
 	defer f.Close()
+	return TailFile(f, max)
+}
+
+// TailFile is Tail of an open file.
+func TailFile(f *os.File, max int64) string {
 	if fi, err := f.Stat(); err == nil && fi.Size() > max {
 		f.Seek(fi.Size()-max, io.SeekStart)
 	}

@@ -49,7 +49,10 @@ type Config struct {
 	// backend attaches the network namespace runc made for it once its
 	// init runs, and detaches it on Destroy. nil: loopback only.
 	Net core.NetHooks
-	Log *slog.Logger
+	// CRIU is a CRIU >= 4 binary: a pause then checkpoints the container
+	// to disk (see checkpoint.go). Empty: pauses freeze it in RAM.
+	CRIU string
+	Log  *slog.Logger
 }
 
 // Backend runs container sandboxes.
@@ -190,10 +193,29 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bo
 	if err := mountOverlay(lowers, upper, work, rootfs); err != nil {
 		return err
 	}
-	spec, err := generateSpec(sb, b.cfg.AgentBinary, b.cfg.CgroupParent)
+	// The network first: the agent starts with its interface up.
+	netns := b.netnsFile(sb.ID)
+	if _, err := ensureNetns(netns); err != nil {
+		return err
+	}
+	if b.cfg.Net != nil {
+		netStart := time.Now()
+		if err := b.cfg.Net.AttachNetns(ctx, sb.ID, netns); err != nil {
+			return fmt.Errorf("network: %w", err)
+		}
+		b.cfg.Log.Debug("network attach", "sandbox", sb.ID, "duration", time.Since(netStart))
+	}
+	spec, err := generateSpec(sb, b.cfg.AgentBinary, b.cfg.CgroupParent, netns)
 	if err != nil {
 		return err
 	}
+	// CRIU's own settings for this container's checkpoints: give up on a
+	// process it cannot stop after 3 s, not 10 (checkpoint retries).
+	criuConf := filepath.Join(dir, "criu.conf")
+	if err := os.WriteFile(criuConf, []byte("timeout 3\n"), 0o600); err != nil {
+		return err
+	}
+	spec.Annotations = map[string]string{"org.criu.config": criuConf}
 	specJSON, err := json.Marshal(spec)
 	if err != nil {
 		return err
@@ -201,43 +223,15 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bo
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), specJSON, 0o600); err != nil {
 		return err
 	}
-
-	// The daemon creates the agent's listening socket on a host path the
-	// sandbox cannot see and hands it in as fd 3: the sandbox cannot swap
-	// the socket for a symlink, and the daemon can connect at once (the
-	// kernel queues the connection until the agent accepts).
-	if err := os.Remove(b.socket(sb.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: b.socket(sb.ID), Net: "unix"})
-	if err != nil {
-		return fmt.Errorf("agent socket: %w", err)
-	}
-	ln.SetUnlinkOnClose(false)
-	lnFile, err := ln.File()
-	ln.Close()
-	if err != nil {
-		return err
-	}
-	defer lnFile.Close()
-	logFile, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logFile.Close()
-
+	// The agent listens in the sandbox's root (the daemon dials it through
+	// the overlay, see inroot.go) and has no stdio of the host's: both are
+	// what lets CRIU checkpoint the container.
 	pidFile := filepath.Join(dir, "init.pid")
-	cmd := exec.CommandContext(ctx, b.cfg.Runc, "--root", b.cfg.RuncRoot, "run", "--detach",
-		"--pid-file", pidFile, "--preserve-fds", "1", "--bundle", dir, sb.ID)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.ExtraFiles = []*os.File{lnFile}
-	// Its own process group: a Ctrl-C aimed at the daemon's terminal must not reach sandboxes.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	runcStart := time.Now()
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("runc run: %w: %s", err, tail(filepath.Join(dir, "agent.log")))
+	runStart := time.Now()
+	if err := b.runc(ctx, sb.ID, "run", "--detach", "--pid-file", pidFile, "--bundle", dir, sb.ID); err != nil {
+		return err
 	}
-	b.cfg.Log.Debug("runc run", "sandbox", sb.ID, "duration", time.Since(runcStart))
+	b.cfg.Log.Debug("runc run", "sandbox", sb.ID, "duration", time.Since(runStart))
 	pidBytes, err := os.ReadFile(pidFile)
 	if err != nil {
 		return fmt.Errorf("read container pid: %w", err)
@@ -248,26 +242,59 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bo
 	}
 	st := state{PID: pid, StartTime: procfs.StartTime(pid)}
 	sb.BackendState, _ = json.Marshal(st)
-	if b.cfg.Net != nil {
-		netStart := time.Now()
-		if err := b.cfg.Net.AttachNetns(ctx, sb.ID, fmt.Sprintf("/proc/%d/ns/net", pid)); err != nil {
-			return fmt.Errorf("network: %w", err)
-		}
-		b.cfg.Log.Debug("network attach", "sandbox", sb.ID, "duration", time.Since(netStart))
-	}
-	// Also beside its files, once it is whole (network included): a
-	// rollback starts a new init, and a crash before the daemon records it
-	// must not make the sandbox look dead.
+	// Also beside its files: a rollback or a restore starts a new init,
+	// and a crash before the daemon records it must not make the sandbox
+	// look dead.
 	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "init.json"), sb.BackendState); err != nil {
 		return err
 	}
 	return nil
 }
 
+// runc runs a runc command on sandbox id with no stdio of the daemon's
+// (a started container inherits it), its errors logged to the sandbox's
+// runc.log and returned with that log's end.
+func (b *Backend) runc(ctx context.Context, id string, args ...string) error {
+	log := filepath.Join(b.dir(id), "runc.log")
+	full := append([]string{"--root", b.cfg.RuncRoot, "--log", log, "--log-format", "text"}, args...)
+	if b.cfg.CRIU != "" {
+		full = append([]string{"--criu", b.cfg.CRIU}, full...)
+	}
+	cmd := exec.CommandContext(ctx, b.cfg.Runc, full...)
+	// Its own process group: a Ctrl-C aimed at the daemon's terminal must not reach sandboxes.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runc %s: %w: %s", args[0], err, runcError(tail(log)))
+	}
+	return nil
+}
+
+// runcError is the message of runc's last error line in a text log
+// (level=error msg="..."), or the line itself.
+func runcError(log string) string {
+	line := lastLine(log)
+	if i := strings.Index(line, "msg="); i >= 0 {
+		if m, err := strconv.Unquote(line[i+4:]); err == nil {
+			return m
+		}
+		return line[i+4:]
+	}
+	return line
+}
+
 // tail returns the end of a log file, for error messages. A sandbox can
-// write to its log (it is the agent's stderr), so only its end is ever
-// read, and it is shown without terminal escapes.
+// write to its log, so only its end is ever read, and it is shown without
+// terminal escapes.
 func tail(path string) string { return strings.TrimSpace(fsutil.Tail(path, 2000)) }
+
+// agentLog is the end of the agent's log in the sandbox's root, or of the
+// log a container started by an earlier nook has beside its files.
+func (b *Backend) agentLog(id string) string {
+	if l := tailInRoot(b.rootfs(id), agentLogInSandbox); l != "" {
+		return l
+	}
+	return tail(filepath.Join(b.dir(id), "agent.log"))
+}
 
 // Status implements core.Backend: the container runs while its init
 // process (the agent) does.
@@ -302,12 +329,23 @@ func (b *Backend) statusLocked(ctx context.Context, sb *core.Sandbox, finish boo
 			return rs, err
 		}
 	}
+	if finish {
+		if err := b.finishCheckpoint(ctx, sb.ID, running); err != nil {
+			b.cfg.Log.Error("finish an interrupted pause or resume", "sandbox", sb.ID, "err", err)
+		}
+		if fsutil.ReadJSON(filepath.Join(b.dir(sb.ID), "init.json"), &latest) == nil && latest.PID > 0 {
+			running = procfs.StartTime(latest.PID) == latest.StartTime
+		}
+	}
 	if running {
 		return core.RuntimeStatus{State: core.RuntimeRunning}, nil
 	}
+	if b.checkpointed(sb.ID) {
+		return core.RuntimeStatus{State: core.RuntimeSaved, Detail: "paused to disk (a CRIU checkpoint)"}, nil
+	}
 	if _, err := os.Stat(b.dir(sb.ID)); err == nil {
 		detail := "the sandbox's init process (nook-agent) is not running"
-		if l := tail(filepath.Join(b.dir(sb.ID), "agent.log")); l != "" {
+		if l := b.agentLog(sb.ID); l != "" {
 			detail += ": " + lastLine(l)
 		}
 		return core.RuntimeStatus{State: core.RuntimeStopped, Detail: detail}, nil
@@ -324,8 +362,10 @@ func lastLine(s string) string {
 
 // DialAgent implements core.Backend.
 func (b *Backend) DialAgent(ctx context.Context, sb *core.Sandbox) (net.Conn, error) {
-	var d net.Dialer
-	return d.DialContext(ctx, "unix", b.socket(sb.ID))
+	return b.dialAgent(ctx, sb.ID, func() bool {
+		rs, err := b.statusLocked(ctx, sb, false)
+		return err == nil && rs.State == core.RuntimeRunning
+	})
 }
 
 // Destroy implements core.Backend. Each step tolerates what an earlier,
@@ -348,6 +388,9 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 			errs = append(errs, fmt.Errorf("network: %w", err))
 		}
 	}
+	if err := removeNetns(b.netnsFile(id)); err != nil {
+		errs = append(errs, err)
+	}
 	if err := os.RemoveAll(b.dir(id)); err != nil {
 		errs = append(errs, err)
 	}
@@ -360,8 +403,8 @@ func (b *Backend) stop(ctx context.Context, id string) error {
 	var errs []error
 	// Frozen processes cannot die: thaw a paused sandbox first (through
 	// runc, and straight in the cgroup in case runc lost the container).
-	if paused, err := b.Paused(ctx, id); err == nil && paused {
-		if err := b.Resume(ctx, id); err != nil {
+	if frozen, err := b.frozen(id); err == nil && frozen {
+		if err := b.unfreeze(ctx, id); err != nil {
 			b.cfg.Log.Warn("runc resume before stop", "sandbox", id, "err", err)
 		}
 		b.thaw(id)

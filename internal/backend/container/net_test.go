@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/nookhq/nook/internal/core"
@@ -22,17 +23,26 @@ type fakeNet struct {
 }
 
 func (f *fakeNet) AttachNetns(ctx context.Context, id, path string) error {
-	ino, err := os.Readlink(path)
+	ino, err := nsInode(path)
 	if err != nil {
 		return err
 	}
-	if host, _ := os.Readlink("/proc/self/ns/net"); ino == host {
+	if host, _ := nsInode("/proc/self/ns/net"); ino == host {
 		return fmt.Errorf("%s is the host's network namespace", path)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.attached[id] = ino
 	return nil
+}
+
+// nsInode names the namespace at path (a /proc link, or a file holding one).
+func nsInode(path string) (string, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprint(fi.Sys().(*syscall.Stat_t).Ino), nil
 }
 
 func (f *fakeNet) AttachTap(ctx context.Context, id string) (string, error) {
@@ -78,7 +88,7 @@ func TestNetHooks(t *testing.T) {
 			if err := json.Unmarshal(sb.BackendState, &st); err != nil {
 				t.Fatal(err)
 			}
-			if got, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", st.PID)); got != ino {
+			if got, _ := nsInode(fmt.Sprintf("/proc/%d/ns/net", st.PID)); got != ino {
 				t.Fatalf("attached namespace %s, the agent runs in %s", ino, got)
 			}
 			if err := b.Destroy(ctx, sb.ID); err != nil {

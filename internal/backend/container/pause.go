@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -15,9 +14,51 @@ import (
 
 var _ core.Pauser = (*Backend)(nil)
 
+// A pause either freezes the container (the cgroup freezer: no CPU, its
+// memory kept in RAM) or, with CRIU configured, checkpoints it to disk and
+// ends it (no CPU, no RAM; checkpoint.go).
+
 // PauseKind implements core.Pauser.
-func (b *Backend) PauseKind() string {
+func (b *Backend) PauseKind(id string) string {
+	if b.checkpointed(id) {
+		return "checkpointed: processes saved to disk by CRIU and ended (no CPU, no RAM)"
+	}
 	return "frozen: processes stopped by the cgroup freezer, memory kept in RAM, no CPU"
+}
+
+// Paused implements core.Pauser.
+func (b *Backend) Paused(ctx context.Context, id string) (bool, error) {
+	if b.checkpointed(id) {
+		return true, nil
+	}
+	return b.frozen(id)
+}
+
+// Pause implements core.Pauser.
+func (b *Backend) Pause(ctx context.Context, id string) error {
+	if b.cfg.CRIU != "" {
+		// Not while Status finishes an interrupted checkpoint or restore.
+		unlock := b.rollbacks.Lock(id)
+		defer unlock()
+		return b.checkpoint(ctx, id)
+	}
+	if frozen, err := b.frozen(id); err == nil && frozen {
+		return nil
+	}
+	return b.freeze(ctx, id)
+}
+
+// Resume implements core.Pauser.
+func (b *Backend) Resume(ctx context.Context, id string) error {
+	if b.checkpointed(id) {
+		unlock := b.rollbacks.Lock(id)
+		defer unlock()
+		return b.restore(ctx, id)
+	}
+	if frozen, err := b.frozen(id); err == nil && !frozen {
+		return nil
+	}
+	return b.unfreeze(ctx, id)
 }
 
 // freezerState reads the sandbox's freezer cgroup: FROZEN, FREEZING or THAWED.
@@ -62,32 +103,18 @@ func writeExisting(path, v string) {
 	f.Close()
 }
 
-// Paused implements core.Pauser.
-func (b *Backend) Paused(ctx context.Context, id string) (bool, error) {
+// frozen reports whether the container's cgroup is frozen (or freezing).
+func (b *Backend) frozen(id string) (bool, error) {
 	st, err := b.freezerState(id)
 	return st == "FROZEN" || st == "FREEZING", err
 }
 
-// Pause implements core.Pauser with `runc pause` (the cgroup freezer).
-func (b *Backend) Pause(ctx context.Context, id string) error {
-	if paused, err := b.Paused(ctx, id); err == nil && paused {
-		return nil
-	}
-	return b.runcQuiet(ctx, "pause", id)
+// freeze stops the container's processes with `runc pause`.
+func (b *Backend) freeze(ctx context.Context, id string) error {
+	return b.runc(ctx, id, "pause", id)
 }
 
-// Resume implements core.Pauser with `runc resume`.
-func (b *Backend) Resume(ctx context.Context, id string) error {
-	if paused, err := b.Paused(ctx, id); err == nil && !paused {
-		return nil
-	}
-	return b.runcQuiet(ctx, "resume", id)
-}
-
-func (b *Backend) runcQuiet(ctx context.Context, verb, id string) error {
-	out, err := exec.CommandContext(ctx, b.cfg.Runc, "--root", b.cfg.RuncRoot, verb, id).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("runc %s %s: %w: %s", verb, id, err, bytes.TrimSpace(out))
-	}
-	return nil
+// unfreeze continues them with `runc resume`.
+func (b *Backend) unfreeze(ctx context.Context, id string) error {
+	return b.runc(ctx, id, "resume", id)
 }

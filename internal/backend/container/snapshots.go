@@ -148,7 +148,10 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 	if err := fsutil.Syncfs(upper); err != nil {
 		return core.SnapshotInfo{}, err
 	}
-	paused, err := b.Paused(ctx, id)
+	paused, err := b.frozen(id)
+	if b.checkpointed(id) {
+		paused, err = true, nil // nothing runs: no freeze needed
+	}
 	if err != nil {
 		return core.SnapshotInfo{}, fmt.Errorf("sandbox %s is not running (%w): only a running or paused sandbox can be snapshotted", id, err)
 	}
@@ -159,10 +162,10 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 			return nil
 		}
 		thawed = true
-		err := b.Resume(context.WithoutCancel(ctx), id)
+		err := b.unfreeze(context.WithoutCancel(ctx), id)
 		if err != nil {
 			b.thaw(id) // straight in the cgroup
-			if p, perr := b.Paused(ctx, id); perr == nil && !p {
+			if p, perr := b.frozen(id); perr == nil && !p {
 				err = nil
 			}
 		}
@@ -170,7 +173,7 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 		return err
 	}
 	if !paused {
-		if err := b.Pause(ctx, id); err != nil {
+		if err := b.freeze(ctx, id); err != nil {
 			return core.SnapshotInfo{}, err
 		}
 		defer thaw()
@@ -255,6 +258,7 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 	if err := fsutil.WriteJSONAtomic(filepath.Join(dir, "rollback.json"), pendingRollback{Snapshot: snapID, Old: &old}); err != nil {
 		return err
 	}
+	checkpointed := b.checkpointed(sb.ID)
 	if err := b.stop(ctx, sb.ID); err != nil {
 		os.Remove(filepath.Join(dir, "rollback.json"))
 		return err
@@ -277,8 +281,18 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 		}
 	}
 	if err := b.start(ctx, sb, c, false); err != nil {
-		// Back to the old state, running.
+		// Back to the old state: running, or paused to disk as it was.
 		rerr := errors.Join(os.RemoveAll(upper), os.RemoveAll(filepath.Join(dir, "work")), os.Rename(kept, upper))
+		if checkpointed {
+			if rerr == nil {
+				rerr = fsutil.WriteJSONAtomic(filepath.Join(dir, "chain.json"), old)
+			}
+			os.Remove(filepath.Join(dir, "rollback.json"))
+			if rerr != nil {
+				return fmt.Errorf("%w; and the sandbox's files could not be put back: %v", err, rerr)
+			}
+			return fmt.Errorf("%w (the sandbox is still paused to disk as it was before the rollback)", err)
+		}
 		if rerr == nil {
 			rerr = b.start(ctx, sb, old, false)
 		}
@@ -287,6 +301,10 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 			return fmt.Errorf("%w; and the sandbox could not start again as it was: %v", err, rerr)
 		}
 		return fmt.Errorf("%w (the sandbox runs as it was before the rollback)", err)
+	}
+	// The processes of a pause to disk are of the old state.
+	if err := os.RemoveAll(b.checkpointDir(sb.ID)); err != nil {
+		return err
 	}
 	if err := os.RemoveAll(kept); err != nil {
 		return err

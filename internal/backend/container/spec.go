@@ -24,14 +24,15 @@ var defaultCaps = []string{
 }
 
 // generateSpec builds the OCI runtime spec of a sandbox. The bundle's
-// rootfs is the sandbox's overlay mount; the agent's listening socket is
-// inherited as fd 3.
-func generateSpec(sb *core.Sandbox, agentBinary, cgroupParent string) (*specs.Spec, error) {
+// rootfs is the sandbox's overlay mount; its network namespace is the one
+// held at netns; the agent listens and logs in the sandbox's /.nook.
+func generateSpec(sb *core.Sandbox, agentBinary, cgroupParent, netns string) (*specs.Spec, error) {
 	env := []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"LANG=C.UTF-8",
 		"TERM=xterm-256color",
-		"NOOK_AGENT_LISTEN_FD=3",
+		"NOOK_AGENT_LISTEN=" + agentSocketInSandbox,
+		"NOOK_AGENT_LOG=" + agentLogInSandbox,
 		"NOOK_SANDBOX=" + sb.Name,
 	}
 	keys := make([]string, 0, len(sb.Env))
@@ -82,8 +83,9 @@ func generateSpec(sb *core.Sandbox, agentBinary, cgroupParent string) (*specs.Sp
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
 				{Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
-				// A new, empty network namespace: loopback only, never the host's network.
-				{Type: specs.NetworkNamespace},
+				// The sandbox's own network namespace (loopback, and the
+				// interface the network manager gives it): never the host's.
+				{Type: specs.NetworkNamespace, Path: netns},
 			},
 			MaskedPaths: []string{
 				"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",

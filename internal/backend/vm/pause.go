@@ -65,7 +65,7 @@ func (h head) resumePath(dir string) string {
 }
 
 // PauseKind implements core.Pauser.
-func (b *Backend) PauseKind() string {
+func (b *Backend) PauseKind(id string) string {
 	return "saved: memory and devices written to disk and QEMU stopped (no CPU, no RAM)"
 }
 

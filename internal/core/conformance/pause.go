@@ -25,6 +25,9 @@ func testPause(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)
+	// A pause to disk ends the host's connections to the agent: callers
+	// close theirs first (the daemon does).
+	s.Agent.Close()
 	if err := p.Pause(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +71,7 @@ func testPause(t *testing.T, h Harness) {
 		t.Fatalf("the background process did not survive the pause: %+v %v", ps, err)
 	}
 	// A paused sandbox is destroyed like any other (Create's cleanup checks for leaks).
+	s.Agent.Close()
 	if err := p.Pause(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,336 @@
+package container
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/procfs"
+)
+
+// With CRIU configured, a paused container is checkpointed to disk and
+// ended, so that it holds no RAM; resume restores it with every process,
+// open file and TCP connection. The sandbox's directory then holds:
+//
+//	checkpoint/      CRIU's images of the paused container (committed)
+//	checkpoint.tmp/  a checkpoint being written
+//	restoring        a restore under way
+//	criu/            CRIU's logs
+//
+// A checkpoint freezes the container, dumps it with --leave-running (so it
+// stays frozen and whole until the images are safe), renames the images
+// into place, and only then ends the container. A restore writes
+// `restoring` first and removes the images once the container runs. A
+// crash at any point leaves a state finishCheckpoint completes (Status
+// calls it): images and a live container mean a checkpoint whose
+// container was not ended yet (it is ended), or, with `restoring`, a
+// restore that finished (the images go).
+
+// DefaultCRIU is where scripts/criu.sh installs the CRIU nook builds.
+const DefaultCRIU = "/usr/local/lib/nook/criu/sbin/criu"
+
+// CRIUVersion returns the version of the CRIU binary at path, and whether
+// it can checkpoint nook's containers (CRIU 4 or later: Debian bookworm's
+// 3.17 fails on kernels from 6.13 on).
+func CRIUVersion(ctx context.Context, path string) (version string, ok bool, err error) {
+	out, err := exec.CommandContext(ctx, path, "--version").Output()
+	if err != nil {
+		return "", false, fmt.Errorf("%s --version: %w", path, err)
+	}
+	m := regexp.MustCompile(`Version: (\d+)\.(\d+)(\.\d+)?`).FindStringSubmatch(string(out))
+	if m == nil {
+		return "", false, fmt.Errorf("%s --version printed no version: %q", path, out)
+	}
+	major, _ := strconv.Atoi(m[1])
+	return strings.TrimPrefix(m[0], "Version: "), major >= 4, nil
+}
+
+func (b *Backend) checkpointDir(id string) string { return filepath.Join(b.dir(id), "checkpoint") }
+
+// checkpointed reports whether sandbox id is paused to disk.
+func (b *Backend) checkpointed(id string) bool {
+	_, err := os.Stat(filepath.Join(b.checkpointDir(id), "inventory.img"))
+	return err == nil
+}
+
+// checkpoint pauses sandbox id to disk.
+func (b *Backend) checkpoint(ctx context.Context, id string) error {
+	if b.checkpointed(id) {
+		return nil
+	}
+	dir := b.dir(id)
+	if _, err := b.lookupInit(id); err != nil {
+		return err
+	}
+	start := time.Now()
+	if frozen, err := b.frozen(id); err != nil {
+		return err
+	} else if !frozen {
+		if err := b.freeze(ctx, id); err != nil {
+			return err
+		}
+	}
+	frozenAt := time.Now()
+	final, tmp := b.checkpointDir(id), b.checkpointDir(id)+".tmp"
+	if err := os.RemoveAll(tmp); err != nil {
+		return err
+	}
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return err
+	}
+	work := filepath.Join(dir, "criu")
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return err
+	}
+	// --leave-running: the container stays (frozen) until the images are
+	// safe. The host's connections to the agent are closed by now; the
+	// sandbox's TCP connections are saved with it (--tcp-established), and
+	// so are its file locks.
+	for attempt := 1; ; attempt++ {
+		err := b.runc(ctx, id, "checkpoint", "--image-path", tmp, "--work-path", work,
+			"--leave-running", "--tcp-established", "--file-locks", id)
+		if err == nil {
+			break
+		}
+		why := criuErrors(filepath.Join(work, "dump.log"))
+		// A process frozen between vfork and exec cannot be seized (its
+		// parent never stops): let it run a moment, and try again.
+		if attempt < 3 && strings.Contains(why, "Unseizable") {
+			b.cfg.Log.Info("checkpoint found a process it could not seize; trying again", "sandbox", id, "attempt", attempt)
+			if err := b.unfreeze(ctx, id); err == nil {
+				time.Sleep(20 * time.Millisecond)
+				if err = b.freeze(ctx, id); err == nil {
+					continue
+				}
+			}
+		}
+		os.RemoveAll(tmp)
+		return fmt.Errorf("checkpoint with CRIU: %w%s", err, why)
+	}
+	dumped := time.Now()
+	if err := fsutil.Syncfs(tmp); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	fsutil.SyncDir(dir)
+	// Committed: from here the sandbox is paused to disk whatever happens.
+	if err := b.end(ctx, id); err != nil {
+		return fmt.Errorf("end the checkpointed container: %w", err)
+	}
+	b.cfg.Log.Debug("checkpoint", "sandbox", id, "freeze", frozenAt.Sub(start), "dump", dumped.Sub(frozenAt), "total", time.Since(start))
+	return nil
+}
+
+// lookupInit returns the running init of sandbox id.
+func (b *Backend) lookupInit(id string) (state, error) {
+	var st state
+	if err := fsutil.ReadJSON(filepath.Join(b.dir(id), "init.json"), &st); err != nil || st.PID <= 0 || procfs.StartTime(st.PID) != st.StartTime {
+		return state{}, errdefs.Precondition("sandbox %s is not running", id)
+	}
+	return st, nil
+}
+
+// restore resumes a sandbox paused to disk.
+func (b *Backend) restore(ctx context.Context, id string) error {
+	dir := b.dir(id)
+	// A container still there (a checkpoint a crash cut short of ending
+	// it) is the checkpointed state itself: thaw it and drop the images.
+	if _, err := b.lookupInit(id); err == nil {
+		if frozen, _ := b.frozen(id); frozen {
+			if err := b.unfreeze(ctx, id); err != nil {
+				return err
+			}
+		}
+		return os.RemoveAll(b.checkpointDir(id))
+	}
+	if err := b.checkMemory(id); err != nil {
+		return err
+	}
+	c, err := b.sandboxChain(id)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	lowers, err := b.lowerDirs(c)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := mountOverlay(lowers, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), b.rootfs(id)); err != nil {
+		return err
+	}
+	fail := func(err error) error {
+		// Still paused to disk: the images stay, for another try.
+		if serr := b.stop(context.WithoutCancel(ctx), id); serr != nil {
+			b.cfg.Log.Error("clean up after a failed restore", "sandbox", id, "err", serr)
+		}
+		os.Remove(filepath.Join(dir, "restoring"))
+		return err
+	}
+	// After a host reboot the namespace is gone: a new one gets the
+	// sandbox's network (same address) before the processes come back.
+	made, err := ensureNetns(b.netnsFile(id))
+	if err != nil {
+		return fail(err)
+	}
+	if made && b.cfg.Net != nil {
+		if err := b.cfg.Net.AttachNetns(ctx, id, b.netnsFile(id)); err != nil {
+			return fail(fmt.Errorf("network: %w", err))
+		}
+	}
+	if err := fsutil.WriteFileSync(filepath.Join(dir, "restoring"), nil); err != nil {
+		return fail(err)
+	}
+	work := filepath.Join(dir, "criu")
+	pidFile := filepath.Join(dir, "init.pid")
+	if err := b.runc(ctx, id, "restore", "--detach", "--image-path", b.checkpointDir(id), "--work-path", work,
+		"--tcp-established", "--file-locks", "--pid-file", pidFile, "--bundle", dir, id); err != nil {
+		return fail(fmt.Errorf("restore with CRIU: %w%s", err, criuErrors(filepath.Join(work, "restore.log"))))
+	}
+	restored := time.Now()
+	if err := b.finishRestore(id); err != nil {
+		return err
+	}
+	b.cfg.Log.Debug("restore", "sandbox", id, "criu", restored.Sub(start), "total", time.Since(start))
+	return nil
+}
+
+// finishRestore records the restored container's init and drops the images.
+func (b *Backend) finishRestore(id string) error {
+	dir := b.dir(id)
+	pidBytes, err := os.ReadFile(filepath.Join(dir, "init.pid"))
+	if err != nil {
+		return fmt.Errorf("read restored container's pid: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(pidBytes)))
+	if err != nil {
+		return fmt.Errorf("restored container's pid %q: %w", pidBytes, err)
+	}
+	st, _ := json.Marshal(state{PID: pid, StartTime: procfs.StartTime(pid)})
+	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "init.json"), st); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(b.checkpointDir(id)); err != nil {
+		return err
+	}
+	return os.Remove(filepath.Join(dir, "restoring"))
+}
+
+// finishCheckpoint completes what a crash interrupted (see the top of
+// this file), given whether the sandbox's init runs (by init.json).
+func (b *Backend) finishCheckpoint(ctx context.Context, id string, running bool) error {
+	dir := b.dir(id)
+	marker := filepath.Join(dir, "restoring")
+	os.RemoveAll(b.checkpointDir(id) + ".tmp")
+	_, restoring := os.Stat(marker)
+	switch {
+	case !b.checkpointed(id):
+		if restoring == nil {
+			return os.Remove(marker)
+		}
+		return nil
+	case restoring == nil && b.runcRunning(ctx, id):
+		// The restore had finished: init.pid names the restored init.
+		b.cfg.Log.Info("finishing an interrupted resume", "sandbox", id)
+		return b.finishRestore(id)
+	case restoring == nil:
+		// The restore failed or never ran: still paused to disk.
+		return errors.Join(b.stop(ctx, id), os.Remove(marker))
+	case running:
+		// The checkpoint was taken but had not ended the container yet.
+		b.cfg.Log.Info("finishing an interrupted pause to disk", "sandbox", id)
+		return b.end(ctx, id)
+	}
+	return nil
+}
+
+// runcRunning reports whether runc knows sandbox id's container as running.
+func (b *Backend) runcRunning(ctx context.Context, id string) bool {
+	out, err := exec.CommandContext(ctx, b.cfg.Runc, "--root", b.cfg.RuncRoot, "state", id).Output()
+	if err != nil {
+		return false
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	return json.Unmarshal(out, &st) == nil && st.Status == "running"
+}
+
+// end kills a container that is frozen without thawing it first (its
+// processes must not run on past a checkpoint), then stops it.
+func (b *Backend) end(ctx context.Context, id string) error {
+	if err := b.runc(ctx, id, "delete", "--force", id); err != nil {
+		b.cfg.Log.Warn("runc delete of a frozen container", "sandbox", id, "err", err)
+	}
+	return b.stop(ctx, id)
+}
+
+// checkMemory refuses a restore the host has not the memory for: the
+// checkpoint's pages, against MemAvailable.
+func (b *Backend) checkMemory(id string) error {
+	var need int64
+	entries, _ := os.ReadDir(b.checkpointDir(id))
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "pages-") {
+			if fi, err := e.Info(); err == nil {
+				need += fi.Size()
+			}
+		}
+	}
+	avail, err := memAvailable()
+	if err != nil {
+		return nil // cannot tell: let CRIU try
+	}
+	if need > avail {
+		return errdefs.Precondition("resuming needs %d MiB of memory for the sandbox's processes and the host has %d MiB available: free memory (pause or remove other sandboxes) and resume again", need>>20, avail>>20)
+	}
+	return nil
+}
+
+// memAvailable is /proc/meminfo's MemAvailable in bytes.
+func memAvailable() (int64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no MemAvailable in /proc/meminfo")
+}
+
+// criuErrors is CRIU's error lines from its log, to say why it failed.
+func criuErrors(log string) string {
+	var errs []string
+	for _, l := range strings.Split(tail(log), "\n") {
+		if strings.Contains(l, "Error") {
+			errs = append(errs, strings.TrimSpace(l))
+		}
+	}
+	if len(errs) > 3 {
+		errs = errs[len(errs)-3:]
+	}
+	if len(errs) == 0 {
+		return ""
+	}
+	return " (CRIU: " + strings.Join(errs, "; ") + ")"
+}

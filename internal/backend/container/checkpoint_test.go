@@ -1,0 +1,249 @@
+package container
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/core/conformance"
+	"github.com/nookhq/nook/internal/procfs"
+)
+
+// requireCRIU returns the CRIU >= 4 that scripts/criu.sh installs, or skips.
+func requireCRIU(t *testing.T) string {
+	t.Helper()
+	if _, err := os.Stat(DefaultCRIU); err != nil {
+		t.Skipf("CRIU >= 4 is not installed at %s (scripts/criu.sh, run by make deps, builds it): %v", DefaultCRIU, err)
+	}
+	v, ok, err := CRIUVersion(context.Background(), DefaultCRIU)
+	if err != nil || !ok {
+		t.Skipf("%s is not a usable CRIU >= 4 (%s): %v", DefaultCRIU, v, err)
+	}
+	return DefaultCRIU
+}
+
+func newCheckpointBackend(t *testing.T) (*Backend, conformance.Harness) {
+	criu := requireCRIU(t)
+	b, h := newTestBackend(t)
+	b.cfg.CRIU = criu
+	return b, h
+}
+
+// twin is a second Backend on the same directories: the daemon after a restart.
+func twin(b *Backend) *Backend {
+	cfg := b.cfg
+	cfg.WarmPool = 0
+	return New(cfg)
+}
+
+// The whole conformance suite with pauses to disk.
+func TestConformanceCheckpoint(t *testing.T) {
+	_, h := newCheckpointBackend(t)
+	conformance.Run(t, h)
+}
+
+// memoryScript keeps its state only in memory (a shell counter, a TCP
+// connection over loopback) and reports it in files.
+const memoryScript = `import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 9000)); s.listen()
+c = socket.create_connection(("127.0.0.1", 9000)); a, _ = s.accept()
+i = 0
+while True:
+    i += 1
+    c.sendall(b"%d\n" % i)
+    got = a.recv(100).decode().strip()
+    with open("/tmp/tcp.tmp", "w") as f: f.write(got)
+    import os; os.rename("/tmp/tcp.tmp", "/tmp/tcp")
+    time.sleep(0.02)
+`
+
+func counters(t *testing.T, s *conformance.Sandbox) (count, tcp int) {
+	t.Helper()
+	out := strings.Fields(s.Sh(t, "cat /tmp/count /tmp/tcp"))
+	if len(out) != 2 {
+		t.Fatalf("counters: %q", out)
+	}
+	count, _ = strconv.Atoi(out[0])
+	tcp, _ = strconv.Atoi(out[1])
+	return count, tcp
+}
+
+// TestCheckpointPauseResume: a pause to disk ends every process of the
+// container (no process, cgroup or mount left; only files), survives a
+// daemon restart, and a resume brings back the same processes with their
+// memory and their TCP connection.
+func TestCheckpointPauseResume(t *testing.T) {
+	b, h := newCheckpointBackend(t)
+	ctx := context.Background()
+	s := conformance.Create(t, h, "ckpt")
+	pid, err := s.Agent.Start(ctx, &agent.ExecRequest{Argv: []string{"sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /tmp/count.tmp; mv /tmp/count.tmp /tmp/count; sleep 0.02; done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Sh(t, "cat > /tmp/tcp.py <<'EOF'\n"+memoryScript+"EOF")
+	if _, err := s.Agent.Start(ctx, &agent.ExecRequest{Argv: []string{"python3", "/tmp/tcp.py"}}); err != nil {
+		t.Fatal(err)
+	}
+	// Far enough that a restart (from 1) cannot pass for going on.
+	deadline := time.Now().Add(20 * time.Second)
+	for s.Sh(t, "test -s /tmp/tcp && test -s /tmp/count && echo ok || true") != "ok\n" {
+		if time.Now().After(deadline) {
+			t.Fatal("the sandbox's counters did not start")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for c, tc := counters(t, s); c < 20 || tc < 20; c, tc = counters(t, s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox's counters are slow: %d %d", c, tc)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c0, t0 := counters(t, s)
+	var init state
+	if err := readState(b, s.ID, &init); err != nil {
+		t.Fatal(err)
+	}
+
+	s.Agent.Close()
+	if err := b.Pause(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if k := b.PauseKind(s.ID); !strings.HasPrefix(k, "checkpointed") {
+		t.Fatalf("pause kind %q", k)
+	}
+	// Nothing of it runs or holds memory: its init is gone, and so are
+	// its cgroups and its root mount.
+	if procfs.StartTime(init.PID) == init.StartTime {
+		t.Fatalf("the sandbox's init %d still runs after a pause to disk", init.PID)
+	}
+	for _, c := range []string{"memory", "pids", "freezer"} {
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", c, b.cfg.CgroupParent, s.ID)); err == nil {
+			t.Fatalf("the %s cgroup of a checkpointed sandbox is still there", c)
+		}
+	}
+	if isMount(b.rootfs(s.ID)) {
+		t.Fatal("a checkpointed sandbox's root is still mounted")
+	}
+	if !isNetns(b.netnsFile(s.ID)) {
+		t.Fatal("a checkpointed sandbox lost its network namespace")
+	}
+	// The daemon restarts: the sandbox is still paused, to disk.
+	b2 := twin(b)
+	if st, err := b2.Status(ctx, s.Sandbox); err != nil || st.State != core.RuntimeSaved {
+		t.Fatalf("status after restart: %v %v", st, err)
+	}
+	if paused, err := b2.Paused(ctx, s.ID); err != nil || !paused {
+		t.Fatalf("Paused after restart = %v, %v", paused, err)
+	}
+	before := time.Now()
+	if err := b2.Resume(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("resume took %v", time.Since(before))
+	if st, err := b2.Status(ctx, s.Sandbox); err != nil || st.State != core.RuntimeRunning {
+		t.Fatalf("status after resume: %v %v", st, err)
+	}
+	if b2.checkpointed(s.ID) {
+		t.Fatal("the checkpoint's images are still there after a resume")
+	}
+	// Same processes, same memory: the counters go on from where they
+	// were (a restart would begin at 1), and the TCP connection still works.
+	c1, t1 := counters(t, s)
+	time.Sleep(300 * time.Millisecond)
+	c2, t2 := counters(t, s)
+	if c2 <= c1 || t2 <= t1 || c1 < c0 || t1 < t0 {
+		t.Fatalf("counters: before the pause count %d tcp %d; after the resume count %d then %d, tcp %d then %d", c0, t0, c1, c2, t1, t2)
+	}
+	ps, err := s.Agent.Processes(ctx)
+	if err != nil || len(ps) != 2 || ps[0].PID != pid || !ps[0].Running || !ps[1].Running {
+		t.Fatalf("processes after resume: %+v %v", ps, err)
+	}
+	// Paused to disk again and destroyed: Create's cleanup checks for leaks.
+	s.Agent.Close()
+	if err := b2.Pause(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readState(b *Backend, id string, st *state) error {
+	var err error
+	*st, err = b.lookupInit(id)
+	return err
+}
+
+func isMount(path string) bool {
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	return err == nil && strings.Contains(string(mi), " "+path+" ")
+}
+
+// A crash between the checkpoint's commit and the end of the container
+// leaves both; Status ends the container, and the sandbox is paused to disk.
+func TestCheckpointFinishedAfterCrash(t *testing.T) {
+	b, h := newCheckpointBackend(t)
+	ctx := context.Background()
+	s := conformance.Create(t, h, "ckpt-crash")
+	s.Sh(t, "echo kept > /root/f")
+	s.Agent.Close()
+	// The checkpoint's steps up to its commit, without the end.
+	if err := b.freeze(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.runc(ctx, s.ID, "checkpoint", "--image-path", b.checkpointDir(s.ID), "--work-path", filepath.Join(b.dir(s.ID), "criu"),
+		"--leave-running", "--tcp-established", "--file-locks", s.ID); err != nil {
+		t.Fatal(err)
+	}
+	init, err := b.lookupInit(s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2 := twin(b)
+	if st, err := b2.Status(ctx, s.Sandbox); err != nil || st.State != core.RuntimeSaved {
+		t.Fatalf("status after the crash: %v %v", st, err)
+	}
+	if procfs.StartTime(init.PID) == init.StartTime {
+		t.Fatal("the checkpointed container still runs")
+	}
+	if err := b2.Resume(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Sh(t, "cat /root/f"); got != "kept\n" {
+		t.Fatalf("after resume: %q", got)
+	}
+
+	// A crash after CRIU restored the container, before the images went:
+	// Status finishes the resume.
+	s.Agent.Close()
+	if err := b2.Pause(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	dir := b2.dir(s.ID)
+	lowers, err := b2.lowerDirs(chain{Template: s.TemplateID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mountOverlay(lowers, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), b2.rootfs(s.ID)); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "restoring"), nil, 0o600)
+	if err := b2.runc(ctx, s.ID, "restore", "--detach", "--image-path", b2.checkpointDir(s.ID), "--work-path", filepath.Join(dir, "criu"),
+		"--tcp-established", "--file-locks", "--pid-file", filepath.Join(dir, "init.pid"), "--bundle", dir, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	b3 := twin(b)
+	if st, err := b3.Status(ctx, s.Sandbox); err != nil || st.State != core.RuntimeRunning {
+		t.Fatalf("status after a crash mid-resume: %v %v", st, err)
+	}
+	if paused, _ := b3.Paused(ctx, s.ID); paused || b3.checkpointed(s.ID) {
+		t.Fatal("still paused after the resume was finished")
+	}
+	if got := s.Sh(t, "cat /root/f"); got != "kept\n" {
+		t.Fatalf("after the finished resume: %q", got)
+	}
+}
