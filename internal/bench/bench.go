@@ -4,6 +4,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -39,6 +40,9 @@ type Config struct {
 	OnlyNet      bool   // measure only sandbox networking
 	Out          io.Writer
 	coldVM       bool // vm sandboxes boot instead of restoring the template snapshot
+	// containerPause is the daemon's --container-pause ("freeze" unless a
+	// benchmark asks for checkpoints).
+	containerPause string
 	// The vm snapshot benchmarks (snapshots.go).
 	OnlySnapshots  bool // measure only pause, resume, snapshots and forks of vms
 	SnapshotRounds int  // pause/resume rounds (forks: half as many); default 20
@@ -93,6 +97,9 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		if err := runContainerSnapshots(ctx, cfg, root, rootfs, bare); err != nil {
 			return fmt.Errorf("container snapshots: %w", err)
+		}
+		if err := runCheckpoint(ctx, cfg, root, rootfs); err != nil {
+			return fmt.Errorf("container checkpoints: %w", err)
 		}
 		if !cfg.VM {
 			return nil
@@ -161,6 +168,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := runContainerSnapshots(ctx, cfg, root, rootfs, bare); err != nil {
 		return fmt.Errorf("container snapshots: %w", err)
 	}
+	if err := runCheckpoint(ctx, cfg, root, rootfs); err != nil {
+		return fmt.Errorf("container checkpoints: %w", err)
+	}
 	fmt.Fprintln(cfg.Out)
 	if err := runNetwork(ctx, cfg, root); err != nil {
 		return fmt.Errorf("network benchmarks: %w", err)
@@ -198,7 +208,7 @@ func serve(ctx context.Context, cfg Config, root string, pool int) (*sdk.Client,
 			Socket: sock, Ready: func() { close(ready) },
 			Daemon: daemon.Config{DataDir: filepath.Join(root, "data"), RunDir: filepath.Join(root, "run"), TemplatesDir: cfg.TemplatesDir,
 				VMCacheDir: cfg.VMCacheDir, AgentBinary: cfg.AgentBinary, CgroupParent: "nook-bench", WarmPool: pool, Log: log,
-				VMColdBoot: cfg.coldVM},
+				VMColdBoot: cfg.coldVM, ContainerPause: cmp.Or(cfg.containerPause, "freeze")},
 		})
 	}()
 	select {

@@ -119,7 +119,7 @@ func (b *Backend) checkpoint(ctx context.Context, id string) error {
 		return fmt.Errorf("checkpoint with CRIU: %w%s", err, why)
 	}
 	dumped := time.Now()
-	if err := fsutil.Syncfs(tmp); err != nil {
+	if err := syncFiles(tmp); err != nil {
 		os.RemoveAll(tmp)
 		return err
 	}
@@ -128,11 +128,13 @@ func (b *Backend) checkpoint(ctx context.Context, id string) error {
 		return err
 	}
 	fsutil.SyncDir(dir)
+	committed := time.Now()
 	// Committed: from here the sandbox is paused to disk whatever happens.
 	if err := b.end(ctx, id); err != nil {
 		return fmt.Errorf("end the checkpointed container: %w", err)
 	}
-	b.cfg.Log.Debug("checkpoint", "sandbox", id, "freeze", frozenAt.Sub(start), "dump", dumped.Sub(frozenAt), "total", time.Since(start))
+	b.cfg.Log.Debug("checkpoint", "sandbox", id, "freeze", frozenAt.Sub(start), "dump", dumped.Sub(frozenAt),
+		"commit", committed.Sub(dumped), "end", time.Since(committed), "total", time.Since(start))
 	return nil
 }
 
@@ -275,8 +277,34 @@ func (b *Backend) runcRunning(ctx context.Context, id string) bool {
 func (b *Backend) end(ctx context.Context, id string) error {
 	if err := b.runc(ctx, id, "delete", "--force", id); err != nil {
 		b.cfg.Log.Warn("runc delete of a frozen container", "sandbox", id, "err", err)
+		return b.stop(ctx, id)
 	}
-	return b.stop(ctx, id)
+	return errors.Join(b.removeCgroups(id), unmount(b.rootfs(id)))
+}
+
+// syncFiles flushes every file in dir, and dir (cheaper than syncfs of
+// a filesystem other sandboxes write to).
+func syncFiles(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	fsutil.SyncDir(dir)
+	return nil
 }
 
 // checkMemory refuses a restore the host has not the memory for: the

@@ -1,0 +1,172 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/backend/container"
+)
+
+// runCheckpoint measures container pauses to disk (CRIU) through the API:
+// pause, and resume -> first exec output, of a sandbox running a
+// background process; beside bare `runc checkpoint` and `runc restore`
+// of a plain container of the same rootfs, measured in the same run.
+func runCheckpoint(ctx context.Context, cfg Config, root, rootfs string) (err error) {
+	out := cfg.Out
+	if _, _, err := container.CRIUVersion(ctx, container.DefaultCRIU); err != nil {
+		fmt.Fprintf(out, "\ncontainer checkpoints skipped: no CRIU >= 4 at %s (scripts/criu.sh builds it)\n", container.DefaultCRIU)
+		return nil
+	}
+	rounds := max(cfg.SnapshotRounds/2, 10)
+	fmt.Fprintf(out, "\ncontainer pause to disk (CRIU): bare runc checkpoint/restore %d times (baseline); nook pause, resume -> first exec output %d times...\n", rounds, rounds)
+	bareCk, bareRe, err := bareCheckpoint(ctx, root, rootfs, rounds)
+	if err != nil {
+		return fmt.Errorf("bare runc checkpoint baseline: %w", err)
+	}
+	c := cfg
+	c.containerPause = "checkpoint"
+	cl, stop, err := serve(ctx, c, filepath.Join(root, "ckpt"), -1)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		err = errors.Join(err, destroyAll(cl))
+		stop()
+	}()
+	const name = "ckpt"
+	if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: name}); err != nil {
+		return err
+	}
+	if _, err := cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"sh", "-c", "sleep 100000 &"}}, io.Discard, io.Discard); err != nil {
+		return err
+	}
+	sb, err := cl.GetSandbox(ctx, name)
+	if err != nil {
+		return err
+	}
+	var pause, resume []time.Duration
+	var cgroupLeft bool
+	var imageBytes int64
+	for i := 0; i < rounds; i++ {
+		t0 := time.Now()
+		if _, err := cl.PauseSandbox(ctx, name); err != nil {
+			return err
+		}
+		pause = append(pause, time.Since(t0))
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory/nook-bench", sb.ID)); err == nil {
+			cgroupLeft = true
+		}
+		imageBytes = dirBytes(filepath.Join(root, "ckpt", "data", "sandboxes", sb.ID, "checkpoint"))
+		t1 := time.Now()
+		if _, err := cl.ResumeSandbox(ctx, name); err != nil {
+			return err
+		}
+		d, err := firstOutput(ctx, cl, name, t1)
+		if err != nil {
+			return err
+		}
+		resume = append(resume, d)
+	}
+	held := "none: no process, no cgroup"
+	if cgroupLeft {
+		held = "its memory cgroup was still there"
+	}
+	fmt.Fprintln(out)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "metric\tp50\tp99\tbaseline\tbaseline p50\tbaseline p99\tratio p50")
+	fmt.Fprintf(tw, "pause to disk (container, CRIU)\t%s\t%s\tbare runc checkpoint\t%s\t%s\t%.2fx\n", ms(pct(pause, .5)), ms(pct(pause, .99)), ms(pct(bareCk, .5)), ms(pct(bareCk, .99)), float64(pct(pause, .5))/float64(pct(bareCk, .5)))
+	fmt.Fprintf(tw, "resume from disk -> first exec output\t%s\t%s\tbare runc restore\t%s\t%s\t%.2fx\n", ms(pct(resume, .5)), ms(pct(resume, .99)), ms(pct(bareRe, .5)), ms(pct(bareRe, .99)), float64(pct(resume, .5))/float64(pct(bareRe, .5)))
+	fmt.Fprintf(tw, "while paused: RAM held\t%s\t\timages on disk\t%d KiB\t\t\n", held, imageBytes>>10)
+	return tw.Flush()
+}
+
+// bareCheckpoint times `runc checkpoint` and `runc restore --detach` of a
+// plain container (sleep, a read-only copy of the rootfs, its own network
+// namespace), n times each.
+func bareCheckpoint(ctx context.Context, root, rootfs string, n int) (ck, re []time.Duration, err error) {
+	bundle := filepath.Join(root, "bare-ckpt")
+	if err := os.MkdirAll(bundle, 0o755); err != nil {
+		return nil, nil, err
+	}
+	if out, err := exec.CommandContext(ctx, "runc", "spec", "--bundle", bundle).CombinedOutput(); err != nil {
+		return nil, nil, fmt.Errorf("runc spec: %v: %s", err, out)
+	}
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, nil, err
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return nil, nil, err
+	}
+	spec.Root = &specs.Root{Path: rootfs, Readonly: true}
+	spec.Process.Terminal = false
+	spec.Process.Args = []string{"sleep", "100000"}
+	spec.Linux.CgroupsPath = "/nook-bench-bare/ckpt"
+	if b, err = json.Marshal(&spec); err != nil {
+		return nil, nil, err
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o644); err != nil {
+		return nil, nil, err
+	}
+	runcRoot := filepath.Join(root, "runc-bare-ckpt")
+	log := filepath.Join(root, "bare-ckpt.log")
+	runc := func(args ...string) error {
+		// No stdio: a detached container would hold a pipe open.
+		cmd := exec.CommandContext(ctx, "runc", append([]string{"--root", runcRoot, "--criu", container.DefaultCRIU, "--log", log}, args...)...)
+		if err := cmd.Run(); err != nil {
+			msg, _ := os.ReadFile(log)
+			return fmt.Errorf("runc %s: %v: %s", strings.Join(args, " "), err, msg)
+		}
+		return nil
+	}
+	const id = "bare-ckpt"
+	defer func() {
+		runc("delete", "--force", id)
+		for _, c := range []string{"cpu", "cpuacct", "cpuset", "pids", "memory", "blkio", "devices", "freezer", "systemd", "unified"} {
+			os.Remove(filepath.Join("/sys/fs/cgroup", c, "nook-bench-bare", "ckpt"))
+			os.Remove(filepath.Join("/sys/fs/cgroup", c, "nook-bench-bare"))
+		}
+	}()
+	if err := runc("run", "--detach", "--bundle", bundle, id); err != nil {
+		return nil, nil, err
+	}
+	images := filepath.Join(root, "bare-images")
+	for i := 0; i < n; i++ {
+		os.RemoveAll(images)
+		t0 := time.Now()
+		if err := runc("checkpoint", "--image-path", images, "--work-path", filepath.Join(root, "bare-work"), id); err != nil {
+			return nil, nil, err
+		}
+		t1 := time.Now()
+		if err := runc("restore", "--detach", "--image-path", images, "--work-path", filepath.Join(root, "bare-work"), "--bundle", bundle, id); err != nil {
+			return nil, nil, err
+		}
+		ck, re = append(ck, t1.Sub(t0)), append(re, time.Since(t1))
+	}
+	return ck, re, nil
+}
+
+// dirBytes is the disk the files of dir use.
+func dirBytes(dir string) int64 {
+	var n int64
+	filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
