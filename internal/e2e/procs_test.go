@@ -309,3 +309,50 @@ func testPauseResume(t *testing.T, mode string) {
 		t.Fatalf("pause of a missing sandbox: %+v", r)
 	}
 }
+
+// A kill -9 of the daemon at any moment of a container's pause to disk or
+// its resume leaves the old state or the new one: afterwards the sandbox
+// is paused or running, an exec answers, and its background process is
+// the same one, its memory intact (its counter goes on).
+func TestKill9DuringCheckpoint(t *testing.T) {
+	if _, err := os.Stat(container.DefaultCRIU); err != nil {
+		t.Skipf("CRIU >= 4 is not installed at %s (scripts/criu.sh, run by make deps, builds it)", container.DefaultCRIU)
+	}
+	d := newDaemon(t, "--container-pause", "checkpoint")
+	d.must("create", "--name", "ck")
+	pid := strings.TrimSpace(d.must("exec", "-d", "ck", "--", "sh", "-c", "n=0; while :; do n=$((n+1)); echo $n > /tmp/n; sleep 0.02; done"))
+	last := 0
+	for i, delay := range []time.Duration{10, 40, 80, 120, 160, 220, 300, 30} {
+		var sb api.Sandbox
+		json.Unmarshal([]byte(d.must("inspect", "ck", "--json")), &sb)
+		op := "pause"
+		if sb.State == api.StatePaused {
+			op = "resume"
+		}
+		done := make(chan struct{})
+		go func() { d.nook(op, "ck"); close(done) }()
+		time.Sleep(delay * time.Millisecond)
+		d.stop(syscall.SIGKILL)
+		<-done
+		d.start("--container-pause", "checkpoint")
+		json.Unmarshal([]byte(d.must("inspect", "ck", "--json")), &sb)
+		if sb.State != api.StatePaused && sb.State != api.StateRunning {
+			t.Fatalf("after a kill -9 %v into %s (round %d): %s (%s)", delay, op, i, sb.State, sb.Reason)
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(d.must("exec", "ck", "--", "cat", "/tmp/n")))
+		if n < last {
+			t.Fatalf("after a kill -9 %v into %s: the counter went back from %d to %d (its memory was lost)", delay, op, last, n)
+		}
+		last = n
+		var ps []api.Process
+		json.Unmarshal([]byte(d.must("ps", "ck", "--json")), &ps)
+		if len(ps) != 1 || strconv.Itoa(ps[0].PID) != pid || !ps[0].Running {
+			t.Fatalf("after a kill -9 %v into %s: background process %+v", delay, op, ps)
+		}
+		if i%2 == 1 { // sometimes leave it paused for the next round
+			d.must("pause", "ck")
+		}
+	}
+	json.Unmarshal([]byte(d.must("inspect", "ck", "--json")), &api.Sandbox{})
+	d.must("rm", "ck")
+}

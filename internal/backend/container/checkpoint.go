@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/procfs"
@@ -97,19 +99,26 @@ func (b *Backend) checkpoint(ctx context.Context, id string) error {
 	// safe. The host's connections to the agent are closed by now; the
 	// sandbox's TCP connections are saved with it (--tcp-established), and
 	// so are its file locks.
+	lock, err := b.lockCRIU(id)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
 	for attempt := 1; ; attempt++ {
-		err := b.runc(ctx, id, "checkpoint", "--image-path", tmp, "--work-path", work,
+		err := b.runcFiles(ctx, id, []*os.File{lock}, "checkpoint", "--image-path", tmp, "--work-path", work,
 			"--leave-running", "--tcp-established", "--file-locks", id)
 		if err == nil {
 			break
 		}
 		why := criuErrors(filepath.Join(work, "dump.log"))
 		// A process frozen between vfork and exec cannot be seized (its
-		// parent never stops): let it run a moment, and try again.
-		if attempt < 3 && strings.Contains(why, "Unseizable") {
-			b.cfg.Log.Info("checkpoint found a process it could not seize; trying again", "sandbox", id, "attempt", attempt)
+		// parent never stops), and the agent may not have closed a
+		// connection the host just dropped (its peer is outside, so CRIU
+		// cannot save it): let it run a moment, and try again.
+		if attempt < 3 && (strings.Contains(why, "Unseizable") || strings.Contains(why, "sk-unix")) {
+			b.cfg.Log.Info("checkpoint found a process it could not seize or a connection from the host; trying again", "sandbox", id, "attempt", attempt, "err", why)
 			if err := b.unfreeze(ctx, id); err == nil {
-				time.Sleep(20 * time.Millisecond)
+				time.Sleep(50 * time.Millisecond)
 				if err = b.freeze(ctx, id); err == nil {
 					continue
 				}
@@ -163,6 +172,11 @@ func (b *Backend) restore(ctx context.Context, id string) error {
 	if err := b.checkMemory(id); err != nil {
 		return err
 	}
+	// What a restore or a checkpoint a crash cut short left: runc's state
+	// of a container that is no more, a mount.
+	if err := b.stop(ctx, id); err != nil {
+		return err
+	}
 	c, err := b.sandboxChain(id)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err)
@@ -199,7 +213,12 @@ func (b *Backend) restore(ctx context.Context, id string) error {
 	}
 	work := filepath.Join(dir, "criu")
 	pidFile := filepath.Join(dir, "init.pid")
-	if err := b.runc(ctx, id, "restore", "--detach", "--image-path", b.checkpointDir(id), "--work-path", work,
+	lock, err := b.lockCRIU(id)
+	if err != nil {
+		return fail(err)
+	}
+	defer lock.Close()
+	if err := b.runcFiles(ctx, id, []*os.File{lock}, "restore", "--detach", "--image-path", b.checkpointDir(id), "--work-path", work,
 		"--tcp-established", "--file-locks", "--pid-file", pidFile, "--bundle", dir, id); err != nil {
 		return fail(fmt.Errorf("restore with CRIU: %w%s", err, criuErrors(filepath.Join(work, "restore.log"))))
 	}
@@ -237,8 +256,17 @@ func (b *Backend) finishRestore(id string) error {
 func (b *Backend) finishCheckpoint(ctx context.Context, id string, running bool) error {
 	dir := b.dir(id)
 	marker := filepath.Join(dir, "restoring")
-	os.RemoveAll(b.checkpointDir(id) + ".tmp")
 	_, restoring := os.Stat(marker)
+	_, dumping := os.Stat(b.checkpointDir(id) + ".tmp")
+	if restoring == nil || dumping == nil {
+		// The runc of a daemon that died may still be at work: wait for it.
+		lock, err := b.lockCRIU(id)
+		if err != nil {
+			return err
+		}
+		lock.Close()
+	}
+	os.RemoveAll(b.checkpointDir(id) + ".tmp")
 	switch {
 	case !b.checkpointed(id):
 		if restoring == nil {
@@ -258,6 +286,21 @@ func (b *Backend) finishCheckpoint(ctx context.Context, id string, running bool)
 		return b.end(ctx, id)
 	}
 	return nil
+}
+
+// lockCRIU takes the sandbox's CRIU lock, waiting for it. It is passed
+// on to the runc of a checkpoint or a restore, so that it is held while
+// that runc runs, even after the daemon that started it died.
+func (b *Backend) lockCRIU(id string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(b.dir(id), "criu.lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+	}
+	return f, nil
 }
 
 // runcRunning reports whether runc knows sandbox id's container as running.

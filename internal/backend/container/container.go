@@ -255,12 +255,18 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bo
 // (a started container inherits it), its errors logged to the sandbox's
 // runc.log and returned with that log's end.
 func (b *Backend) runc(ctx context.Context, id string, args ...string) error {
+	return b.runcFiles(ctx, id, nil, args...)
+}
+
+// runcFiles is runc with files the runc process inherits (fd 3 on).
+func (b *Backend) runcFiles(ctx context.Context, id string, files []*os.File, args ...string) error {
 	log := filepath.Join(b.dir(id), "runc.log")
 	full := append([]string{"--root", b.cfg.RuncRoot, "--log", log, "--log-format", "text"}, args...)
 	if b.cfg.CRIU != "" {
 		full = append([]string{"--criu", b.cfg.CRIU}, full...)
 	}
 	cmd := exec.CommandContext(ctx, b.cfg.Runc, full...)
+	cmd.ExtraFiles = files
 	// Its own process group: a Ctrl-C aimed at the daemon's terminal must not reach sandboxes.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Run(); err != nil {
