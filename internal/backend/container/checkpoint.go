@@ -162,12 +162,15 @@ func (b *Backend) restore(ctx context.Context, id string) error {
 	// A container still there (a checkpoint a crash cut short of ending
 	// it) is the checkpointed state itself: thaw it and drop the images.
 	if _, err := b.lookupInit(id); err == nil {
-		if frozen, _ := b.frozen(id); frozen {
-			if err := b.unfreeze(ctx, id); err != nil {
-				return err
-			}
+		// The images go first: a crash after the thaw must not leave
+		// images older than a container that ran on.
+		if err := os.RemoveAll(b.checkpointDir(id)); err != nil {
+			return err
 		}
-		return os.RemoveAll(b.checkpointDir(id))
+		if frozen, _ := b.frozen(id); frozen {
+			return b.unfreeze(ctx, id)
+		}
+		return nil
 	}
 	if err := b.checkMemory(id); err != nil {
 		return err
@@ -281,9 +284,15 @@ func (b *Backend) finishCheckpoint(ctx context.Context, id string, running bool)
 		// The restore failed or never ran: still paused to disk.
 		return errors.Join(b.stop(ctx, id), os.Remove(marker))
 	case running:
-		// The checkpoint was taken but had not ended the container yet.
-		b.cfg.Log.Info("finishing an interrupted pause to disk", "sandbox", id)
-		return b.end(ctx, id)
+		if frozen, _ := b.frozen(id); frozen {
+			// The checkpoint was taken but had not ended the container yet.
+			b.cfg.Log.Info("finishing an interrupted pause to disk", "sandbox", id)
+			return b.end(ctx, id)
+		}
+		// A container that runs on (a rollback that had started it anew)
+		// makes the images stale.
+		b.cfg.Log.Info("dropping a checkpoint older than the running container", "sandbox", id)
+		return os.RemoveAll(b.checkpointDir(id))
 	}
 	return nil
 }

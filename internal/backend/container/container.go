@@ -226,6 +226,11 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bo
 	// The agent listens in the sandbox's root (the daemon dials it through
 	// the overlay, see inroot.go) and has no stdio of the host's: both are
 	// what lets CRIU checkpoint the container.
+	// A container started by an earlier nook listened on a host socket:
+	// this one does not, and dialAgent must not find the old one.
+	if err := os.Remove(b.socket(sb.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	pidFile := filepath.Join(dir, "init.pid")
 	runStart := time.Now()
 	if err := b.runc(ctx, sb.ID, "run", "--detach", "--pid-file", pidFile, "--bundle", dir, sb.ID); err != nil {
