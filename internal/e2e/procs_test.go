@@ -244,7 +244,13 @@ func testPauseResume(t *testing.T, mode string) {
 	}
 	d.must("create", "--name", "nap")
 	pid := strings.TrimSpace(d.must("exec", "-d", "nap", "--", "sh", "-c", "echo started; n=0; while :; do n=$((n+1)); echo $n > /tmp/n; sleep 0.05; done"))
-	time.Sleep(300 * time.Millisecond)
+	// The counter has begun (a loaded host can take a while to start it).
+	for deadline := time.Now().Add(20 * time.Second); strings.TrimSpace(d.must("exec", "nap", "--", "sh", "-c", "cat /tmp/n 2>/dev/null || true")) == ""; {
+		if time.Now().After(deadline) {
+			t.Fatal("the background counter did not start")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	d.must("pause", "nap")
 	var sb api.Sandbox
 	json.Unmarshal([]byte(d.must("inspect", "nap", "--json")), &sb)
