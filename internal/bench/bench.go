@@ -220,9 +220,7 @@ func serve(ctx context.Context, cfg Config, root string, pool int) (*sdk.Client,
 	done := func() {
 		stop()
 		<-errc
-		for _, c := range []string{"cpu", "cpuacct", "cpuset", "pids", "memory", "blkio", "devices", "freezer", "systemd", "unified"} {
-			os.Remove(filepath.Join("/sys/fs/cgroup", c, "nook-bench"))
-		}
+		removeCgroups("nook-bench")
 	}
 	cl, err := sdk.New("unix://"+sock, "")
 	if err != nil {
@@ -444,35 +442,10 @@ func (f *firstWrite) Write(p []byte) (int, error) {
 // read-only as a lower layer is.
 func bareRunc(ctx context.Context, root, rootfs string, n int) ([]time.Duration, error) {
 	bundle := filepath.Join(root, "bare")
-	if err := os.MkdirAll(bundle, 0o755); err != nil {
+	if err := bareBundle(ctx, bundle, rootfs, "/nook-bench-bare/c", "echo", "hi"); err != nil {
 		return nil, err
 	}
-	if out, err := exec.CommandContext(ctx, "runc", "spec", "--bundle", bundle).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("runc spec: %v: %s", err, out)
-	}
-	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
-	if err != nil {
-		return nil, err
-	}
-	var spec specs.Spec
-	if err := json.Unmarshal(b, &spec); err != nil {
-		return nil, err
-	}
-	spec.Root = &specs.Root{Path: rootfs, Readonly: true}
-	spec.Process.Terminal = false
-	spec.Process.Args = []string{"echo", "hi"}
-	spec.Linux.CgroupsPath = "/nook-bench-bare/c"
-	if b, err = json.Marshal(&spec); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o644); err != nil {
-		return nil, err
-	}
-	defer func() {
-		for _, c := range []string{"cpu", "cpuacct", "cpuset", "pids", "memory", "blkio", "devices", "freezer", "systemd", "unified"} {
-			os.Remove(filepath.Join("/sys/fs/cgroup", c, "nook-bench-bare"))
-		}
-	}()
+	defer removeCgroups("nook-bench-bare")
 	var out []time.Duration
 	for i := 0; i < n; i++ {
 		cmd := exec.CommandContext(ctx, "runc", "--root", filepath.Join(root, "runc-bare"), "run", "--bundle", bundle, fmt.Sprintf("bare-%d", i))
@@ -496,4 +469,42 @@ func bareRunc(ctx context.Context, root, rootfs string, n int) ([]time.Duration,
 		}
 	}
 	return out, nil
+}
+
+// bareBundle writes a runc bundle at dir with runc's own default spec
+// (`runc spec`), pointed at rootfs read-only (as a lower layer is), in
+// cgroup cgroupsPath, running args.
+func bareBundle(ctx context.Context, dir, rootfs, cgroupsPath string, args ...string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "runc", "spec", "--bundle", dir).CombinedOutput(); err != nil {
+		return fmt.Errorf("runc spec: %v: %s", err, out)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return err
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return err
+	}
+	spec.Root = &specs.Root{Path: rootfs, Readonly: true}
+	spec.Process.Terminal = false
+	spec.Process.Args = args
+	spec.Linux.CgroupsPath = cgroupsPath
+	if b, err = json.Marshal(&spec); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644)
+}
+
+// removeCgroups removes the (empty) cgroups at path, deepest first, in
+// every hierarchy.
+func removeCgroups(paths ...string) {
+	for _, c := range []string{"cpu", "cpuacct", "cpuset", "pids", "memory", "blkio", "devices", "freezer", "systemd", "unified"} {
+		for _, p := range paths {
+			os.Remove(filepath.Join("/sys/fs/cgroup", c, p))
+		}
+	}
 }

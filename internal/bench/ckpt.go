@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,8 +11,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/backend/container"
@@ -97,28 +94,7 @@ func runCheckpoint(ctx context.Context, cfg Config, root, rootfs string) (err er
 // namespace), n times each.
 func bareCheckpoint(ctx context.Context, root, rootfs string, n int) (ck, re []time.Duration, err error) {
 	bundle := filepath.Join(root, "bare-ckpt")
-	if err := os.MkdirAll(bundle, 0o755); err != nil {
-		return nil, nil, err
-	}
-	if out, err := exec.CommandContext(ctx, "runc", "spec", "--bundle", bundle).CombinedOutput(); err != nil {
-		return nil, nil, fmt.Errorf("runc spec: %v: %s", err, out)
-	}
-	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
-	if err != nil {
-		return nil, nil, err
-	}
-	var spec specs.Spec
-	if err := json.Unmarshal(b, &spec); err != nil {
-		return nil, nil, err
-	}
-	spec.Root = &specs.Root{Path: rootfs, Readonly: true}
-	spec.Process.Terminal = false
-	spec.Process.Args = []string{"sleep", "100000"}
-	spec.Linux.CgroupsPath = "/nook-bench-bare/ckpt"
-	if b, err = json.Marshal(&spec); err != nil {
-		return nil, nil, err
-	}
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o644); err != nil {
+	if err := bareBundle(ctx, bundle, rootfs, "/nook-bench-bare/ckpt", "sleep", "100000"); err != nil {
 		return nil, nil, err
 	}
 	runcRoot := filepath.Join(root, "runc-bare-ckpt")
@@ -135,10 +111,7 @@ func bareCheckpoint(ctx context.Context, root, rootfs string, n int) (ck, re []t
 	const id = "bare-ckpt"
 	defer func() {
 		runc("delete", "--force", id)
-		for _, c := range []string{"cpu", "cpuacct", "cpuset", "pids", "memory", "blkio", "devices", "freezer", "systemd", "unified"} {
-			os.Remove(filepath.Join("/sys/fs/cgroup", c, "nook-bench-bare", "ckpt"))
-			os.Remove(filepath.Join("/sys/fs/cgroup", c, "nook-bench-bare"))
-		}
+		removeCgroups("nook-bench-bare/ckpt", "nook-bench-bare")
 	}()
 	if err := runc("run", "--detach", "--bundle", bundle, id); err != nil {
 		return nil, nil, err

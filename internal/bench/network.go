@@ -178,9 +178,7 @@ func netDaemon(ctx context.Context, cfg Config, s *simNet, root string, network 
 	stop := func() {
 		cmd.Process.Signal(unix.SIGTERM)
 		cmd.Wait()
-		for _, c := range []string{"cpu", "cpuacct", "cpuset", "pids", "memory", "blkio", "devices", "freezer", "systemd", "unified"} {
-			os.Remove(filepath.Join("/sys/fs/cgroup", c, "nook-bench-net"))
-		}
+		removeCgroups("nook-bench-net")
 	}
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if c, err := net.Dial("unix", sock); err == nil {

@@ -230,11 +230,17 @@ func TestFloodKeepsMemoryBounded(t *testing.T) {
 func TestPauseResume(t *testing.T) {
 	t.Run("freeze", func(t *testing.T) { testPauseResume(t, "freeze") })
 	t.Run("checkpoint", func(t *testing.T) {
-		if _, err := os.Stat(container.DefaultCRIU); err != nil {
-			t.Skipf("CRIU >= 4 is not installed at %s (scripts/criu.sh, run by make deps, builds it)", container.DefaultCRIU)
-		}
+		requireCRIU(t)
 		testPauseResume(t, "checkpoint")
 	})
+}
+
+// requireCRIU skips a test of container checkpoints where CRIU is not installed.
+func requireCRIU(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat(container.DefaultCRIU); err != nil {
+		t.Skipf("CRIU >= 4 is not installed at %s (scripts/criu.sh, run by make deps, builds it)", container.DefaultCRIU)
+	}
 }
 
 func testPauseResume(t *testing.T, mode string) {
@@ -321,9 +327,7 @@ func testPauseResume(t *testing.T, mode string) {
 // is paused or running, an exec answers, and its background process is
 // the same one, its memory intact (its counter goes on).
 func TestKill9DuringCheckpoint(t *testing.T) {
-	if _, err := os.Stat(container.DefaultCRIU); err != nil {
-		t.Skipf("CRIU >= 4 is not installed at %s (scripts/criu.sh, run by make deps, builds it)", container.DefaultCRIU)
-	}
+	requireCRIU(t)
 	d := newDaemon(t, "--container-pause", "checkpoint")
 	d.must("create", "--name", "ck")
 	pid := strings.TrimSpace(d.must("exec", "-d", "ck", "--", "sh", "-c", "n=0; while :; do n=$((n+1)); echo $n > /tmp/n; sleep 0.02; done"))
@@ -359,6 +363,5 @@ func TestKill9DuringCheckpoint(t *testing.T) {
 			d.must("pause", "ck")
 		}
 	}
-	json.Unmarshal([]byte(d.must("inspect", "ck", "--json")), &api.Sandbox{})
 	d.must("rm", "ck")
 }

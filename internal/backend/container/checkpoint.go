@@ -215,14 +215,13 @@ func (b *Backend) restore(ctx context.Context, id string) error {
 		return fail(err)
 	}
 	work := filepath.Join(dir, "criu")
-	pidFile := filepath.Join(dir, "init.pid")
 	lock, err := b.lockCRIU(id)
 	if err != nil {
 		return fail(err)
 	}
 	defer lock.Close()
 	if err := b.runcFiles(ctx, id, []*os.File{lock}, "restore", "--detach", "--image-path", b.checkpointDir(id), "--work-path", work,
-		"--tcp-established", "--file-locks", "--pid-file", pidFile, "--bundle", dir, id); err != nil {
+		"--tcp-established", "--file-locks", "--pid-file", filepath.Join(dir, "init.pid"), "--bundle", dir, id); err != nil {
 		return fail(fmt.Errorf("restore with CRIU: %w%s", err, criuErrors(filepath.Join(work, "restore.log"))))
 	}
 	restored := time.Now()
@@ -235,23 +234,13 @@ func (b *Backend) restore(ctx context.Context, id string) error {
 
 // finishRestore records the restored container's init and drops the images.
 func (b *Backend) finishRestore(id string) error {
-	dir := b.dir(id)
-	pidBytes, err := os.ReadFile(filepath.Join(dir, "init.pid"))
-	if err != nil {
-		return fmt.Errorf("read restored container's pid: %w", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(pidBytes)))
-	if err != nil {
-		return fmt.Errorf("restored container's pid %q: %w", pidBytes, err)
-	}
-	st, _ := json.Marshal(state{PID: pid, StartTime: procfs.StartTime(pid)})
-	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "init.json"), st); err != nil {
+	if _, err := b.recordInit(id); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(b.checkpointDir(id)); err != nil {
 		return err
 	}
-	return os.Remove(filepath.Join(dir, "restoring"))
+	return os.Remove(filepath.Join(b.dir(id), "restoring"))
 }
 
 // finishCheckpoint completes what a crash interrupted (see the top of

@@ -237,23 +237,33 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bo
 		return err
 	}
 	b.cfg.Log.Debug("runc run", "sandbox", sb.ID, "duration", time.Since(runStart))
-	pidBytes, err := os.ReadFile(pidFile)
+	sb.BackendState, err = b.recordInit(sb.ID)
+	return err
+}
+
+// recordInit reads the PID runc wrote to init.pid (a run or a restore)
+// and records that init, with its start time, in init.json. It is kept
+// beside the sandbox's files as well as in its record: a rollback or a
+// restore starts a new init, and a crash before the daemon records it
+// must not make the sandbox look dead.
+func (b *Backend) recordInit(id string) ([]byte, error) {
+	dir := b.dir(id)
+	pidBytes, err := os.ReadFile(filepath.Join(dir, "init.pid"))
 	if err != nil {
-		return fmt.Errorf("read container pid: %w", err)
+		return nil, fmt.Errorf("read container pid: %w", err)
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(pidBytes)))
 	if err != nil {
-		return fmt.Errorf("container pid %q: %w", pidBytes, err)
+		return nil, fmt.Errorf("container pid %q: %w", pidBytes, err)
 	}
-	st := state{PID: pid, StartTime: procfs.StartTime(pid)}
-	sb.BackendState, _ = json.Marshal(st)
-	// Also beside its files: a rollback or a restore starts a new init,
-	// and a crash before the daemon records it must not make the sandbox
-	// look dead.
-	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "init.json"), sb.BackendState); err != nil {
-		return err
+	st, err := json.Marshal(state{PID: pid, StartTime: procfs.StartTime(pid)})
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	if err := fsutil.WriteFileAtomic(filepath.Join(dir, "init.json"), st); err != nil {
+		return nil, err
+	}
+	return st, nil
 }
 
 // runc runs a runc command on sandbox id with no stdio of the daemon's
