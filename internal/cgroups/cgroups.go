@@ -95,22 +95,49 @@ func Create(parent, id string, lim Limits, pid int) error {
 	return nil
 }
 
-// Remove kills whatever is left in a sandbox's cgroups and removes them.
-// thaw, if not nil, is called first (a frozen process ignores SIGKILL).
-func Remove(parent, id string, thaw func()) error {
-	var errs []error
-	if thaw != nil {
-		thaw()
-	}
+// Kill sends SIGKILL to every process in a sandbox's cgroups without
+// letting a frozen one run again first: through cgroup.kill where the
+// kernel has it (5.14 on; it kills frozen tasks and the groups below),
+// else to each process listed. A task of a frozen v1 cgroup then dies
+// when it is thawed, before it returns to user space. (runc's own kill
+// of a paused container signals its init and thaws the cgroup, so the
+// other processes run for a moment: after a checkpoint, long enough to
+// change a file the images describe.)
+func Kill(parent, id string) {
 	for _, d := range Dirs(parent, id) {
-		if procs, err := os.ReadFile(filepath.Join(d, "cgroup.procs")); err == nil {
+		if f, err := os.OpenFile(filepath.Join(d, "cgroup.kill"), os.O_WRONLY, 0); err == nil {
+			_, err = f.WriteString("1")
+			f.Close()
+			if err == nil {
+				continue
+			}
+		}
+		filepath.WalkDir(d, func(path string, e os.DirEntry, err error) error {
+			if err != nil || !e.IsDir() {
+				return nil
+			}
+			procs, _ := os.ReadFile(filepath.Join(path, "cgroup.procs"))
 			sc := bufio.NewScanner(bytes.NewReader(procs))
 			for sc.Scan() {
 				if pid, err := strconv.Atoi(sc.Text()); err == nil && pid > 0 {
 					_ = syscall.Kill(pid, syscall.SIGKILL)
 				}
 			}
-		}
+			return nil
+		})
+	}
+}
+
+// Remove kills whatever is left in a sandbox's cgroups and removes them.
+// thaw, if not nil, is called once every process has been sent SIGKILL
+// (a task of a frozen v1 cgroup dies only once thawed).
+func Remove(parent, id string, thaw func()) error {
+	var errs []error
+	Kill(parent, id)
+	if thaw != nil {
+		thaw()
+	}
+	for _, d := range Dirs(parent, id) {
 		var err error
 		for i := 0; i < 100; i++ {
 			if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {

@@ -66,8 +66,9 @@ func (b *Backend) checkpointed(id string) bool {
 	return err == nil
 }
 
-// checkpoint pauses sandbox id to disk.
-func (b *Backend) checkpoint(ctx context.Context, id string) error {
+// checkpoint pauses sandbox id to disk. The caller holds the sandbox's
+// CRIU lock (lockCRIU), and settled what an earlier one left.
+func (b *Backend) checkpoint(ctx context.Context, id string, lock *os.File) error {
 	if b.checkpointed(id) {
 		return nil
 	}
@@ -99,11 +100,6 @@ func (b *Backend) checkpoint(ctx context.Context, id string) error {
 	// safe. The host's connections to the agent are closed by now; the
 	// sandbox's TCP connections are saved with it (--tcp-established), and
 	// so are its file locks.
-	lock, err := b.lockCRIU(id)
-	if err != nil {
-		return err
-	}
-	defer lock.Close()
 	for attempt := 1; ; attempt++ {
 		err := b.runcFiles(ctx, id, []*os.File{lock}, "checkpoint", "--image-path", tmp, "--work-path", work,
 			"--leave-running", "--tcp-established", "--file-locks", id)
@@ -139,7 +135,7 @@ func (b *Backend) checkpoint(ctx context.Context, id string) error {
 	fsutil.SyncDir(dir)
 	committed := time.Now()
 	// Committed: from here the sandbox is paused to disk whatever happens.
-	if err := b.end(ctx, id); err != nil {
+	if err := b.stop(ctx, id); err != nil {
 		return fmt.Errorf("end the checkpointed container: %w", err)
 	}
 	b.cfg.Log.Debug("checkpoint", "sandbox", id, "freeze", frozenAt.Sub(start), "dump", dumped.Sub(frozenAt),
@@ -156,22 +152,11 @@ func (b *Backend) lookupInit(id string) (state, error) {
 	return st, nil
 }
 
-// restore resumes a sandbox paused to disk.
-func (b *Backend) restore(ctx context.Context, id string) error {
+// restore resumes a sandbox paused to disk. The caller holds the
+// sandbox's CRIU lock, and settled what an earlier one left (so no
+// container of it runs).
+func (b *Backend) restore(ctx context.Context, id string, lock *os.File) error {
 	dir := b.dir(id)
-	// A container still there (a checkpoint a crash cut short of ending
-	// it) is the checkpointed state itself: thaw it and drop the images.
-	if _, err := b.lookupInit(id); err == nil {
-		// The images go first: a crash after the thaw must not leave
-		// images older than a container that ran on.
-		if err := os.RemoveAll(b.checkpointDir(id)); err != nil {
-			return err
-		}
-		if frozen, _ := b.frozen(id); frozen {
-			return b.unfreeze(ctx, id)
-		}
-		return nil
-	}
 	if err := b.checkMemory(id); err != nil {
 		return err
 	}
@@ -215,11 +200,6 @@ func (b *Backend) restore(ctx context.Context, id string) error {
 		return fail(err)
 	}
 	work := filepath.Join(dir, "criu")
-	lock, err := b.lockCRIU(id)
-	if err != nil {
-		return fail(err)
-	}
-	defer lock.Close()
 	if err := b.runcFiles(ctx, id, []*os.File{lock}, "restore", "--detach", "--image-path", b.checkpointDir(id), "--work-path", work,
 		"--tcp-established", "--file-locks", "--pid-file", filepath.Join(dir, "init.pid"), "--bundle", dir, id); err != nil {
 		return fail(fmt.Errorf("restore with CRIU: %w%s", err, criuErrors(filepath.Join(work, "restore.log"))))
@@ -237,35 +217,51 @@ func (b *Backend) finishRestore(id string) error {
 	if _, err := b.recordInit(id); err != nil {
 		return err
 	}
-	if err := os.RemoveAll(b.checkpointDir(id)); err != nil {
+	if err := b.dropCheckpoint(id); err != nil {
 		return err
 	}
 	return os.Remove(filepath.Join(b.dir(id), "restoring"))
 }
 
 // finishCheckpoint completes what a crash interrupted (see the top of
-// this file), given whether the sandbox's init runs (by init.json).
-func (b *Backend) finishCheckpoint(ctx context.Context, id string, running bool) error {
+// this file), once the runc of a daemon that died (still at work,
+// perhaps) is done.
+func (b *Backend) finishCheckpoint(ctx context.Context, id string) error {
+	release, err := b.waitCRIU(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return b.settleCheckpoint(ctx, id)
+}
+
+// settleCheckpoint is finishCheckpoint for a caller that holds the CRIU lock.
+func (b *Backend) settleCheckpoint(ctx context.Context, id string) error {
 	dir := b.dir(id)
 	marker := filepath.Join(dir, "restoring")
 	_, restoring := os.Stat(marker)
-	_, dumping := os.Stat(b.checkpointDir(id) + ".tmp")
-	if restoring == nil || dumping == nil {
-		// The runc of a daemon that died may still be at work: wait for it.
-		lock, err := b.lockCRIU(id)
-		if err != nil {
-			return err
-		}
-		lock.Close()
-	}
+	_, err := b.lookupInit(id)
+	running := err == nil
 	os.RemoveAll(b.checkpointDir(id) + ".tmp")
-	switch {
-	case !b.checkpointed(id):
+	os.RemoveAll(b.checkpointDir(id) + ".old")
+	if !b.checkpointed(id) {
 		if restoring == nil {
 			return os.Remove(marker)
 		}
 		return nil
-	case restoring == nil && b.runcRunning(ctx, id):
+	}
+	restored := false
+	if restoring == nil {
+		st, err := b.runcStatus(ctx, id)
+		if err != nil {
+			// Guessing "not restored" would replay images older than
+			// processes that ran: ask again later.
+			return err
+		}
+		restored = st == "running"
+	}
+	switch {
+	case restored:
 		// The restore had finished: init.pid names the restored init.
 		b.cfg.Log.Info("finishing an interrupted resume", "sandbox", id)
 		return b.finishRestore(id)
@@ -276,51 +272,95 @@ func (b *Backend) finishCheckpoint(ctx context.Context, id string, running bool)
 		if frozen, _ := b.frozen(id); frozen {
 			// The checkpoint was taken but had not ended the container yet.
 			b.cfg.Log.Info("finishing an interrupted pause to disk", "sandbox", id)
-			return b.end(ctx, id)
+			return b.stop(ctx, id)
 		}
 		// A container that runs on (a rollback that had started it anew)
 		// makes the images stale.
 		b.cfg.Log.Info("dropping a checkpoint older than the running container", "sandbox", id)
-		return os.RemoveAll(b.checkpointDir(id))
+		return b.dropCheckpoint(id)
 	}
 	return nil
 }
 
-// lockCRIU takes the sandbox's CRIU lock, waiting for it. It is passed
-// on to the runc of a checkpoint or a restore, so that it is held while
-// that runc runs, even after the daemon that started it died.
-func (b *Backend) lockCRIU(id string) (*os.File, error) {
+// dropCheckpoint removes sandbox id's images, atomically: a crash in the
+// middle of the removal must leave neither a partial checkpoint that looks
+// whole nor one that blocks the next pause.
+func (b *Backend) dropCheckpoint(id string) error {
+	final := b.checkpointDir(id)
+	old := final + ".old"
+	if err := os.RemoveAll(old); err != nil {
+		return err
+	}
+	if err := os.Rename(final, old); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	fsutil.SyncDir(b.dir(id))
+	return os.RemoveAll(old)
+}
+
+// lockCRIU takes the sandbox's CRIU lock, waiting for it until ctx ends.
+// It is passed on to the runc of a checkpoint or a restore, so that it is
+// held while that runc runs, even after the daemon that started it died.
+func (b *Backend) lockCRIU(ctx context.Context, id string) (*os.File, error) {
 	f, err := os.OpenFile(filepath.Join(b.dir(id), "criu.lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("waiting for the CRIU of an earlier checkpoint or restore of sandbox %s to finish: %w", id, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
-	return f, nil
 }
 
-// runcRunning reports whether runc knows sandbox id's container as running.
-func (b *Backend) runcRunning(ctx context.Context, id string) bool {
-	out, err := exec.CommandContext(ctx, b.cfg.Runc, "--root", b.cfg.RuncRoot, "state", id).Output()
+// waitCRIU waits for the runc of a checkpoint or restore of sandbox id
+// that an earlier daemon started (it may run on after that daemon died),
+// and keeps others out until release.
+func (b *Backend) waitCRIU(ctx context.Context, id string) (release func(), err error) {
+	lock, err := b.lockCRIU(ctx, id)
+	if errors.Is(err, os.ErrNotExist) {
+		return func() {}, nil // no sandbox directory: no checkpoint either
+	}
 	if err != nil {
-		return false
+		return nil, err
+	}
+	return func() { lock.Close() }, nil
+}
+
+// runcStatus is runc's status of sandbox id's container ("running",
+// "paused", "stopped", ...), or "" if runc does not know it.
+func (b *Backend) runcStatus(ctx context.Context, id string) (string, error) {
+	cmd := exec.CommandContext(ctx, b.cfg.Runc, "--root", b.cfg.RuncRoot, "state", id)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		if strings.Contains(stderr.String(), "does not exist") {
+			return "", nil
+		}
+		return "", fmt.Errorf("runc state %s: %w: %s", id, err, strings.TrimSpace(stderr.String()))
 	}
 	var st struct {
 		Status string `json:"status"`
 	}
-	return json.Unmarshal(out, &st) == nil && st.Status == "running"
-}
-
-// end kills a container that is frozen without thawing it first (its
-// processes must not run on past a checkpoint), then stops it.
-func (b *Backend) end(ctx context.Context, id string) error {
-	if err := b.runc(ctx, id, "delete", "--force", id); err != nil {
-		b.cfg.Log.Warn("runc delete of a frozen container", "sandbox", id, "err", err)
-		return b.stop(ctx, id)
+	if err := json.Unmarshal(out, &st); err != nil {
+		return "", fmt.Errorf("runc state %s: %w", id, err)
 	}
-	return errors.Join(b.removeCgroups(id), unmount(b.rootfs(id)))
+	return st.Status, nil
 }
 
 // syncFiles flushes every file in dir, and dir (cheaper than syncfs of
@@ -390,13 +430,14 @@ func memAvailable() (int64, error) {
 // criuErrors is CRIU's error lines from its log, to say why it failed.
 func criuErrors(log string) string {
 	var errs []string
-	for _, l := range strings.Split(tail(log), "\n") {
+	for _, l := range strings.Split(fsutil.Tail(log, 64<<10), "\n") {
 		if strings.Contains(l, "Error") {
 			errs = append(errs, strings.TrimSpace(l))
 		}
 	}
+	// The first errors say why; the later ones, what failed because of it.
 	if len(errs) > 3 {
-		errs = errs[len(errs)-3:]
+		errs = errs[:3]
 	}
 	if len(errs) == 0 {
 		return ""

@@ -172,6 +172,43 @@ func TestCheckpointPauseResume(t *testing.T) {
 	}
 }
 
+// TestCheckpointNothingRunsOn: no process of a checkpointed container
+// runs past its dump. A shell appends to a file it holds open as fast as
+// it can; had it run for a moment between the dump and its end, the file
+// would be longer than the images say and CRIU would refuse the restore
+// ("has bad size"). runc's own kill of a paused container signals its
+// init and thaws the cgroup at once, which let this happen.
+func TestCheckpointNothingRunsOn(t *testing.T) {
+	b, h := newCheckpointBackend(t)
+	ctx := context.Background()
+	s := conformance.Create(t, h, "ckpt-busy")
+	if _, err := s.Agent.Start(ctx, &agent.ExecRequest{Argv: []string{"sh", "-c", "exec 3>>/tmp/log; i=0; while :; do i=$((i+1)); echo $i > /tmp/busy; echo $i >&3; done"}}); err != nil {
+		t.Fatal(err)
+	}
+	last := 0
+	for round := 1; round <= 10; round++ {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			n, _ := strconv.Atoi(strings.TrimSpace(s.Sh(t, "cat /tmp/busy")))
+			if n > last {
+				last = n
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the writer did not go on from %d", round, last)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		s.Agent.Close()
+		if err := b.Pause(ctx, s.ID); err != nil {
+			t.Fatalf("round %d: pause: %v", round, err)
+		}
+		if err := b.Resume(ctx, s.ID); err != nil {
+			t.Fatalf("round %d: resume: %v", round, err)
+		}
+	}
+}
+
 func readState(b *Backend, id string, st *state) error {
 	var err error
 	*st, err = b.lookupInit(id)
@@ -223,19 +260,7 @@ func TestCheckpointFinishedAfterCrash(t *testing.T) {
 	if err := b2.Pause(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
-	dir := b2.dir(s.ID)
-	lowers, err := b2.lowerDirs(chain{Template: s.TemplateID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := mountOverlay(lowers, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), b2.rootfs(s.ID)); err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(dir, "restoring"), nil, 0o600)
-	if err := b2.runc(ctx, s.ID, "restore", "--detach", "--image-path", b2.checkpointDir(s.ID), "--work-path", filepath.Join(dir, "criu"),
-		"--tcp-established", "--file-locks", "--pid-file", filepath.Join(dir, "init.pid"), "--bundle", dir, s.ID); err != nil {
-		t.Fatal(err)
-	}
+	restoredByCrash(t, b2, s)
 	b3 := twin(b)
 	if st, err := b3.Status(ctx, s.Sandbox); err != nil || st.State != core.RuntimeRunning {
 		t.Fatalf("status after a crash mid-resume: %v %v", st, err)
@@ -246,4 +271,69 @@ func TestCheckpointFinishedAfterCrash(t *testing.T) {
 	if got := s.Sh(t, "cat /root/f"); got != "kept\n" {
 		t.Fatalf("after the finished resume: %q", got)
 	}
+
+	// The same, but the restarted daemon's first call is a resume, made
+	// while the dead daemon's runc still holds the CRIU lock: the resume
+	// waits for it, then keeps the container that runc restored (its
+	// processes ran on from the images) rather than ending it and
+	// restoring the images once more.
+	s.Agent.Close()
+	if err := b3.Pause(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	orphan, err := b3.lockCRIU(ctx, s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := restoredByCrash(t, b3, s)
+	b4 := twin(b)
+	done := make(chan error, 1)
+	go func() { done <- b4.Resume(ctx, s.ID) }()
+	select {
+	case err := <-done:
+		t.Fatalf("a resume did not wait for the runc still at work (%v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	orphan.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if init, err := b4.lookupInit(s.ID); err != nil || init.PID != restored {
+		t.Fatalf("after the resume the init is %d (%v); the one restored before it was %d", init.PID, err, restored)
+	}
+	if b4.checkpointed(s.ID) {
+		t.Fatal("the images are still there after the resume")
+	}
+	if got := s.Sh(t, "cat /root/f"); got != "kept\n" {
+		t.Fatalf("after the resume: %q", got)
+	}
+}
+
+// restoredByCrash does what a resume does up to CRIU's restore, and no
+// more (a daemon killed then), and returns the restored init's PID.
+func restoredByCrash(t *testing.T, b *Backend, s *conformance.Sandbox) int {
+	t.Helper()
+	ctx := context.Background()
+	dir := b.dir(s.ID)
+	lowers, err := b.lowerDirs(chain{Template: s.TemplateID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mountOverlay(lowers, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), b.rootfs(s.ID)); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "restoring"), nil, 0o600)
+	if err := b.runc(ctx, s.ID, "restore", "--detach", "--image-path", b.checkpointDir(s.ID), "--work-path", filepath.Join(dir, "criu"),
+		"--tcp-established", "--file-locks", "--pid-file", filepath.Join(dir, "init.pid"), "--bundle", dir, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	pid, err := os.ReadFile(filepath.Join(dir, "init.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(pid)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -351,7 +351,7 @@ func (b *Backend) statusLocked(ctx context.Context, sb *core.Sandbox, finish boo
 		}
 	}
 	if finish {
-		if err := b.finishCheckpoint(ctx, sb.ID, running); err != nil {
+		if err := b.finishCheckpoint(ctx, sb.ID); err != nil {
 			b.cfg.Log.Error("finish an interrupted pause or resume", "sandbox", sb.ID, "err", err)
 		}
 		if fsutil.ReadJSON(filepath.Join(b.dir(sb.ID), "init.json"), &latest) == nil && latest.PID > 0 {
@@ -398,6 +398,11 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	// Not while Status finishes an interrupted rollback of it.
 	unlock := b.rollbacks.Lock(id)
 	defer unlock()
+	release, err := b.waitCRIU(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
 	var errs []error
 	if err := b.stop(ctx, id); err != nil {
 		errs = append(errs, err)
@@ -422,12 +427,11 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 // and unmounts its root filesystem. Its files and network stay.
 func (b *Backend) stop(ctx context.Context, id string) error {
 	var errs []error
-	// Frozen processes cannot die: thaw a paused sandbox first (through
-	// runc, and straight in the cgroup in case runc lost the container).
+	// A frozen container's processes are killed where they stand, then
+	// thawed so that they can die: none may run on past a checkpoint of
+	// them (runc's kill would thaw them first).
 	if frozen, err := b.frozen(id); err == nil && frozen {
-		if err := b.unfreeze(ctx, id); err != nil {
-			b.cfg.Log.Warn("runc resume before stop", "sandbox", id, "err", err)
-		}
+		cgroups.Kill(b.cfg.CgroupParent, id)
 		b.thaw(id)
 	}
 	// runc delete --force kills every process of the container, waits for

@@ -37,10 +37,19 @@ func (b *Backend) Paused(ctx context.Context, id string) (bool, error) {
 // Pause implements core.Pauser.
 func (b *Backend) Pause(ctx context.Context, id string) error {
 	if b.cfg.CRIU != "" {
-		// Not while Status finishes an interrupted checkpoint or restore.
+		// Not while Status finishes an interrupted checkpoint or restore,
+		// nor while one an earlier daemon began runs on.
 		unlock := b.rollbacks.Lock(id)
 		defer unlock()
-		return b.checkpoint(ctx, id)
+		lock, err := b.lockCRIU(ctx, id)
+		if err != nil {
+			return err
+		}
+		defer lock.Close()
+		if err := b.settleCheckpoint(ctx, id); err != nil {
+			return err
+		}
+		return b.checkpoint(ctx, id, lock)
 	}
 	if frozen, err := b.frozen(id); err == nil && frozen {
 		return nil
@@ -53,7 +62,17 @@ func (b *Backend) Resume(ctx context.Context, id string) error {
 	if b.checkpointed(id) {
 		unlock := b.rollbacks.Lock(id)
 		defer unlock()
-		return b.restore(ctx, id)
+		lock, err := b.lockCRIU(ctx, id)
+		if err != nil {
+			return err
+		}
+		defer lock.Close()
+		if err := b.settleCheckpoint(ctx, id); err != nil {
+			return err
+		}
+		if b.checkpointed(id) {
+			return b.restore(ctx, id, lock)
+		}
 	}
 	if frozen, err := b.frozen(id); err == nil && !frozen {
 		return nil

@@ -214,6 +214,11 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 func (b *Backend) Rollback(ctx context.Context, sb *core.Sandbox, snapID string) error {
 	unlock := b.rollbacks.Lock(sb.ID)
 	defer unlock()
+	release, err := b.waitCRIU(ctx, sb.ID)
+	if err != nil {
+		return err
+	}
+	defer release()
 	return b.rollbackLocked(ctx, sb, snapID)
 }
 
@@ -303,7 +308,7 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 		return fmt.Errorf("%w (the sandbox runs as it was before the rollback)", err)
 	}
 	// The processes of a pause to disk are of the old state.
-	if err := os.RemoveAll(b.checkpointDir(sb.ID)); err != nil {
+	if err := b.dropCheckpoint(sb.ID); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(kept); err != nil {
