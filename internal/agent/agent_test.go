@@ -103,6 +103,18 @@ func TestConfigureSetsBaseEnv(t *testing.T) {
 	if !errors.As(err, &ae) || !strings.Contains(ae.Message, "DNS label") {
 		t.Fatalf("bad hostname: %v", err)
 	}
+	// A wake (a vm resumed from a pause) sets only the clock and the seed:
+	// no hostname needed, and the environment stays.
+	if err := c.Configure(ctx, &ConfigureRequest{WakeOnly: true, Seed: []byte("fresh")}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := run(t, c, &ExecRequest{Argv: []string{"sh", "-c", "echo $TOKENLESS"}}); err != nil || r.stdout.String() != "yes\n" {
+		t.Fatalf("after a wake: %v %q", err, r.stdout.String())
+	}
+	err = c.Configure(ctx, &ConfigureRequest{WakeOnly: true, Hostname: "box-2"})
+	if !errors.As(err, &ae) || !strings.Contains(ae.Message, "only the time and the seed") {
+		t.Fatalf("a wake that sets a hostname: %v", err)
+	}
 }
 
 func TestExecStdinAndSignal(t *testing.T) {

@@ -89,6 +89,10 @@ type ConfigureRequest struct {
 	// in a vm (whose interface only the guest can configure) sets eth0's
 	// address and default route; a container's are set from the host.
 	Net *NetConfig `json:"net,omitempty"`
+	// WakeOnly: the sandbox woke from a pause with everything else as it
+	// was: set the clock and reseed, and change nothing else (not the
+	// files of its identity, which its user may have edited since).
+	WakeOnly bool `json:"wake_only,omitempty"`
 }
 
 // NetConfig is a sandbox's IPv4 network.
@@ -193,7 +197,10 @@ func DecodeRequest(payload []byte) (*Request, error) {
 var hostnameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 func (c *ConfigureRequest) validate() error {
-	if !hostnameRE.MatchString(c.Hostname) {
+	if c.WakeOnly && (c.Hostname != "" || len(c.Env) > 0 || c.Net != nil) {
+		return fmt.Errorf("a wake-only configure sets only the time and the seed")
+	}
+	if !c.WakeOnly && !hostnameRE.MatchString(c.Hostname) {
 		return fmt.Errorf("hostname %q is not a DNS label", c.Hostname)
 	}
 	if len(c.Env) > maxEnv {

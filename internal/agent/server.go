@@ -201,6 +201,9 @@ func (s *Server) configure(c *ConfigureRequest) error {
 			return fmt.Errorf("reseed the random pool: %w", err)
 		}
 	}
+	if c.WakeOnly {
+		return nil
+	}
 	if c.Net != nil {
 		if err := configureNet(c.Net); err != nil {
 			return fmt.Errorf("network: %w", err)

@@ -529,6 +529,13 @@ func (m *Manager) abandonCreate(ctx context.Context, b core.Backend, sb *core.Sa
 
 // waitAgent waits until the sandbox's agent answers, and gives the sandbox its identity.
 func (m *Manager) waitAgent(ctx context.Context, sb *core.Sandbox) error {
+	return m.configureAgent(ctx, sb, false)
+}
+
+// configureAgent waits for the sandbox's agent and configures it: all of
+// it, or (wake) only what a vm woken from a pause needs, the time and
+// fresh entropy.
+func (m *Manager) configureAgent(ctx context.Context, sb *core.Sandbox, wake bool) error {
 	c, err := m.agentFor(sb)
 	if err != nil {
 		return err
@@ -540,7 +547,10 @@ func (m *Manager) waitAgent(ctx context.Context, sb *core.Sandbox) error {
 		env[k] = v
 	}
 	req := &agent.ConfigureRequest{Hostname: sb.Name, Env: env}
-	if m.net != nil {
+	if wake {
+		req = &agent.ConfigureRequest{WakeOnly: true}
+	}
+	if m.net != nil && !wake {
 		if addr, gw, ok := m.net.agentNet(sb); ok {
 			// A vm's eth0 only the guest can configure; a container's the host did.
 			req.Net = &agent.NetConfig{Address: addr, Gateway: gw, SetLink: sb.Isolation == api.IsolationVM}
@@ -734,7 +744,7 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason
 		// A vm restored from disk wakes at the time it was paused, on a new
 		// agent connection: give it the time (and fresh entropy) again.
 		m.dropAgent(sb.ID)
-		if err := m.waitAgent(cctx, sb); err != nil {
+		if err := m.configureAgent(cctx, sb, true); err != nil {
 			return nil, fmt.Errorf("resume sandbox %s: %w", name, err)
 		}
 	}
@@ -759,6 +769,11 @@ func (m *Manager) alignPause(ctx context.Context, sb *core.Sandbox) {
 		err = p.Pause(ctx, sb.ID)
 	case sb.State == core.StateRunning && paused:
 		err = p.Resume(ctx, sb.ID)
+		if err == nil && sb.Isolation == api.IsolationVM {
+			// Woken at the time it was paused: give it the time again.
+			m.dropAgent(sb.ID)
+			err = m.configureAgent(ctx, sb, true)
+		}
 	}
 	if err != nil {
 		m.log.Error("align pause state", "sandbox", sb.Name, "err", err)

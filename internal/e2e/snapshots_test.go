@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -74,12 +75,22 @@ func TestAgentsDay(t *testing.T) {
 	}
 
 	// Left idle (its server stopped), branch-1 pauses itself; exec answers.
-	d.must("exec", "branch-1", "--", "sh", "-c", "pkill -x python3; true")
-	sb := d.waitState("branch-1", api.StatePaused, 60*time.Second)
+	// Its user's edit of /etc/hosts stays through the pause, and it wakes
+	// with the host's time, not the time it was paused at.
+	d.must("exec", "branch-1", "--", "sh", "-c", "pkill -x python3; echo '10.9.9.9 mine' >> /etc/hosts; true")
+	d.waitState("branch-1", api.StatePaused, 60*time.Second)
+	time.Sleep(3 * time.Second)
 	if got := d.must("exec", "branch-1", "--", "cat", "/srv/www/mine"); got != "1\n" {
 		t.Fatalf("exec on the idle-paused fork: %q", got)
 	}
-	_ = sb
+	if hosts := d.must("exec", "branch-1", "--", "cat", "/etc/hosts"); !strings.Contains(hosts, "10.9.9.9 mine") {
+		t.Fatalf("a resume rewrote the sandbox's /etc/hosts: %q", hosts)
+	}
+	before := time.Now().Unix()
+	guest, _ := strconv.ParseInt(strings.TrimSpace(d.must("exec", "branch-1", "--", "date", "+%s")), 10, 64)
+	if after := time.Now().Unix(); guest < before-1 || guest > after+1 {
+		t.Fatalf("the woken vm's clock says %d, the host's %d..%d", guest, before, after)
+	}
 
 	// The tree and the disk the snapshots use.
 	if tree := d.must("snapshots", "day"); !strings.Contains(tree, "good") {

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
@@ -194,13 +196,20 @@ func (b *Backend) saveTo(ctx context.Context, id, path string) error {
 	defer os.Remove(tmp)
 	// Always on, so that a start knows what to expect; a sandbox's RAM is
 	// private (share=off), so all of it goes into the state either way.
+	start := time.Now()
+	// Start the disk writing while QEMU still writes the stream, so that
+	// the fsync after it has only the tail left to wait for.
+	stopFlush := flushBehind(f)
 	err = mon.setIgnoreShared()
 	if err == nil {
 		err = mon.saveState(ctx, f)
 	}
+	stopFlush()
+	migrated := time.Now()
 	if err == nil {
 		err = f.Sync()
 	}
+	b.cfg.Log.Debug("vm save", "sandbox", id, "migrate", migrated.Sub(start), "sync", time.Since(migrated))
 	f.Close()
 	if err == nil {
 		err = os.Rename(tmp, path)
@@ -213,6 +222,26 @@ func (b *Backend) saveTo(ctx context.Context, id, path string) error {
 	}
 	syncDir(filepath.Dir(path))
 	return nil
+}
+
+// flushBehind asks the kernel to write f's dirty pages out every few
+// milliseconds, until the returned stop is called.
+func flushBehind(f *os.File) (stop func()) {
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
 }
 
 // stopQEMU ends a QEMU whose state is safe (stop already flushed its disks).
@@ -239,10 +268,14 @@ func (b *Backend) Pause(ctx context.Context, id string) error {
 		return errdefs.Precondition("the vm is not running")
 	}
 	name := "paused-" + randHex(4) + ".state"
+	start := time.Now()
 	if err := b.saveTo(ctx, id, filepath.Join(b.dir(id), name)); err != nil {
 		return err
 	}
-	return b.commitSaved(ctx, id, st, head{Disk: h.Disk, Chain: h.Chain, Resume: name}, "")
+	saved := time.Now()
+	err := b.commitSaved(ctx, id, st, head{Disk: h.Disk, Chain: h.Chain, Resume: name}, "")
+	b.cfg.Log.Debug("vm pause", "sandbox", id, "save", saved.Sub(start), "commit and quit", time.Since(saved))
+	return err
 }
 
 // commitSaved ends a vm whose state was just saved, once head h (naming
@@ -314,6 +347,7 @@ func (b *Backend) startSaved(ctx context.Context, id string, st state) error {
 	}
 	os.Remove(l.AgentSock)
 	os.Remove(l.QMPSock)
+	begin := time.Now()
 	proc, err := b.start(ctx, &core.Sandbox{ID: id, CPUs: st.CPULimit, MemoryBytes: st.MemoryMiB << 20}, l)
 	if err != nil {
 		return err
@@ -336,6 +370,7 @@ func (b *Backend) startSaved(ctx context.Context, id string, st state) error {
 		return fail(err)
 	}
 	defer mon.close()
+	started := time.Now()
 	f, err := os.Open(statePath)
 	if err != nil {
 		return fail(err)
@@ -347,6 +382,7 @@ func (b *Backend) startSaved(ctx context.Context, id string, st state) error {
 	if err := mon.loadState(ctx, f); err != nil {
 		return fail(fmt.Errorf("start the saved vm: %w%s", err, b.consoleTail(dir)))
 	}
+	b.cfg.Log.Debug("vm start from a saved state", "sandbox", id, "qemu up", started.Sub(begin), "load", time.Since(started))
 	st.PID, st.StartTime, st.Saved = proc.pid, procfs.StartTime(proc.pid), false
 	if err := b.writeRun(id, st); err != nil {
 		return fail(err)
