@@ -42,6 +42,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzExtract -fuzztime 30s ./internal/agent/safetar
 	$(GO) test -run '^$$' -fuzz FuzzParseSize -fuzztime 10s ./internal/core
 	$(GO) test -run '^$$' -fuzz FuzzParseDuration -fuzztime 10s ./internal/core
+	$(GO) test -run '^$$' -fuzz FuzzParseQMP -fuzztime 10s ./internal/backend/vm
 
 bench: deps build
 	$(GO) run ./cmd/nook-bench

@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/digitalocean/go-qemu/qmp"
 )
 
 // machine is everything that must be identical between the QEMU that saved
@@ -151,17 +149,15 @@ func (l launch) args() []string {
 
 // monitor is a QMP connection to one QEMU.
 type monitor struct {
-	mon *qmp.SocketMonitor
+	q *qmpConn
 }
 
 // dialQMP connects to a QEMU's QMP socket, waiting for QEMU to create it.
 func dialQMP(ctx context.Context, path string) (*monitor, error) {
 	for {
-		mon, err := qmp.NewSocketMonitor("unix", path, time.Second)
+		q, err := qmpDial(path)
 		if err == nil {
-			if err = mon.Connect(); err == nil {
-				return &monitor{mon: mon}, nil
-			}
+			return &monitor{q: q}, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -177,29 +173,24 @@ func (m *monitor) run(cmd string, args any, out any) error {
 }
 
 func (m *monitor) runFile(cmd string, args any, f *os.File, out any) error {
-	b, err := json.Marshal(qmp.Command{Execute: cmd, Args: args})
+	b, err := json.Marshal(struct {
+		Execute string `json:"execute"`
+		Args    any    `json:"arguments,omitempty"`
+	}{cmd, args})
 	if err != nil {
 		return err
 	}
-	var raw []byte
-	if f != nil {
-		raw, err = m.mon.RunWithFile(b, f)
-	} else {
-		raw, err = m.mon.Run(b)
-	}
+	ret, err := m.q.command(b, f)
 	if err != nil {
 		return fmt.Errorf("qmp %s: %w", cmd, err)
 	}
 	if out == nil {
 		return nil
 	}
-	var resp struct {
-		Return json.RawMessage `json:"return"`
+	if err := json.Unmarshal(ret, out); err != nil {
+		return fmt.Errorf("qmp %s: unexpected answer %.200q: %w", cmd, ret, err)
 	}
-	if err := json.Unmarshal(raw, &resp); err != nil || len(resp.Return) == 0 {
-		return fmt.Errorf("qmp %s: unexpected answer %q", cmd, raw)
-	}
-	return json.Unmarshal(resp.Return, out)
+	return nil
 }
 
 // waitMigration polls query-migrate until the migration (outgoing, or
@@ -237,10 +228,10 @@ func (m *monitor) status() (string, error) {
 }
 
 func (m *monitor) close() error {
-	if m == nil || m.mon == nil {
+	if m == nil || m.q == nil {
 		return nil
 	}
-	return m.mon.Disconnect()
+	return m.q.close()
 }
 
 // setIgnoreShared turns on x-ignore-shared: guest RAM that lives in a file
@@ -300,6 +291,53 @@ func (m *monitor) loadState(ctx context.Context, f *os.File) error {
 		return err
 	}
 	return m.run("cont", nil, nil)
+}
+
+// switchTop is QEMU's copy-on-write switch: the guest's disk gets a new,
+// empty top layer (the qcow2 file f, whose backing is the current top),
+// and the current top becomes a read-only backing. The file goes to QEMU
+// as an open descriptor: QEMU runs unprivileged and could not open it.
+func (m *monitor) switchTop(f *os.File, node string) error {
+	var blocks []struct {
+		Inserted *struct {
+			NodeName string `json:"node-name"`
+		} `json:"inserted"`
+	}
+	if err := m.run("query-block", nil, &blocks); err != nil {
+		return err
+	}
+	top := ""
+	for _, b := range blocks {
+		if b.Inserted != nil && b.Inserted.NodeName != "modules" {
+			if top != "" {
+				return fmt.Errorf("QEMU has more than one disk besides the modules (%s, %s)", top, b.Inserted.NodeName)
+			}
+			top = b.Inserted.NodeName
+		}
+	}
+	if top == "" {
+		return errors.New("QEMU has no root disk")
+	}
+	var fd struct {
+		FdsetID int `json:"fdset-id"`
+		FD      int `json:"fd"`
+	}
+	if err := m.runFile("add-fd", map[string]any{}, f, &fd); err != nil {
+		return err
+	}
+	// QEMU keeps its own duplicate of the descriptor.
+	defer m.run("remove-fd", map[string]any{"fdset-id": fd.FdsetID, "fd": fd.FD}, nil)
+	if err := m.run("blockdev-add", map[string]any{
+		"driver": "qcow2", "node-name": node, "backing": nil, "cache": map[string]any{"direct": false},
+		"file": map[string]any{"driver": "file", "filename": fmt.Sprintf("/dev/fdset/%d", fd.FdsetID), "aio": "threads"},
+	}, nil); err != nil {
+		return err
+	}
+	if err := m.run("blockdev-snapshot", map[string]any{"node": top, "overlay": node}, nil); err != nil {
+		m.run("blockdev-del", map[string]any{"node-name": node}, nil)
+		return err
+	}
+	return nil
 }
 
 // errQEMUExited is returned when QEMU is gone while we wait for it.

@@ -108,15 +108,70 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 			return core.SnapshotInfo{}, err
 		}
 		os.Remove(filepath.Join(dir, h.Disk))
-	} else {
-		if err := b.commitSaved(ctx, id, st, head{Disk: newDisk, Chain: chain, Resume: filepath.Join(layer, "mem.state")}, h.Disk); err != nil {
-			return core.SnapshotInfo{}, err
-		}
-		if err := b.startSaved(ctx, id, st); err != nil {
-			return core.SnapshotInfo{}, fmt.Errorf("snapshot taken, but the vm did not start again: %w", err)
-		}
+	} else if err := b.goOn(ctx, id, st, h.Disk, head{Disk: newDisk, Chain: chain, Resume: filepath.Join(layer, "mem.state")}); err != nil {
+		return core.SnapshotInfo{}, err
 	}
 	return core.SnapshotInfo{Memory: true, SizeBytes: b.SnapshotUsage(snapID)}, nil
+}
+
+// goOn lets a vm whose snapshot was just taken (its guest stopped since
+// the save) go on, on the new top layer that next names, with the
+// snapshot's state as next.Resume.
+//
+// The head names the snapshot's state first: a crash from then on ends
+// this QEMU, and the vm starts again from the snapshot, which is exactly
+// where its guest is. Then QEMU's copy-on-write switch puts the new layer
+// under the running guest, the head drops the state, and the guest goes
+// on: it stopped only for the save and the switch. Should the switch
+// fail, the vm starts again from the snapshot in a new QEMU instead.
+func (b *Backend) goOn(ctx context.Context, id string, st state, oldDisk string, next head) error {
+	dir := b.dir(id)
+	if err := b.writeHead(id, next); err != nil {
+		b.recoverLocked(id) // not committed: the vm continues as it was
+		return err
+	}
+	err := b.switchTop(ctx, id, filepath.Join(dir, next.Disk))
+	if err != nil {
+		b.cfg.Log.Warn("the copy-on-write switch of a snapshot failed: starting the vm again from the snapshot", "sandbox", id, "err", err)
+		if err := b.commitSaved(ctx, id, st, next, oldDisk); err != nil {
+			return err
+		}
+		if err := b.startSaved(ctx, id, st); err != nil {
+			return fmt.Errorf("snapshot taken, but the vm did not start again: %w", err)
+		}
+		return nil
+	}
+	running := next
+	running.Resume = ""
+	if err := b.writeHead(id, running); err != nil {
+		return err // the next operation's recovery starts it from the snapshot
+	}
+	st.Saved = false
+	if err := b.writeRun(id, st); err != nil {
+		return err
+	}
+	os.Remove(filepath.Join(dir, oldDisk))
+	mon, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
+	if err != nil {
+		return err
+	}
+	defer mon.close()
+	return mon.run("cont", nil, nil)
+}
+
+// switchTop gives the vm's live QEMU the new top layer disk.
+func (b *Backend) switchTop(ctx context.Context, id, disk string) error {
+	f, err := os.OpenFile(disk, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	mon, err := dialQMP(ctx, filepath.Join(b.dir(id), "qmp.sock"))
+	if err != nil {
+		return err
+	}
+	defer mon.close()
+	return mon.switchTop(f, "top-"+randHex(4))
 }
 
 // Rollback implements core.Snapshotter: the vm's current state is

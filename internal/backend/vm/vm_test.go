@@ -3,6 +3,7 @@ package vm
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -273,6 +274,7 @@ func TestSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitHTTP(t, s)
+	before, _ := b.readRun(s.ID)
 	info, err := b.Snapshot(ctx, s.Sandbox, "snap-1")
 	if err != nil {
 		t.Fatal(err)
@@ -280,10 +282,23 @@ func TestSnapshots(t *testing.T) {
 	if !info.Memory || info.SizeBytes <= 0 {
 		t.Fatalf("snapshot info %+v", info)
 	}
-	// It goes on running after the snapshot.
+	// It goes on running after the snapshot, in the same QEMU (a
+	// copy-on-write switch of its disk, not a restart).
+	if after, live := b.readRun(s.ID); !live || after.PID != before.PID {
+		t.Fatalf("QEMU %d before the snapshot, %d (live %v) after", before.PID, after.PID, live)
+	}
 	if got := s.Sh(t, "cat /root/a"); got != "one\n" {
 		t.Fatalf("after snapshot: %q", got)
 	}
+	// What the guest writes now goes to its new layer: the snapshot's
+	// disk does not change.
+	layerDisk := filepath.Join(b.layerDir("snap-1"), "disk.qcow2")
+	sum := fileSum(t, layerDisk)
+	s.Sh(t, "head -c 4000000 /dev/urandom > /root/big && sync")
+	if fileSum(t, layerDisk) != sum {
+		t.Fatal("the guest's writes after a snapshot changed the snapshot's disk")
+	}
+	s.Sh(t, "rm /root/big && sync")
 	// Break things.
 	s.Sh(t, "rm /root/a; echo junk > /root/b")
 	if err := s.Agent.SignalProcess(ctx, srv, "KILL"); err != nil {
@@ -463,4 +478,13 @@ func TestStoppedGuestContinued(t *testing.T) {
 	if got := s.Sh(t, "echo back"); got != "back\n" {
 		t.Fatalf("after the guest was left stopped: %q", got)
 	}
+}
+
+func fileSum(t *testing.T, path string) [32]byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(data)
 }
