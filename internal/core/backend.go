@@ -166,4 +166,8 @@ type Snapshotter interface {
 type SnapshotInfo struct {
 	Memory    bool  // the snapshot has the sandbox's memory (its processes go on after a rollback)
 	SizeBytes int64 // its own disk use
+	// Restarted: the sandbox's processes go on in a new process of the
+	// backend (a vm's QEMU started again from the snapshot), so the agent
+	// session is new. Otherwise the snapshot only stopped them a moment.
+	Restarted bool
 }

@@ -86,8 +86,15 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *core.Sandbox, label st
 	if err := m.store.InsertSnapshot(ctx, rec); err != nil {
 		return nil, err
 	}
-	if sb.State == core.StateRunning && sb.Isolation == api.IsolationVM {
-		m.restarted(ctx, sb) // a vm's snapshot restarts its QEMU
+	switch {
+	case info.Restarted:
+		m.restarted(ctx, sb)
+	case sb.State == core.StateRunning && sb.Isolation == api.IsolationVM:
+		// Its guest stood still for the save: give it the time again, on
+		// the same session (streams in flight go on).
+		if err := m.configureAgent(ctx, sb, true); err != nil {
+			m.log.Warn("set the clock of a vm after its snapshot", "sandbox", sb.Name, "err", err)
+		}
 	}
 	m.log.Info("snapshot taken", "sandbox", sb.Name, "snapshot", rec.Name, "id", rec.ID, "bytes", rec.SizeBytes)
 	return rec, nil

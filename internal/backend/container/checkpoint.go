@@ -34,7 +34,7 @@ import (
 // stays frozen and whole until the images are safe), renames the images
 // into place, and only then ends the container. A restore writes
 // `restoring` first and removes the images once the container runs. A
-// crash at any point leaves a state finishCheckpoint completes (Status
+// crash at any point leaves a state settleCheckpoint completes (Status
 // calls it): images and a live container mean a checkpoint whose
 // container was not ended yet (it is ended), or, with `restoring`, a
 // restore that finished (the images go).
@@ -106,12 +106,14 @@ func (b *Backend) checkpoint(ctx context.Context, id string, lock *os.File) erro
 		if err == nil {
 			break
 		}
-		why := criuErrors(filepath.Join(work, "dump.log"))
+		errs := criuErrorLines(filepath.Join(work, "dump.log"))
+		why := formatCRIUErrors(errs)
 		// A process frozen between vfork and exec cannot be seized (its
 		// parent never stops), and the agent may not have closed a
 		// connection the host just dropped (its peer is outside, so CRIU
 		// cannot save it): let it run a moment, and try again.
-		if attempt < 3 && (strings.Contains(why, "Unseizable") || strings.Contains(why, "sk-unix")) {
+		all := strings.Join(errs, "\n")
+		if attempt < 3 && (strings.Contains(all, "Unseizable") || strings.Contains(all, "sk-unix")) {
 			b.cfg.Log.Info("checkpoint found a process it could not seize or a connection from the host; trying again", "sandbox", id, "attempt", attempt, "err", why)
 			if err := b.unfreeze(ctx, id); err == nil {
 				time.Sleep(50 * time.Millisecond)
@@ -135,7 +137,7 @@ func (b *Backend) checkpoint(ctx context.Context, id string, lock *os.File) erro
 	fsutil.SyncDir(dir)
 	committed := time.Now()
 	// Committed: from here the sandbox is paused to disk whatever happens.
-	if err := b.stop(ctx, id); err != nil {
+	if err := b.stop(context.WithoutCancel(ctx), id); err != nil {
 		return fmt.Errorf("end the checkpointed container: %w", err)
 	}
 	b.cfg.Log.Debug("checkpoint", "sandbox", id, "freeze", frozenAt.Sub(start), "dump", dumped.Sub(frozenAt),
@@ -202,7 +204,7 @@ func (b *Backend) restore(ctx context.Context, id string, lock *os.File) error {
 	work := filepath.Join(dir, "criu")
 	if err := b.runcFiles(ctx, id, []*os.File{lock}, "restore", "--detach", "--image-path", b.checkpointDir(id), "--work-path", work,
 		"--tcp-established", "--file-locks", "--pid-file", filepath.Join(dir, "init.pid"), "--bundle", dir, id); err != nil {
-		return fail(fmt.Errorf("restore with CRIU: %w%s", err, criuErrors(filepath.Join(work, "restore.log"))))
+		return fail(fmt.Errorf("restore with CRIU: %w%s", err, formatCRIUErrors(criuErrorLines(filepath.Join(work, "restore.log")))))
 	}
 	restored := time.Now()
 	if err := b.finishRestore(id); err != nil {
@@ -223,19 +225,9 @@ func (b *Backend) finishRestore(id string) error {
 	return os.Remove(filepath.Join(b.dir(id), "restoring"))
 }
 
-// finishCheckpoint completes what a crash interrupted (see the top of
-// this file), once the runc of a daemon that died (still at work,
-// perhaps) is done.
-func (b *Backend) finishCheckpoint(ctx context.Context, id string) error {
-	release, err := b.waitCRIU(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer release()
-	return b.settleCheckpoint(ctx, id)
-}
-
-// settleCheckpoint is finishCheckpoint for a caller that holds the CRIU lock.
+// settleCheckpoint completes what a crash interrupted (see the top of this
+// file). The caller holds the CRIU lock, so the runc of a daemon that
+// died (still at work, perhaps) is done.
 func (b *Backend) settleCheckpoint(ctx context.Context, id string) error {
 	dir := b.dir(id)
 	marker := filepath.Join(dir, "restoring")
@@ -245,6 +237,11 @@ func (b *Backend) settleCheckpoint(ctx context.Context, id string) error {
 	os.RemoveAll(b.checkpointDir(id) + ".tmp")
 	os.RemoveAll(b.checkpointDir(id) + ".old")
 	if !b.checkpointed(id) {
+		// What an earlier nook's removal of the images left (no inventory:
+		// not a checkpoint) would block the next one's commit.
+		if err := b.dropCheckpoint(id); err != nil {
+			return err
+		}
 		if restoring == nil {
 			return os.Remove(marker)
 		}
@@ -258,7 +255,9 @@ func (b *Backend) settleCheckpoint(ctx context.Context, id string) error {
 			// processes that ran: ask again later.
 			return err
 		}
-		restored = st == "running"
+		// Restored, whatever it did since (its init may even have exited):
+		// its processes ran on from the images, which are stale now.
+		restored = st != ""
 	}
 	switch {
 	case restored:
@@ -306,6 +305,9 @@ func (b *Backend) dropCheckpoint(id string) error {
 // held while that runc runs, even after the daemon that started it died.
 func (b *Backend) lockCRIU(ctx context.Context, id string) (*os.File, error) {
 	f, err := os.OpenFile(filepath.Join(b.dir(id), "criu.lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("sandbox %s has no files on this host (was it removed?): %w", id, err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -427,15 +429,20 @@ func memAvailable() (int64, error) {
 	return 0, errors.New("no MemAvailable in /proc/meminfo")
 }
 
-// criuErrors is CRIU's error lines from its log, to say why it failed.
-func criuErrors(log string) string {
+// criuErrorLines is the error lines of CRIU's log (of its last 64 KiB).
+func criuErrorLines(log string) []string {
 	var errs []string
 	for _, l := range strings.Split(fsutil.Tail(log, 64<<10), "\n") {
 		if strings.Contains(l, "Error") {
 			errs = append(errs, strings.TrimSpace(l))
 		}
 	}
-	// The first errors say why; the later ones, what failed because of it.
+	return errs
+}
+
+// formatCRIUErrors says why CRIU failed: its first errors (the later
+// ones are what failed because of them).
+func formatCRIUErrors(errs []string) string {
 	if len(errs) > 3 {
 		errs = errs[:3]
 	}

@@ -323,6 +323,13 @@ func (b *Backend) Status(ctx context.Context, sb *core.Sandbox) (core.RuntimeSta
 	// A rollback in progress replaces the init: wait for it.
 	unlock := b.rollbacks.Lock(sb.ID)
 	defer unlock()
+	// And the runc of a checkpoint or restore a dead daemon left running:
+	// what it does decides what a crash left (checkpoint.go).
+	release, err := b.waitCRIU(ctx, sb.ID)
+	if err != nil {
+		return core.RuntimeStatus{}, err
+	}
+	defer release()
 	return b.statusLocked(ctx, sb, true)
 }
 
@@ -351,7 +358,7 @@ func (b *Backend) statusLocked(ctx context.Context, sb *core.Sandbox, finish boo
 		}
 	}
 	if finish {
-		if err := b.finishCheckpoint(ctx, sb.ID); err != nil {
+		if err := b.settleCheckpoint(ctx, sb.ID); err != nil {
 			b.cfg.Log.Error("finish an interrupted pause or resume", "sandbox", sb.ID, "err", err)
 		}
 		if fsutil.ReadJSON(filepath.Join(b.dir(sb.ID), "init.json"), &latest) == nil && latest.PID > 0 {

@@ -155,7 +155,7 @@ type monitor struct {
 // dialQMP connects to a QEMU's QMP socket, waiting for QEMU to create it.
 func dialQMP(ctx context.Context, path string) (*monitor, error) {
 	for {
-		q, err := qmpDial(path)
+		q, err := qmpDial(ctx, path)
 		if err == nil {
 			return &monitor{q: q}, nil
 		}

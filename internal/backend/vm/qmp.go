@@ -3,9 +3,11 @@ package vm
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"syscall"
@@ -20,8 +22,9 @@ import (
 // answer to qmp_capabilities: go-qemu issues #226 and #210, both open.
 // QMP is a few lines of JSON; this is the part of it nook speaks.)
 type qmpConn struct {
-	c *net.UnixConn
-	r *bufio.Reader
+	c      *net.UnixConn
+	r      *bufio.Reader
+	broken error // after a failed read or write the stream is out of step: no more commands
 }
 
 const (
@@ -30,14 +33,18 @@ const (
 )
 
 // qmpDial connects to a QMP socket and leaves the greeting's capability
-// negotiation done.
-func qmpDial(path string) (*qmpConn, error) {
-	conn, err := net.DialTimeout("unix", path, time.Second)
+// negotiation done, within ctx (and 5 s at most).
+func qmpDial(ctx context.Context, path string) (*qmpConn, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, err
 	}
 	q := &qmpConn{c: conn.(*net.UnixConn), r: bufio.NewReaderSize(conn, 64<<10)}
-	q.c.SetDeadline(time.Now().Add(5 * time.Second))
+	dl, _ := ctx.Deadline()
+	q.c.SetDeadline(dl)
 	line, err := q.readLine()
 	if err == nil && !bytes.Contains(line, []byte(`"QMP"`)) {
 		err = fmt.Errorf("not a QMP greeting: %.200q", line)
@@ -46,7 +53,7 @@ func qmpDial(path string) (*qmpConn, error) {
 		_, err = q.command([]byte(`{"execute":"qmp_capabilities"}`), nil)
 	}
 	if err != nil {
-		conn.Close()
+		q.close()
 		return nil, fmt.Errorf("QMP handshake: %w", err)
 	}
 	return q, nil
@@ -55,6 +62,17 @@ func qmpDial(path string) (*qmpConn, error) {
 // command sends one command (with f's descriptor, if not nil) and returns
 // its "return" value, or its "error" as an error.
 func (q *qmpConn) command(cmd []byte, f *os.File) (json.RawMessage, error) {
+	if q.broken != nil {
+		return nil, fmt.Errorf("an earlier command on this connection failed: %w", q.broken)
+	}
+	fail := func(err error) error {
+		switch {
+		case errors.Is(err, io.EOF), errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ECONNRESET):
+			err = fmt.Errorf("QEMU closed its monitor (did it exit?): %w", err)
+		}
+		q.broken = err
+		return err
+	}
 	q.c.SetDeadline(time.Now().Add(qmpTimeout))
 	var err error
 	if f != nil {
@@ -63,12 +81,12 @@ func (q *qmpConn) command(cmd []byte, f *os.File) (json.RawMessage, error) {
 		_, err = q.c.Write(cmd)
 	}
 	if err != nil {
-		return nil, err
+		return nil, fail(err)
 	}
 	for {
 		line, err := q.readLine()
 		if err != nil {
-			return nil, err
+			return nil, fail(err)
 		}
 		ret, event, err := parseQMP(line)
 		if event {

@@ -1,7 +1,7 @@
 package vm
 
 import (
-	"bufio"
+	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
@@ -27,14 +27,17 @@ func fakeQMP(t *testing.T, answers ...string) string {
 		}
 		defer c.Close()
 		c.Write([]byte(`{"QMP": {"version": {"qemu": {"micro": 0, "minor": 2, "major": 7}}, "capabilities": []}}` + "\n"))
-		r := bufio.NewReader(c)
+		dec := json.NewDecoder(c)
 		for _, a := range answers {
-			if _, err := r.ReadString('}'); err != nil {
+			var cmd map[string]any
+			if err := dec.Decode(&cmd); err != nil {
 				return
 			}
-			c.Write([]byte(a))
+			// Written in two parts: a line may arrive split.
+			c.Write([]byte(a[:len(a)/2]))
+			time.Sleep(time.Millisecond)
+			c.Write([]byte(a[len(a)/2:]))
 		}
-		time.Sleep(time.Second) // the client closes first
 	}()
 	return sock
 }
@@ -68,6 +71,13 @@ func TestQMPClient(t *testing.T) {
 	}
 	if err := mon.run("query-status", nil, nil); err == nil || !strings.Contains(err.Error(), "not JSON") {
 		t.Fatalf("garbage: %v", err)
+	}
+	// QEMU gone: said so, and the connection is not used again.
+	if err := mon.run("cont", nil, nil); err == nil || !strings.Contains(err.Error(), "QEMU closed its monitor") {
+		t.Fatalf("a closed monitor: %v", err)
+	}
+	if err := mon.run("cont", nil, nil); err == nil || !strings.Contains(err.Error(), "an earlier command on this connection failed") {
+		t.Fatalf("a command after the connection broke: %v", err)
 	}
 }
 

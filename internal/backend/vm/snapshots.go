@@ -3,7 +3,6 @@ package vm
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -102,16 +101,19 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 		return core.SnapshotInfo{}, err
 	}
 	chain := b.layerChain(snapID)
+	restarted := false
 	if !live {
 		// Paused: it stays paused, on the new layer.
 		if err := b.writeHead(id, head{Disk: newDisk, Chain: chain, Resume: h.Resume}); err != nil {
 			return core.SnapshotInfo{}, err
 		}
 		os.Remove(filepath.Join(dir, h.Disk))
-	} else if err := b.goOn(ctx, id, st, h.Disk, head{Disk: newDisk, Chain: chain, Resume: filepath.Join(layer, "mem.state")}); err != nil {
+	} else if r, err := b.goOn(ctx, id, st, h.Disk, head{Disk: newDisk, Chain: chain, Resume: filepath.Join(layer, "mem.state")}); err != nil {
 		return core.SnapshotInfo{}, err
+	} else {
+		restarted = r
 	}
-	return core.SnapshotInfo{Memory: true, SizeBytes: b.SnapshotUsage(snapID)}, nil
+	return core.SnapshotInfo{Memory: true, SizeBytes: b.SnapshotUsage(snapID), Restarted: restarted}, nil
 }
 
 // goOn lets a vm whose snapshot was just taken (its guest stopped since
@@ -123,40 +125,53 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 // where its guest is. Then QEMU's copy-on-write switch puts the new layer
 // under the running guest, the head drops the state, and the guest goes
 // on: it stopped only for the save and the switch. Should the switch
-// fail, the vm starts again from the snapshot in a new QEMU instead.
-func (b *Backend) goOn(ctx context.Context, id string, st state, oldDisk string, next head) error {
+// fail, the vm starts again from the snapshot in a new QEMU instead
+// (restarted). Once the head names the snapshot, the snapshot is taken
+// whatever happens next: what fails after that is logged, and the next
+// operation's recovery finishes it.
+func (b *Backend) goOn(ctx context.Context, id string, st state, oldDisk string, next head) (restarted bool, err error) {
 	dir := b.dir(id)
 	if err := b.writeHead(id, next); err != nil {
 		b.recoverLocked(id) // not committed: the vm continues as it was
-		return err
+		return false, err
 	}
-	err := b.switchTop(ctx, id, filepath.Join(dir, next.Disk))
-	if err != nil {
+	ctx = context.WithoutCancel(ctx)
+	if err := b.switchTop(ctx, id, filepath.Join(dir, next.Disk)); err != nil {
 		b.cfg.Log.Warn("the copy-on-write switch of a snapshot failed: starting the vm again from the snapshot", "sandbox", id, "err", err)
 		if err := b.commitSaved(ctx, id, st, next, oldDisk); err != nil {
-			return err
+			return true, err
 		}
 		if err := b.startSaved(ctx, id, st); err != nil {
-			return fmt.Errorf("snapshot taken, but the vm did not start again: %w", err)
+			// Taken all the same: the vm is saved at the snapshot, and the
+			// next resume starts it from there.
+			b.cfg.Log.Error("a vm did not start again from its snapshot", "sandbox", id, "err", err)
 		}
-		return nil
+		return true, nil
 	}
 	running := next
 	running.Resume = ""
 	if err := b.writeHead(id, running); err != nil {
-		return err // the next operation's recovery starts it from the snapshot
+		b.cfg.Log.Error("record a vm's new disk layer after its snapshot (it starts again from the snapshot)", "sandbox", id, "err", err)
+		return false, nil
+	}
+	os.Remove(filepath.Join(dir, oldDisk))
+	// The guest goes on, then the record says so: a crash in between
+	// leaves run.json saying "saved" with no state committed, and the
+	// recovery continues a running guest, which is harmless.
+	mon, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
+	if err == nil {
+		err = mon.run("cont", nil, nil)
+		mon.close()
+	}
+	if err != nil {
+		b.cfg.Log.Error("continue a vm after its snapshot (the next operation on it does)", "sandbox", id, "err", err)
+		return false, nil
 	}
 	st.Saved = false
 	if err := b.writeRun(id, st); err != nil {
-		return err
+		b.cfg.Log.Error("record a vm running after its snapshot", "sandbox", id, "err", err)
 	}
-	os.Remove(filepath.Join(dir, oldDisk))
-	mon, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
-	if err != nil {
-		return err
-	}
-	defer mon.close()
-	return mon.run("cont", nil, nil)
+	return false, nil
 }
 
 // switchTop gives the vm's live QEMU the new top layer disk.
