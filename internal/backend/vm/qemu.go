@@ -84,12 +84,16 @@ func (l launch) args() []string {
 		// The backing chain comes from nook's records, each layer opened
 		// read-only with its backing named explicitly: QEMU never follows a
 		// backing file name from a qcow2 header, which the guest's QEMU
-		// could have rewritten in the top layer.
+		// could have rewritten in the top layer. Layers are immutable, so
+		// they are opened without image locks: the vm a snapshot was taken
+		// of still holds its old top (now the snapshot's layer) open for
+		// writing, since QEMU, unprivileged by then, cannot reopen it
+		// read-only; it never writes it again.
 		below := ""
 		for i := len(l.Chain) - 1; i >= 0; i-- {
 			layer := l.Chain[i]
 			node := fmt.Sprintf("layer%d", i)
-			spec := fmt.Sprintf("driver=%s,node-name=%s,read-only=on,file.driver=file,file.filename=%s", layer.Format, node, layer.Path)
+			spec := fmt.Sprintf("driver=%s,node-name=%s,read-only=on,file.driver=file,file.filename=%s,file.locking=off", layer.Format, node, layer.Path)
 			if layer.Format == "qcow2" {
 				if below == "" {
 					spec += ",backing=null"

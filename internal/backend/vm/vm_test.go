@@ -315,6 +315,21 @@ func TestSnapshots(t *testing.T) {
 		t.Fatalf("the server after rollback: %q", got)
 	}
 
+	// A fork of a snapshot of the running source, while the source runs
+	// on (it still holds its old top layer, now the snapshot's, open).
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-live"); err != nil {
+		t.Fatal(err)
+	}
+	live := conformance.NewSandbox("vm-fork-live", h.TemplateID)
+	if err := b.Fork(ctx, live, "snap-live"); err != nil {
+		t.Fatal(err)
+	}
+	liveFork := conformance.Adopt(t, h, live)
+	if got := liveFork.Sh(t, "cat /root/a"); got != "one\n" {
+		t.Fatalf("a fork of a live snapshot sees %q", got)
+	}
+	liveFork.Destroy(t)
+
 	// Forks: independent, each from the snapshot.
 	var forks []*conformance.Sandbox
 	for i := 0; i < 2; i++ {
