@@ -41,14 +41,11 @@ func (b *Backend) Pause(ctx context.Context, id string) error {
 		// nor while one an earlier daemon began runs on.
 		unlock := b.rollbacks.Lock(id)
 		defer unlock()
-		lock, err := b.lockCRIU(ctx, id)
+		lock, err := b.lockSettled(ctx, id)
 		if err != nil {
 			return err
 		}
 		defer lock.Close()
-		if err := b.settleCheckpoint(ctx, id); err != nil {
-			return err
-		}
 		return b.checkpoint(ctx, id, lock)
 	}
 	if frozen, err := b.frozen(id); err == nil && frozen {
@@ -57,19 +54,29 @@ func (b *Backend) Pause(ctx context.Context, id string) error {
 	return b.freeze(ctx, id)
 }
 
+// lockSettled takes the sandbox's CRIU lock and settles what a crash left.
+func (b *Backend) lockSettled(ctx context.Context, id string) (*os.File, error) {
+	lock, err := b.lockCRIU(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.settleCheckpoint(ctx, id); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	return lock, nil
+}
+
 // Resume implements core.Pauser.
 func (b *Backend) Resume(ctx context.Context, id string) error {
 	if b.checkpointed(id) {
 		unlock := b.rollbacks.Lock(id)
 		defer unlock()
-		lock, err := b.lockCRIU(ctx, id)
+		lock, err := b.lockSettled(ctx, id)
 		if err != nil {
 			return err
 		}
 		defer lock.Close()
-		if err := b.settleCheckpoint(ctx, id); err != nil {
-			return err
-		}
 		if b.checkpointed(id) {
 			return b.restore(ctx, id, lock)
 		}
