@@ -184,7 +184,7 @@ func (m *monitor) runFile(cmd string, args any, f *os.File, out any) error {
 	if err != nil {
 		return err
 	}
-	ret, err := m.q.command(b, f)
+	ret, err := m.q.command(b, f, time.Now().Add(qmpTimeout))
 	if err != nil {
 		return fmt.Errorf("qmp %s: %w", cmd, err)
 	}

@@ -50,7 +50,7 @@ func qmpDial(ctx context.Context, path string) (*qmpConn, error) {
 		err = fmt.Errorf("not a QMP greeting: %.200q", line)
 	}
 	if err == nil {
-		_, err = q.command([]byte(`{"execute":"qmp_capabilities"}`), nil)
+		_, err = q.command([]byte(`{"execute":"qmp_capabilities"}`), nil, dl)
 	}
 	if err != nil {
 		q.close()
@@ -61,7 +61,7 @@ func qmpDial(ctx context.Context, path string) (*qmpConn, error) {
 
 // command sends one command (with f's descriptor, if not nil) and returns
 // its "return" value, or its "error" as an error.
-func (q *qmpConn) command(cmd []byte, f *os.File) (json.RawMessage, error) {
+func (q *qmpConn) command(cmd []byte, f *os.File, deadline time.Time) (json.RawMessage, error) {
 	if q.broken != nil {
 		return nil, fmt.Errorf("an earlier command on this connection failed: %w", q.broken)
 	}
@@ -73,7 +73,7 @@ func (q *qmpConn) command(cmd []byte, f *os.File) (json.RawMessage, error) {
 		q.broken = err
 		return err
 	}
-	q.c.SetDeadline(time.Now().Add(qmpTimeout))
+	q.c.SetDeadline(deadline)
 	var err error
 	if f != nil {
 		_, _, err = q.c.WriteMsgUnix(cmd, syscall.UnixRights(int(f.Fd())), nil)
