@@ -440,3 +440,62 @@ func TestRingBounded(t *testing.T) {
 		t.Fatalf("read from a dropped offset: next %d len %d from %d", next, len(data), from)
 	}
 }
+
+// TestQuiesce: Quiesce refuses while a request is open (it is never cut
+// off), closes an idle session, and new requests wait for the release.
+func TestQuiesce(t *testing.T) {
+	c := startAgent(t)
+	ctx := context.Background()
+	p, err := c.Exec(ctx, &ExecRequest{Argv: []string{"sleep", "30"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.Quiesce(); ok {
+		t.Fatal("Quiesce accepted a session with an exec in flight")
+	}
+	if n := c.Streams(); n != 1 {
+		t.Fatalf("the exec's stream is gone after a refused Quiesce: %d streams", n)
+	}
+	p.Signal("KILL")
+	for kind, _, err := p.Next(); kind != api.FrameExit; kind, _, err = p.Next() {
+		if err != nil {
+			t.Fatalf("exec stream: %v", err)
+		}
+	}
+	p.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	var release func()
+	for {
+		var ok bool
+		if release, ok = c.Quiesce(); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Quiesce still refused after the exec ended")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// A request while quiesced waits; one whose context ends says why.
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := c.Ping(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ping while quiesced: %v, want a deadline error", err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := c.Ping(ctx); done <- err }()
+	select {
+	case err := <-done:
+		t.Fatalf("ping went through while quiesced: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	release()
+	release() // twice is harmless
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("ping still waits after the release")
+	}
+}

@@ -25,6 +25,7 @@ type Client struct {
 
 	mu   sync.Mutex
 	sess *yamux.Session
+	hold chan struct{} // closed when a Quiesce is released; new requests wait for it
 }
 
 // NewClient returns a Client that dials with d on first use.
@@ -40,6 +41,33 @@ func (c *Client) Close() error {
 		return err
 	}
 	return nil
+}
+
+// Quiesce closes the session and makes new requests wait until release,
+// so that nothing of the host's is connected to the agent (a container's
+// memory snapshot cannot save a connection whose other end is the
+// daemon). It refuses (ok false, nothing changed) while requests are
+// open: execs, attaches and transfers in flight are never cut off.
+func (c *Client) Quiesce() (release func(), ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess != nil && !c.sess.IsClosed() {
+		if c.sess.NumStreams() > 0 {
+			return nil, false
+		}
+		c.sess.Close()
+	}
+	c.sess = nil
+	hold := make(chan struct{})
+	c.hold = hold
+	return sync.OnceFunc(func() {
+		c.mu.Lock()
+		if c.hold == hold {
+			c.hold = nil
+		}
+		c.mu.Unlock()
+		close(hold)
+	}), true
 }
 
 // Streams returns how many requests to the agent are open now (execs,
@@ -64,6 +92,16 @@ func (e *AgentError) Error() string { return e.Message }
 func (c *Client) open(ctx context.Context) (net.Conn, error) {
 	for attempt := 0; attempt < 2; attempt++ {
 		c.mu.Lock()
+		for c.hold != nil {
+			hold := c.hold
+			c.mu.Unlock()
+			select {
+			case <-hold:
+			case <-ctx.Done():
+				return nil, fmt.Errorf("connect to sandbox agent: %w", ctx.Err())
+			}
+			c.mu.Lock()
+		}
 		if c.sess == nil || c.sess.IsClosed() {
 			conn, err := c.dial(ctx)
 			if err != nil {

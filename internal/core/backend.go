@@ -150,7 +150,7 @@ type NetHooks interface {
 type Snapshotter interface {
 	// Snapshot saves sandbox sb as snapshot snapID: a running sandbox goes
 	// on running, a paused one stays paused.
-	Snapshot(ctx context.Context, sb *Sandbox, snapID string) (SnapshotInfo, error)
+	Snapshot(ctx context.Context, sb *Sandbox, snapID string, opts SnapshotOptions) (SnapshotInfo, error)
 	// Rollback puts sandbox sb back to snapshot snapID, running; it may
 	// update sb.BackendState.
 	Rollback(ctx context.Context, sb *Sandbox, snapID string) error
@@ -160,6 +160,17 @@ type Snapshotter interface {
 	GC(ctx context.Context, keep []string) error
 	// SnapshotUsage is the disk a snapshot's own files take.
 	SnapshotUsage(snapID string) int64
+}
+
+// SnapshotOptions is what the caller of Snapshot offers the backend.
+type SnapshotOptions struct {
+	// Quiesce closes the host's connections to the sandbox's agent and
+	// holds new ones until release. A backend whose memory snapshot cannot
+	// save a connection from the host (a container's CRIU dump) calls it
+	// first; ok false means requests are in flight, and the backend then
+	// takes the disk only rather than cut them off. nil: nothing of the
+	// host's is connected.
+	Quiesce func() (release func(), ok bool)
 }
 
 // SnapshotInfo is what a backend says of a snapshot it took.

@@ -78,7 +78,16 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *core.Sandbox, label st
 	rec := &core.Snapshot{ID: "snap-" + newID()[:12], SandboxID: sb.ID, Sandbox: sb.Name, Name: label, Parent: parent, CreatedAt: time.Now().UTC()}
 	// The backend's files first, then the record: a crash in between
 	// leaves files no record names, which GC removes once nothing uses them.
-	info, err := sn.Snapshot(ctx, sb, rec.ID)
+	// A backend that cannot save the host's connections to the agent
+	// closes them first, unless requests are in flight.
+	opts := core.SnapshotOptions{Quiesce: func() (func(), bool) {
+		c, err := m.agentFor(sb)
+		if err != nil {
+			return func() {}, true // no agent client: nothing connected
+		}
+		return c.Quiesce()
+	}}
+	info, err := sn.Snapshot(ctx, sb, rec.ID, opts)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot sandbox %s: %w", sb.Name, err)
 	}

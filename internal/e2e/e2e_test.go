@@ -51,6 +51,9 @@ type daemon struct {
 	// in, with sandbox networking on; otherwise it runs in the host's
 	// without (network_test.go).
 	netns string
+	// args are the flags it was first started with: start() without
+	// flags (a restart) uses them again.
+	args []string
 }
 
 func newDaemon(t *testing.T, extra ...string) *daemon {
@@ -66,7 +69,7 @@ func newDaemonIn(t *testing.T, netnsPath string, extra ...string) *daemon {
 	testutil.RequireCommand(t, "runc", "runc")
 	testutil.BaseTemplate(t)
 	root := filepath.Join(testutil.TempRoot(t), testutil.RandomName("d"))
-	d := &daemon{t: t, bin: binaries(t), data: filepath.Join(root, "data"), run: filepath.Join(root, "run"), cgroup: testutil.RandomName("nook-e2e-"), netns: netnsPath}
+	d := &daemon{t: t, bin: binaries(t), data: filepath.Join(root, "data"), run: filepath.Join(root, "run"), cgroup: testutil.RandomName("nook-e2e-"), netns: netnsPath, args: extra}
 	testutil.CleanupCgroupParent(t, d.cgroup)
 	d.start(extra...)
 	t.Cleanup(func() {
@@ -113,6 +116,9 @@ func (d *daemon) socket() string { return filepath.Join(d.run, "nook.sock") }
 
 func (d *daemon) start(extra ...string) {
 	d.t.Helper()
+	if len(extra) == 0 {
+		extra = d.args
+	}
 	args := append([]string{"serve", "--data-dir", d.data, "--run-dir", d.run, "--templates-dir", testutil.TemplatesDir(),
 		"--cgroup-parent", d.cgroup, "--reap-interval", "200ms", "--vm-cache-dir", vmCacheDir()}, extra...)
 	if d.log == nil {

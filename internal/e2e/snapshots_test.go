@@ -169,27 +169,46 @@ func TestKill9DuringSnapshots(t *testing.T) {
 }
 
 // TestContainerSnapshots: a container sandbox's snapshots hold its files
-// (its processes start afresh after a rollback or in a fork), and a
-// daemon killed in the middle of a snapshot, rollback or fork leaves the
-// old state or the new one.
+// and, with CRIU (--container-pause checkpoint), its processes: a rollback
+// brings them back, and forks start from them with their own hostnames.
+// Without CRIU (freeze) they start afresh. A daemon killed in the middle
+// of a snapshot, rollback or fork leaves the old state or the new one.
 func TestContainerSnapshots(t *testing.T) {
-	d := newDaemon(t)
+	for _, mode := range []string{"freeze", "checkpoint"} {
+		t.Run(mode, func(t *testing.T) {
+			if mode == "checkpoint" {
+				requireCRIU(t)
+			}
+			testContainerSnapshots(t, mode)
+		})
+	}
+}
+
+func testContainerSnapshots(t *testing.T, mode string) {
+	memory := mode == "checkpoint"
+	d := newDaemon(t, "--container-pause", mode)
 	d.must("create", "--name", "c")
 	d.must("exec", "c", "--", "sh", "-c", "mkdir -p /srv && echo v1 > /srv/work.txt")
-	d.must("exec", "-d", "c", "--", "sleep", "600")
+	pid := strings.TrimSpace(d.must("exec", "-d", "c", "--", "sleep", "600"))
 	if got := d.must("snapshot", "c", "--name", "good"); got != "good\n" {
 		t.Fatalf("snapshot: %q", got)
 	}
-	if tree := d.must("snapshots", "c"); !strings.Contains(tree, "good") || !strings.Contains(tree, "no (disk only)") {
-		t.Fatalf("snapshots:\n%s", tree)
+	wantMem := map[bool]string{true: "yes", false: "no (disk only)"}[memory]
+	if tree := d.must("snapshots", "c"); !strings.Contains(tree, "good") || !strings.Contains(tree, wantMem) {
+		t.Fatalf("snapshots (want memory %q):\n%s", wantMem, tree)
 	}
 	d.must("exec", "c", "--", "sh", "-c", "rm /srv/work.txt; echo broken > /srv/junk")
+	d.must("exec", "c", "--", "kill", pid)
 	d.must("rollback", "c", "good")
 	if got := d.must("exec", "c", "--", "ls", "/srv"); got != "work.txt\n" {
 		t.Fatalf("files after rollback: %q", got)
 	}
-	if ps := d.must("ps", "c"); strings.Contains(ps, "sleep 600") {
-		t.Fatalf("a container's rollback kept a process:\n%s", ps)
+	// The background process: back with its memory, or gone with it.
+	var ps []api.Process
+	json.Unmarshal([]byte(d.must("ps", "c", "--json")), &ps)
+	back := len(ps) == 1 && strconv.Itoa(ps[0].PID) == pid && ps[0].Running
+	if back != memory {
+		t.Fatalf("after a rollback (memory %v) the background process: %+v", memory, ps)
 	}
 	if got := d.must("exec", "c", "--", "hostname"); got != "c\n" {
 		t.Fatalf("hostname after rollback: %q", got)
@@ -201,8 +220,14 @@ func TestContainerSnapshots(t *testing.T) {
 	if r, _ := d.nook("exec", "f-2", "--", "cat", "/srv/mine"); r.code == 0 {
 		t.Fatal("a fork sees another's write")
 	}
-	if got := d.must("exec", "f-2", "--", "cat", "/srv/work.txt"); got != "v1\n" {
-		t.Fatalf("fork: %q", got)
+	for _, f := range []string{"f-1", "f-2"} {
+		if got := d.must("exec", f, "--", "sh", "-c", "hostname; cat /srv/work.txt; echo $NOOK_SANDBOX"); got != f+"\nv1\n"+f+"\n" {
+			t.Fatalf("fork %s: %q", f, got)
+		}
+		json.Unmarshal([]byte(d.must("ps", f, "--json")), &ps)
+		if back := len(ps) == 1 && ps[0].Running; back != memory {
+			t.Fatalf("fork %s (memory %v): background processes %+v", f, memory, ps)
+		}
 	}
 	var c api.Sandbox
 	json.Unmarshal([]byte(d.must("inspect", "c", "--json")), &c)

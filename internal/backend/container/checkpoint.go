@@ -86,44 +86,12 @@ func (b *Backend) checkpoint(ctx context.Context, id string, lock *os.File) erro
 	}
 	frozenAt := time.Now()
 	final, tmp := b.checkpointDir(id), b.checkpointDir(id)+".tmp"
-	if err := os.RemoveAll(tmp); err != nil {
+	if err := clearDir(tmp); err != nil {
 		return err
 	}
-	if err := os.Mkdir(tmp, 0o700); err != nil {
-		return err
-	}
-	work := filepath.Join(dir, "criu")
-	if err := os.MkdirAll(work, 0o700); err != nil {
-		return err
-	}
-	// --leave-running: the container stays (frozen) until the images are
-	// safe. The host's connections to the agent are closed by now; the
-	// sandbox's TCP connections are saved with it (--tcp-established), and
-	// so are its file locks.
-	for attempt := 1; ; attempt++ {
-		err := b.runcFiles(ctx, id, []*os.File{lock}, "checkpoint", "--image-path", tmp, "--work-path", work,
-			"--leave-running", "--tcp-established", "--file-locks", id)
-		if err == nil {
-			break
-		}
-		errs := criuErrorLines(filepath.Join(work, "dump.log"))
-		why := formatCRIUErrors(errs)
-		// A process frozen between vfork and exec cannot be seized (its
-		// parent never stops), and the agent may not have closed a
-		// connection the host just dropped (its peer is outside, so CRIU
-		// cannot save it): let it run a moment, and try again.
-		all := strings.Join(errs, "\n")
-		if attempt < 3 && (strings.Contains(all, "Unseizable") || strings.Contains(all, "sk-unix")) {
-			b.cfg.Log.Info("checkpoint found a process it could not seize or a connection from the host; trying again", "sandbox", id, "attempt", attempt, "err", why)
-			if err := b.unfreeze(ctx, id); err == nil {
-				time.Sleep(50 * time.Millisecond)
-				if err = b.freeze(ctx, id); err == nil {
-					continue
-				}
-			}
-		}
+	if err := b.dump(ctx, id, lock, tmp); err != nil {
 		os.RemoveAll(tmp)
-		return fmt.Errorf("checkpoint with CRIU: %w%s", err, why)
+		return err
 	}
 	dumped := time.Now()
 	if err := syncFiles(tmp); err != nil {
@@ -145,6 +113,71 @@ func (b *Backend) checkpoint(ctx context.Context, id string, lock *os.File) erro
 	return nil
 }
 
+// dump saves the processes of frozen sandbox id into the directory
+// images with CRIU, and leaves them frozen. The caller holds the CRIU lock.
+func (b *Backend) dump(ctx context.Context, id string, lock *os.File, images string) error {
+	work := filepath.Join(b.dir(id), "criu")
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return err
+	}
+	if err := b.writeCRIUConf(id, false); err != nil {
+		return err
+	}
+	// --leave-running: the container stays (frozen) until the images are
+	// safe. The host's connections to the agent are closed by now; the
+	// sandbox's TCP connections are saved with it (--tcp-established), and
+	// so are its file locks.
+	for attempt := 1; ; attempt++ {
+		err := b.runcFiles(ctx, id, []*os.File{lock}, "checkpoint", "--image-path", images, "--work-path", work,
+			"--leave-running", "--tcp-established", "--file-locks", id)
+		if err == nil {
+			return nil
+		}
+		errs := criuErrorLines(filepath.Join(work, "dump.log"))
+		why := formatCRIUErrors(errs)
+		// A process frozen between vfork and exec cannot be seized (its
+		// parent never stops), and the agent may not have closed a
+		// connection the host just dropped (its peer is outside, so CRIU
+		// cannot save it): let it run a moment, and try again.
+		all := strings.Join(errs, "\n")
+		if attempt < 3 && (strings.Contains(all, "Unseizable") || strings.Contains(all, "sk-unix")) {
+			b.cfg.Log.Info("checkpoint found a process it could not seize or a connection from the host; trying again", "sandbox", id, "attempt", attempt, "err", why)
+			if err := b.unfreeze(ctx, id); err == nil {
+				time.Sleep(50 * time.Millisecond)
+				if err = b.freeze(ctx, id); err == nil {
+					if err := clearDir(images); err != nil {
+						return err
+					}
+					continue
+				}
+			}
+		}
+		return fmt.Errorf("checkpoint with CRIU: %w%s", err, why)
+	}
+}
+
+// clearDir empties dir.
+func clearDir(dir string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	return os.Mkdir(dir, 0o700)
+}
+
+// writeCRIUConf writes the CRIU settings runc passes on for sandbox id's
+// container (the spec's org.criu.config): give up on a process CRIU
+// cannot stop after 3 s, not 10 (dump retries); and for a restore from
+// a snapshot (tcpClose), bring TCP connections back closed, since their
+// peers have moved on and a fork has another address. Every dump and
+// restore writes it first, so what one wrote never applies to the next.
+func (b *Backend) writeCRIUConf(id string, tcpClose bool) error {
+	conf := "timeout 3\n"
+	if tcpClose {
+		conf += "tcp-close\n"
+	}
+	return os.WriteFile(filepath.Join(b.dir(id), "criu.conf"), []byte(conf), 0o600)
+}
+
 // lookupInit returns the running init of sandbox id.
 func (b *Backend) lookupInit(id string) (state, error) {
 	var st state
@@ -159,7 +192,7 @@ func (b *Backend) lookupInit(id string) (state, error) {
 // container of it runs).
 func (b *Backend) restore(ctx context.Context, id string, lock *os.File) error {
 	dir := b.dir(id)
-	if err := b.checkMemory(id); err != nil {
+	if err := checkMemory(b.checkpointDir(id)); err != nil {
 		return err
 	}
 	// What a restore or a checkpoint a crash cut short left: runc's state
@@ -202,6 +235,9 @@ func (b *Backend) restore(ctx context.Context, id string, lock *os.File) error {
 		return fail(err)
 	}
 	work := filepath.Join(dir, "criu")
+	if err := b.writeCRIUConf(id, false); err != nil {
+		return fail(err)
+	}
 	if err := b.runcFiles(ctx, id, []*os.File{lock}, "restore", "--detach", "--image-path", b.checkpointDir(id), "--work-path", work,
 		"--tcp-established", "--file-locks", "--pid-file", filepath.Join(dir, "init.pid"), "--bundle", dir, id); err != nil {
 		return fail(fmt.Errorf("restore with CRIU: %w%s", err, formatCRIUErrors(criuErrorLines(filepath.Join(work, "restore.log")))))
@@ -331,16 +367,17 @@ func (b *Backend) lockCRIU(ctx context.Context, id string) (*os.File, error) {
 
 // waitCRIU waits for the runc of a checkpoint or restore of sandbox id
 // that an earlier daemon started (it may run on after that daemon died),
-// and keeps others out until release.
-func (b *Backend) waitCRIU(ctx context.Context, id string) (release func(), err error) {
-	lock, err := b.lockCRIU(ctx, id)
+// and keeps others out until release. lock is nil when the sandbox has no
+// directory (and so no checkpoint either).
+func (b *Backend) waitCRIU(ctx context.Context, id string) (lock *os.File, release func(), err error) {
+	lock, err = b.lockCRIU(ctx, id)
 	if errors.Is(err, os.ErrNotExist) {
-		return func() {}, nil // no sandbox directory: no checkpoint either
+		return nil, func() {}, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return func() { lock.Close() }, nil
+	return lock, func() { lock.Close() }, nil
 }
 
 // runcStatus is runc's status of sandbox id's container ("running",
@@ -391,10 +428,10 @@ func syncFiles(dir string) error {
 }
 
 // checkMemory refuses a restore the host has not the memory for: the
-// checkpoint's pages, against MemAvailable.
-func (b *Backend) checkMemory(id string) error {
+// pages of the images in dir, against MemAvailable.
+func checkMemory(images string) error {
 	var need int64
-	entries, _ := os.ReadDir(b.checkpointDir(id))
+	entries, _ := os.ReadDir(images)
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), "pages-") {
 			if fi, err := e.Info(); err == nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/core/conformance"
@@ -75,14 +76,12 @@ func counters(t *testing.T, s *conformance.Sandbox) (count, tcp int) {
 	return count, tcp
 }
 
-// TestCheckpointPauseResume: a pause to disk ends every process of the
-// container (no process, cgroup or mount left; only files), survives a
-// daemon restart, and a resume brings back the same processes with their
-// memory and their TCP connection.
-func TestCheckpointPauseResume(t *testing.T) {
-	b, h := newCheckpointBackend(t)
+// startCounters starts a shell counter and memoryScript in s, waits
+// until both have counted to 20 (far enough that a restart, from 1,
+// cannot pass for going on), and returns the shell's PID.
+func startCounters(t *testing.T, s *conformance.Sandbox) int {
+	t.Helper()
 	ctx := context.Background()
-	s := conformance.Create(t, h, "ckpt")
 	pid, err := s.Agent.Start(ctx, &agent.ExecRequest{Argv: []string{"sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /tmp/count.tmp; mv /tmp/count.tmp /tmp/count; sleep 0.02; done"}})
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +90,6 @@ func TestCheckpointPauseResume(t *testing.T) {
 	if _, err := s.Agent.Start(ctx, &agent.ExecRequest{Argv: []string{"python3", "/tmp/tcp.py"}}); err != nil {
 		t.Fatal(err)
 	}
-	// Far enough that a restart (from 1) cannot pass for going on.
 	deadline := time.Now().Add(20 * time.Second)
 	for s.Sh(t, "test -s /tmp/tcp && test -s /tmp/count && echo ok || true") != "ok\n" {
 		if time.Now().After(deadline) {
@@ -99,12 +97,31 @@ func TestCheckpointPauseResume(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	for c, tc := counters(t, s); c < 20 || tc < 20; c, tc = counters(t, s) {
+	waitCounters(t, s, 20, 20)
+	return pid
+}
+
+// waitCounters waits until s's counters reach count and tcp.
+func waitCounters(t *testing.T, s *conformance.Sandbox, count, tcp int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for c, tc := counters(t, s); c < count || tc < tcp; c, tc = counters(t, s) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the sandbox's counters are slow: %d %d", c, tc)
+			t.Fatalf("the sandbox's counters are slow: %d %d, want %d %d", c, tc, count, tcp)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestCheckpointPauseResume: a pause to disk ends every process of the
+// container (no process, cgroup or mount left; only files), survives a
+// daemon restart, and a resume brings back the same processes with their
+// memory and their TCP connection.
+func TestCheckpointPauseResume(t *testing.T) {
+	b, h := newCheckpointBackend(t)
+	ctx := context.Background()
+	s := conformance.Create(t, h, "ckpt")
+	pid := startCounters(t, s)
 	c0, t0 := counters(t, s)
 	var init state
 	if err := readState(b, s.ID, &init); err != nil {
@@ -336,4 +353,129 @@ func restoredByCrash(t *testing.T, b *Backend, s *conformance.Sandbox) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestMemorySnapshotRollbackFork: with CRIU, a snapshot of a running
+// container has its memory. The container runs on meanwhile (the same
+// init); a rollback brings its processes back as they stood at the
+// snapshot (the counters go back to it, not to 1, and the loopback TCP
+// connection works); a fork starts from there with its own hostname and
+// files. A snapshot of a container paused to disk keeps its images. A
+// snapshot while an exec is in flight takes the disk only, and the exec
+// is not cut off.
+func TestMemorySnapshotRollbackFork(t *testing.T) {
+	b, h := newCheckpointBackend(t)
+	ctx := context.Background()
+	s := conformance.Create(t, h, "memsnap")
+	pid := startCounters(t, s)
+	c0, _ := counters(t, s)
+	init0, err := b.lookupInit(s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := b.Snapshot(ctx, s.Sandbox, "mem-1", core.SnapshotOptions{Quiesce: s.Agent.Quiesce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Memory {
+		t.Fatalf("snapshot of a running container with CRIU has no memory: %+v", info)
+	}
+	if _, err := os.Stat(filepath.Join(b.memoryDir("mem-1"), "inventory.img")); err != nil {
+		t.Fatalf("snapshot's images: %v", err)
+	}
+	c1, t1 := counters(t, s)
+	if init1, err := b.lookupInit(s.ID); err != nil || init1 != init0 {
+		t.Fatalf("the container did not run on through its snapshot: init %+v, was %+v (%v)", init1, init0, err)
+	}
+	// Far past the snapshot, and a file it does not have.
+	waitCounters(t, s, c1+100, t1+100)
+	s.Sh(t, "echo later > /root/later")
+	before, _ := counters(t, s)
+
+	s.Agent.Close()
+	if err := b.Rollback(ctx, s.Sandbox, "mem-1"); err != nil {
+		t.Fatal(err)
+	}
+	c2, t2 := counters(t, s)
+	if c2 < c0 || c2 >= before-50 {
+		t.Fatalf("after the rollback the counter is at %d: want it back near the snapshot's (%d to %d), not at %d or 1", c2, c0, c1, before)
+	}
+	waitCounters(t, s, c2+5, t2+5) // and both go on: the TCP connection too
+	if got := s.Sh(t, "cat /root/later 2>&1 || true"); !strings.Contains(got, "No such file") {
+		t.Fatalf("after the rollback /root/later: %q", got)
+	}
+	if ps, err := s.Agent.Processes(ctx); err != nil || len(ps) != 2 || ps[0].PID != pid || !ps[0].Running || !ps[1].Running {
+		t.Fatalf("processes after the rollback: %+v %v", ps, err)
+	}
+
+	// A fork: the same processes, its own hostname, files and address
+	// (TCP connections come back closed, so only the shell's counter is checked).
+	fsb := conformance.NewSandbox("memfork", h.TemplateID)
+	if err := b.Fork(ctx, fsb, "mem-1"); err != nil {
+		t.Fatal(err)
+	}
+	f := conformance.Adopt(t, h, fsb)
+	if got := f.Sh(t, "hostname"); got != "memfork\n" {
+		t.Fatalf("fork's hostname %q", got)
+	}
+	fc, _ := counters(t, f)
+	if fc < c0 || fc >= before-50 {
+		t.Fatalf("the fork's counter is at %d: want it near the snapshot's (%d to %d)", fc, c0, c1)
+	}
+	if ps, err := f.Agent.Processes(ctx); err != nil || len(ps) == 0 || ps[0].PID != pid || !ps[0].Running {
+		t.Fatalf("processes in the fork: %+v %v", ps, err)
+	}
+	f.Sh(t, "echo fork > /root/fork")
+	if got := s.Sh(t, "cat /root/fork 2>&1 || true"); !strings.Contains(got, "No such file") {
+		t.Fatalf("the source sees the fork's file: %q", got)
+	}
+
+	// Paused to disk: the snapshot keeps the checkpoint's images, and a
+	// fork of it runs.
+	s.Agent.Close()
+	if err := b.Pause(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	info, err = b.Snapshot(ctx, s.Sandbox, "mem-2", core.SnapshotOptions{Quiesce: s.Agent.Quiesce})
+	if err != nil || !info.Memory {
+		t.Fatalf("snapshot of a container paused to disk: %+v %v", info, err)
+	}
+	if err := b.Resume(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	f2sb := conformance.NewSandbox("memfork-2", h.TemplateID)
+	if err := b.Fork(ctx, f2sb, "mem-2"); err != nil {
+		t.Fatal(err)
+	}
+	f2 := conformance.Adopt(t, h, f2sb)
+	if got := f2.Sh(t, "hostname; cat /root/later 2>&1 || true"); !strings.Contains(got, "memfork-2\n") || !strings.Contains(got, "No such file") {
+		t.Fatalf("fork of the paused snapshot: %q", got)
+	}
+
+	// An exec in flight: the disk only, and the exec goes on.
+	p, err := s.Agent.Exec(ctx, &agent.ExecRequest{Argv: []string{"sh", "-c", "sleep 1; echo done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err = b.Snapshot(ctx, s.Sandbox, "mem-3", core.SnapshotOptions{Quiesce: s.Agent.Quiesce})
+	if err != nil || info.Memory {
+		t.Fatalf("snapshot with an exec in flight: %+v %v", info, err)
+	}
+	var out strings.Builder
+	for {
+		kind, data, err := p.Next()
+		if err != nil {
+			t.Fatalf("the exec in flight was cut off by the snapshot: %v", err)
+		}
+		if kind == api.FrameStdout {
+			out.Write(data)
+		}
+		if kind == api.FrameExit {
+			break
+		}
+	}
+	p.Close()
+	if out.String() != "done\n" {
+		t.Fatalf("exec through the snapshot: %q", out.String())
+	}
 }

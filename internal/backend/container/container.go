@@ -92,7 +92,7 @@ func (b *Backend) Isolation() string { return api.IsolationContainer }
 
 // Capabilities implements core.Backend. Disk size is not limited: an
 // overlay upper directory on the host's filesystem has no quota here.
-// Snapshots are of the disk only (see snapshots.go).
+// Snapshots have the memory too where CRIU is configured (see memory.go).
 func (b *Backend) Capabilities() api.Capabilities {
 	return api.Capabilities{CPULimit: true, MemoryLimit: true, PidsLimit: true, Pause: true, Snapshot: true}
 }
@@ -149,13 +149,24 @@ func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) error {
 }
 
 func (b *Backend) createCold(ctx context.Context, sb *core.Sandbox) error {
-	return b.start(ctx, sb, chain{Template: sb.TemplateID}, true)
+	return b.start(ctx, sb, chain{Template: sb.TemplateID}, true, nil)
+}
+
+// memoryImages is a snapshot's memory for start: CRIU's images, and the
+// sandbox's CRIU lock (nil: start takes it). tcpClose: TCP connections
+// come back closed (a fork: another address, and another sandbox's
+// peers); otherwise as they were (a rollback, like a resume).
+type memoryImages struct {
+	dir      string
+	lock     *os.File
+	tcpClose bool
 }
 
 // start mounts a sandbox's root filesystem, its upper directory over the
-// chain c, and runs its container. fresh: a failure removes everything (a
-// create, a fork); otherwise (a rollback) the sandbox's files stay.
-func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bool) (err error) {
+// chain c, and runs its container: afresh, or (mem) restored from a
+// snapshot's memory. fresh: a failure removes everything (a create, a
+// fork); otherwise (a rollback) the sandbox's files stay.
+func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bool, mem *memoryImages) (err error) {
 	lowers, err := b.lowerDirs(c)
 	if err != nil {
 		return err
@@ -209,13 +220,11 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bo
 	if err != nil {
 		return err
 	}
-	// CRIU's own settings for this container's checkpoints: give up on a
-	// process it cannot stop after 3 s, not 10 (checkpoint retries).
-	criuConf := filepath.Join(dir, "criu.conf")
-	if err := os.WriteFile(criuConf, []byte("timeout 3\n"), 0o600); err != nil {
+	// CRIU's own settings for this container's checkpoints and restores.
+	if err := b.writeCRIUConf(sb.ID, false); err != nil {
 		return err
 	}
-	spec.Annotations = map[string]string{"org.criu.config": criuConf}
+	spec.Annotations = map[string]string{"org.criu.config": filepath.Join(dir, "criu.conf")}
 	specJSON, err := json.Marshal(spec)
 	if err != nil {
 		return err
@@ -232,6 +241,9 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bo
 		return err
 	}
 	pidFile := filepath.Join(dir, "init.pid")
+	if mem != nil {
+		return b.restoreSnapshot(ctx, sb, mem)
+	}
 	runStart := time.Now()
 	if err := b.runc(ctx, sb.ID, "run", "--detach", "--pid-file", pidFile, "--bundle", dir, sb.ID); err != nil {
 		return err
@@ -325,15 +337,18 @@ func (b *Backend) Status(ctx context.Context, sb *core.Sandbox) (core.RuntimeSta
 	defer unlock()
 	// And the runc of a checkpoint or restore a dead daemon left running:
 	// what it does decides what a crash left (checkpoint.go).
-	release, err := b.waitCRIU(ctx, sb.ID)
+	lock, release, err := b.waitCRIU(ctx, sb.ID)
 	if err != nil {
 		return core.RuntimeStatus{}, err
 	}
 	defer release()
-	return b.statusLocked(ctx, sb, true)
+	return b.statusLocked(ctx, sb, lock)
 }
 
-func (b *Backend) statusLocked(ctx context.Context, sb *core.Sandbox, finish bool) (core.RuntimeStatus, error) {
+// statusLocked is Status. With the sandbox's CRIU lock (and its
+// rollbacks lock) held, it also finishes what a crash interrupted.
+func (b *Backend) statusLocked(ctx context.Context, sb *core.Sandbox, lock *os.File) (core.RuntimeStatus, error) {
+	finish := lock != nil
 	var st state
 	if len(sb.BackendState) > 0 {
 		if err := json.Unmarshal(sb.BackendState, &st); err != nil {
@@ -347,12 +362,12 @@ func (b *Backend) statusLocked(ctx context.Context, sb *core.Sandbox, finish boo
 	}
 	running := st.PID > 0 && st.StartTime != 0 && procfs.StartTime(st.PID) == st.StartTime
 	if finish {
-		redone, err := b.finishRollback(ctx, sb, running)
+		redone, err := b.finishRollback(ctx, sb, running, lock)
 		if err != nil {
 			b.cfg.Log.Error("finish an interrupted rollback", "sandbox", sb.ID, "err", err)
 		}
 		if redone && err == nil {
-			rs, err := b.statusLocked(ctx, sb, false)
+			rs, err := b.statusLocked(ctx, sb, nil)
 			rs.Restarted = true
 			return rs, err
 		}
@@ -391,7 +406,7 @@ func lastLine(s string) string {
 // DialAgent implements core.Backend.
 func (b *Backend) DialAgent(ctx context.Context, sb *core.Sandbox) (net.Conn, error) {
 	return b.dialAgent(ctx, sb.ID, func() bool {
-		rs, err := b.statusLocked(ctx, sb, false)
+		rs, err := b.statusLocked(ctx, sb, nil)
 		return err == nil && rs.State == core.RuntimeRunning
 	})
 }
@@ -405,7 +420,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	// Not while Status finishes an interrupted rollback of it.
 	unlock := b.rollbacks.Lock(id)
 	defer unlock()
-	release, err := b.waitCRIU(ctx, id)
+	_, release, err := b.waitCRIU(ctx, id)
 	if err != nil {
 		return err
 	}

@@ -14,14 +14,15 @@ import (
 	"github.com/nookhq/nook/internal/fsutil"
 )
 
-// Container snapshots are of the disk only: without a working CRIU (see
-// HOST.md) a container's memory cannot be saved, so a rollback or a fork
-// starts the sandbox's processes afresh on the snapshot's files.
+// A container snapshot is its disk (a copy of its upper directory) and,
+// with CRIU configured, its memory (memory.go). Without memory, a rollback
+// or a fork starts the sandbox's processes afresh on the snapshot's files.
 //
 // Files:
 //
 //	<SnapshotDir>/<snapID>/layer       the copied upper directory (read-only by convention)
 //	<SnapshotDir>/<snapID>/chain.json  the layers below it ({template, layers})
+//	<SnapshotDir>/<snapID>/memory/     CRIU's images of its processes, if it has them
 //	<StateDir>/<id>/chain.json         the layers under the sandbox's upper directory
 //	<StateDir>/<id>/manifest.json      what its upper held at its last snapshot
 //
@@ -88,8 +89,9 @@ func (b *Backend) lowerDirs(c chain) ([]string, error) {
 }
 
 // Snapshot implements core.Snapshotter: the container is frozen while its
-// upper directory is copied (a paused one stays paused).
-func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string) (core.SnapshotInfo, error) {
+// processes are dumped (with CRIU) and its upper directory is copied (a
+// paused one stays paused).
+func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string, opts core.SnapshotOptions) (core.SnapshotInfo, error) {
 	if err := validSnapID(snapID); err != nil {
 		return core.SnapshotInfo{}, err
 	}
@@ -155,6 +157,33 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 	if err != nil {
 		return core.SnapshotInfo{}, fmt.Errorf("sandbox %s is not running (%w): only a running or paused sandbox can be snapshotted", id, err)
 	}
+	// Its memory: the images of a pause to disk, or a dump while frozen.
+	memDir := filepath.Join(tmp, "memory")
+	memory, dump := false, false
+	var lock *os.File
+	if b.cfg.CRIU != "" {
+		if lock, err = b.lockSettled(ctx, id); err != nil {
+			return core.SnapshotInfo{}, err
+		}
+		defer lock.Close()
+		switch {
+		case b.checkpointed(id):
+			if err := linkImages(b.checkpointDir(id), memDir); err != nil {
+				return core.SnapshotInfo{}, fmt.Errorf("keep the paused sandbox's memory: %w", err)
+			}
+			memory = true
+		case opts.Quiesce == nil:
+			dump = true
+		default:
+			release, ok := opts.Quiesce()
+			if ok {
+				defer release()
+			} else {
+				b.cfg.Log.Info("snapshot of the disk only: requests to the sandbox are in flight, and its memory cannot be saved without ending them", "sandbox", id)
+			}
+			dump = ok
+		}
+	}
 	frozen := time.Now()
 	thawed := paused
 	thaw := func() error {
@@ -178,6 +207,25 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 		}
 		defer thaw()
 	}
+	if dump {
+		if err := clearDir(memDir); err != nil {
+			return core.SnapshotInfo{}, err
+		}
+		if derr := b.dump(ctx, id, lock, memDir); derr != nil {
+			// Still a snapshot of the disk; the log says why not more.
+			b.cfg.Log.Warn("snapshot of the disk only: its processes could not be saved", "sandbox", id, "err", derr)
+			if err := os.RemoveAll(memDir); err != nil {
+				return core.SnapshotInfo{}, err
+			}
+			if p, _ := b.frozen(id); !p {
+				if err := b.freeze(ctx, id); err != nil {
+					return core.SnapshotInfo{}, err
+				}
+			}
+		} else {
+			memory = true
+		}
+	}
 	if err := fsutil.Syncfs(upper); err != nil {
 		return core.SnapshotInfo{}, err
 	}
@@ -189,6 +237,11 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 		return core.SnapshotInfo{}, fmt.Errorf("copy the sandbox's files: %w", err)
 	}
 	next.Snapshot = snapID
+	if memory {
+		if err := syncFiles(memDir); err != nil {
+			return core.SnapshotInfo{}, err
+		}
+	}
 	if err := fsutil.WriteJSONAtomic(filepath.Join(tmp, "chain.json"), base); err != nil {
 		return core.SnapshotInfo{}, err
 	}
@@ -204,28 +257,31 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string)
 	if err := fsutil.WriteJSONAtomic(filepath.Join(b.dir(id), "manifest.json"), next); err != nil {
 		b.cfg.Log.Warn("save snapshot manifest: the next snapshot copies every file", "sandbox", id, "err", err)
 	}
-	return core.SnapshotInfo{SizeBytes: layerUsage(final)}, nil
+	return core.SnapshotInfo{Memory: memory, SizeBytes: layerUsage(final)}, nil
 }
 
 // Rollback implements core.Snapshotter: the container is stopped, its
 // upper directory set aside (until the new state runs; the old one is
 // started again if the new one cannot), and it starts again over the
-// snapshot's chain with sb's identity and limits. Its processes start afresh.
+// snapshot's chain with sb's identity and limits: its processes restored
+// from the snapshot's memory if it has them, afresh otherwise.
 func (b *Backend) Rollback(ctx context.Context, sb *core.Sandbox, snapID string) error {
 	unlock := b.rollbacks.Lock(sb.ID)
 	defer unlock()
-	release, err := b.waitCRIU(ctx, sb.ID)
+	lock, err := b.lockCRIU(ctx, sb.ID)
 	if err != nil {
 		return err
 	}
-	defer release()
-	return b.rollbackLocked(ctx, sb, snapID)
+	defer lock.Close()
+	return b.rollbackLocked(ctx, sb, snapID, lock)
 }
 
 // maxLayers is how many lower layers the kernel stacks in one overlay.
 const maxLayers = 500
 
-func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID string) error {
+// rollbackLocked is Rollback; the caller holds the sandbox's rollbacks
+// and CRIU locks.
+func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID string, lock *os.File) error {
 	b.gcMu.RLock()
 	defer b.gcMu.RUnlock()
 	if err := validID(sb.ID); err != nil {
@@ -245,6 +301,12 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 	}
 	if len(c.Layers) >= maxLayers {
 		return errdefs.Precondition("snapshot %s sits on %d layers, and the kernel stacks at most %d: roll back to an older snapshot", snapID, len(c.Layers), maxLayers)
+	}
+	mem := b.snapshotMemory(snapID, lock, false)
+	if mem != nil {
+		if err := checkMemory(mem.dir); err != nil {
+			return err
+		}
 	}
 	// The state to go back to if the new one cannot start: the one a
 	// rollback a crash interrupted recorded, or the sandbox's.
@@ -285,7 +347,7 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 			return err
 		}
 	}
-	if err := b.start(ctx, sb, c, false); err != nil {
+	if err := b.start(ctx, sb, c, false, mem); err != nil {
 		// Back to the old state: running, or paused to disk as it was.
 		rerr := errors.Join(os.RemoveAll(upper), os.RemoveAll(filepath.Join(dir, "work")), os.Rename(kept, upper))
 		if checkpointed {
@@ -299,7 +361,7 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 			return fmt.Errorf("%w (the sandbox is still paused to disk as it was before the rollback)", err)
 		}
 		if rerr == nil {
-			rerr = b.start(ctx, sb, old, false)
+			rerr = b.start(ctx, sb, old, false, nil)
 		}
 		os.Remove(filepath.Join(dir, "rollback.json"))
 		if rerr != nil {
@@ -325,8 +387,8 @@ type pendingRollback struct {
 
 // finishRollback completes a rollback a crash interrupted, if there is
 // one, and reports whether it started the container again. The caller
-// holds the sandbox's rollbacks lock.
-func (b *Backend) finishRollback(ctx context.Context, sb *core.Sandbox, running bool) (bool, error) {
+// holds the sandbox's rollbacks and CRIU locks.
+func (b *Backend) finishRollback(ctx context.Context, sb *core.Sandbox, running bool, lock *os.File) (bool, error) {
 	var p pendingRollback
 	path := filepath.Join(b.dir(sb.ID), "rollback.json")
 	if err := fsutil.ReadJSON(path, &p); err != nil {
@@ -339,13 +401,14 @@ func (b *Backend) finishRollback(ctx context.Context, sb *core.Sandbox, running 
 		return false, errors.Join(os.RemoveAll(filepath.Join(b.dir(sb.ID), "upper.old")), os.Remove(path))
 	}
 	b.cfg.Log.Info("finishing an interrupted rollback", "sandbox", sb.ID, "snapshot", p.Snapshot)
-	if err := b.rollbackLocked(ctx, sb, p.Snapshot); err != nil {
+	if err := b.rollbackLocked(ctx, sb, p.Snapshot, lock); err != nil {
 		return false, fmt.Errorf("finish the rollback to %s: %w", p.Snapshot, err)
 	}
 	return true, nil
 }
 
-// Fork implements core.Snapshotter: a new container over the snapshot's chain.
+// Fork implements core.Snapshotter: a new container over the snapshot's
+// chain, its processes restored from the snapshot's memory if it has them.
 func (b *Backend) Fork(ctx context.Context, sb *core.Sandbox, snapID string) error {
 	b.gcMu.RLock()
 	defer b.gcMu.RUnlock()
@@ -356,7 +419,7 @@ func (b *Backend) Fork(ctx context.Context, sb *core.Sandbox, snapID string) err
 	if c.Template != sb.TemplateID {
 		return fmt.Errorf("snapshot %s is of template build %s, not %s", snapID, c.Template, sb.TemplateID)
 	}
-	return b.start(ctx, sb, c, true)
+	return b.start(ctx, sb, c, true, b.snapshotMemory(snapID, nil, true))
 }
 
 // SnapshotUsage implements core.Snapshotter.

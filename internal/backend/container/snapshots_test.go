@@ -40,7 +40,7 @@ func TestSnapshotRollbackFork(t *testing.T) {
 	// byte compare: let the clock move on, so that this one is shared by its key.
 	time.Sleep(100 * time.Millisecond)
 	at1 := s.Sh(t, snapshotFiles)
-	info1, err := b.Snapshot(ctx, s.Sandbox, "snap-1")
+	info1, err := b.Snapshot(ctx, s.Sandbox, "snap-1", core.SnapshotOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestSnapshotRollbackFork(t *testing.T) {
 	// Change a little, keep the big file.
 	s.Sh(t, `cd /root && echo two > a && rm -r dir && rm link && echo back > /etc/motd && echo y > c`)
 	at2 := s.Sh(t, snapshotFiles)
-	info2, err := b.Snapshot(ctx, s.Sandbox, "snap-2")
+	info2, err := b.Snapshot(ctx, s.Sandbox, "snap-2", core.SnapshotOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestSnapshotRollbackFork(t *testing.T) {
 	// A snapshot over the rolled-back chain, then back and forth.
 	s.Sh(t, "echo three > /root/a")
 	at3 := s.Sh(t, snapshotFiles)
-	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-3"); err != nil {
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-3", core.SnapshotOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if c, _ := b.snapshotChain("snap-3"); strings.Join(c.Layers, ",") != "snap-3,snap-1" {
@@ -123,7 +123,7 @@ func TestSnapshotRollbackFork(t *testing.T) {
 	if err := b.Pause(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-4"); err != nil {
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-4", core.SnapshotOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if p, err := b.Paused(ctx, s.ID); err != nil || !p {
@@ -192,11 +192,11 @@ func TestSnapshotBadInput(t *testing.T) {
 	b, h := newTestBackend(t)
 	ctx := context.Background()
 	for _, id := range []string{"", "../x", "a/b", "a,b"} {
-		if _, err := b.Snapshot(ctx, &core.Sandbox{ID: "0000"}, id); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, err := b.Snapshot(ctx, &core.Sandbox{ID: "0000"}, id, core.SnapshotOptions{}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("snapshot id %q: %v", id, err)
 		}
 	}
-	if _, err := b.Snapshot(ctx, &core.Sandbox{ID: "0000000000000000"}, "snap-x"); err == nil {
+	if _, err := b.Snapshot(ctx, &core.Sandbox{ID: "0000000000000000"}, "snap-x", core.SnapshotOptions{}); err == nil {
 		t.Fatal("snapshot of a sandbox that does not exist")
 	}
 	s := conformance.Create(t, h, "bad")
@@ -217,7 +217,7 @@ func TestSnapshotBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Sh(t, "echo legacy > /root/l")
-	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-legacy"); err != nil {
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-legacy", core.SnapshotOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	s.Sh(t, "rm /root/l")
@@ -358,7 +358,7 @@ func TestSnapshotWhileWriting(t *testing.T) {
 	}
 	for i := 1; i <= 4; i++ {
 		s.Sh(t, fmt.Sprintf("head -c 50000000 /dev/urandom > /root/m-%d", i))
-		if _, err := b.Snapshot(ctx, s.Sandbox, fmt.Sprintf("w-%d", i)); err != nil {
+		if _, err := b.Snapshot(ctx, s.Sandbox, fmt.Sprintf("w-%d", i), core.SnapshotOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -385,7 +385,7 @@ func TestRollbackFailureKeepsOldState(t *testing.T) {
 	ctx := context.Background()
 	s := conformance.Create(t, h, "rbfail")
 	s.Sh(t, "echo old > /root/f")
-	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-1"); err != nil {
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-1", core.SnapshotOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	s.Sh(t, "echo new > /root/f")
@@ -416,7 +416,7 @@ func TestRollbackFinishedAfterCrash(t *testing.T) {
 	ctx := context.Background()
 	s := conformance.Create(t, h, "rbcrash")
 	s.Sh(t, "echo snap > /root/f")
-	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-1"); err != nil {
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-1", core.SnapshotOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	s.Sh(t, "echo later > /root/f")
@@ -471,11 +471,11 @@ time.sleep(600)
 		t.Fatal(err)
 	}
 	s.Sh(t, "while [ ! -e /tmp/a-written ]; do sleep 0.01; done; sleep 0.2")
-	if _, err := b.Snapshot(ctx, s.Sandbox, "m-1"); err != nil {
+	if _, err := b.Snapshot(ctx, s.Sandbox, "m-1", core.SnapshotOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	s.Sh(t, "touch /tmp/go; while [ ! -e /tmp/b-written ]; do sleep 0.01; done")
-	if _, err := b.Snapshot(ctx, s.Sandbox, "m-2"); err != nil {
+	if _, err := b.Snapshot(ctx, s.Sandbox, "m-2", core.SnapshotOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for snap, want := range map[string]byte{"m-1": 'A', "m-2": 'B'} {

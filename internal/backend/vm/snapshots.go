@@ -41,7 +41,7 @@ func validSnapID(id string) error {
 }
 
 // Snapshot implements core.Snapshotter.
-func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string) (core.SnapshotInfo, error) {
+func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string, _ core.SnapshotOptions) (core.SnapshotInfo, error) {
 	id := sb.ID
 	if err := validSnapID(snapID); err != nil {
 		return core.SnapshotInfo{}, err

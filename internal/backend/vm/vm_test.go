@@ -275,7 +275,7 @@ func TestSnapshots(t *testing.T) {
 	}
 	waitHTTP(t, s)
 	before, _ := b.readRun(s.ID)
-	info, err := b.Snapshot(ctx, s.Sandbox, "snap-1")
+	info, err := b.Snapshot(ctx, s.Sandbox, "snap-1", core.SnapshotOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +317,7 @@ func TestSnapshots(t *testing.T) {
 
 	// A fork of a snapshot of the running source, while the source runs
 	// on (it still holds its old top layer, now the snapshot's, open).
-	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-live"); err != nil {
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-live", core.SnapshotOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	live := conformance.NewSandbox("vm-fork-live", h.TemplateID)
@@ -359,7 +359,7 @@ func TestSnapshots(t *testing.T) {
 	if err := b.Pause(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-2"); err != nil {
+	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-2", core.SnapshotOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if paused, _ := b.Paused(ctx, s.ID); !paused {
