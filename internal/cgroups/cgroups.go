@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -126,6 +127,35 @@ func Kill(parent, id string) {
 			return nil
 		})
 	}
+}
+
+// Threads lists the threads (TIDs) in a sandbox's cgroups, in every
+// hierarchy and the groups below.
+func Threads(parent, id string) []int {
+	seen := map[int]bool{}
+	var tids []int
+	for _, d := range Dirs(parent, id) {
+		filepath.WalkDir(d, func(path string, e os.DirEntry, err error) error {
+			if err != nil || !e.IsDir() {
+				return nil
+			}
+			for _, f := range []string{"tasks", "cgroup.threads"} { // v1, v2
+				list, err := os.ReadFile(filepath.Join(path, f))
+				if err != nil {
+					continue
+				}
+				for _, l := range strings.Fields(string(list)) {
+					if tid, err := strconv.Atoi(l); err == nil && tid > 0 && !seen[tid] {
+						seen[tid] = true
+						tids = append(tids, tid)
+					}
+				}
+				break
+			}
+			return nil
+		})
+	}
+	return tids
 }
 
 // Remove kills whatever is left in a sandbox's cgroups and removes them.

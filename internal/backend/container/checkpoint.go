@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/procfs"
@@ -66,8 +67,10 @@ func (b *Backend) checkpointed(id string) bool {
 	return err == nil
 }
 
-// checkpoint pauses sandbox id to disk. The caller holds the sandbox's
-// CRIU lock (lockCRIU), and settled what an earlier one left.
+// checkpoint pauses sandbox id to disk, or, if CRIU cannot save its
+// processes, leaves it frozen in RAM (still paused; the log says why).
+// The caller holds the sandbox's CRIU lock (lockCRIU), and settled what
+// an earlier one left.
 func (b *Backend) checkpoint(ctx context.Context, id string, lock *os.File) error {
 	if b.checkpointed(id) {
 		return nil
@@ -90,8 +93,13 @@ func (b *Backend) checkpoint(ctx context.Context, id string, lock *os.File) erro
 		return err
 	}
 	if err := b.dump(ctx, id, lock, tmp); err != nil {
+		// Still a pause: in RAM, frozen (PauseKind says so).
 		os.RemoveAll(tmp)
-		return err
+		b.cfg.Log.Warn("pause to disk failed: the sandbox stays frozen in RAM instead", "sandbox", id, "err", err)
+		if frozen, ferr := b.frozen(id); ferr == nil && frozen {
+			return nil
+		}
+		return b.freeze(ctx, id)
 	}
 	dumped := time.Now()
 	if err := syncFiles(tmp); err != nil {
@@ -128,6 +136,9 @@ func (b *Backend) dump(ctx context.Context, id string, lock *os.File, images str
 	// sandbox's TCP connections are saved with it (--tcp-established), and
 	// so are its file locks.
 	for attempt := 1; ; attempt++ {
+		if err := b.freezeSettled(ctx, id); err != nil {
+			return err
+		}
 		err := b.runcFiles(ctx, id, []*os.File{lock}, "checkpoint", "--image-path", images, "--work-path", work,
 			"--leave-running", "--tcp-established", "--file-locks", id)
 		if err == nil {
@@ -135,25 +146,69 @@ func (b *Backend) dump(ctx context.Context, id string, lock *os.File, images str
 		}
 		errs := criuErrorLines(filepath.Join(work, "dump.log"))
 		why := formatCRIUErrors(errs)
-		// A process frozen between vfork and exec cannot be seized (its
-		// parent never stops), and the agent may not have closed a
-		// connection the host just dropped (its peer is outside, so CRIU
-		// cannot save it): let it run a moment, and try again.
+		// A process CRIU could not seize all the same, and the agent may
+		// not have closed a connection the host just dropped (its peer is
+		// outside, so CRIU cannot save it): let it run a moment, and try again.
 		all := strings.Join(errs, "\n")
 		if attempt < 3 && (strings.Contains(all, "Unseizable") || strings.Contains(all, "sk-unix")) {
 			b.cfg.Log.Info("checkpoint found a process it could not seize or a connection from the host; trying again", "sandbox", id, "attempt", attempt, "err", why)
-			if err := b.unfreeze(ctx, id); err == nil {
-				time.Sleep(50 * time.Millisecond)
-				if err = b.freeze(ctx, id); err == nil {
-					if err := clearDir(images); err != nil {
-						return err
-					}
-					continue
-				}
+			if uerr := b.unfreeze(ctx, id); uerr != nil {
+				return fmt.Errorf("checkpoint with CRIU: %w%s; and the retry could not thaw the sandbox: %v", err, why, uerr)
 			}
+			time.Sleep(50 * time.Millisecond)
+			if err := clearDir(images); err != nil {
+				return err
+			}
+			continue
 		}
 		return fmt.Errorf("checkpoint with CRIU: %w%s", err, why)
 	}
+}
+
+// freezeSettled freezes sandbox id (if it is not frozen) at a moment when
+// no process waits in vfork for a child frozen before its exec: CRIU
+// cannot seize such a parent and would wait out its whole timeout (3 s)
+// before it fails. Caught at one, it thaws the container for a
+// millisecond and freezes it again; a wait that lasts (a child blocked
+// before its exec) is an error.
+func (b *Backend) freezeSettled(ctx context.Context, id string) error {
+	for attempt := 1; ; attempt++ {
+		if frozen, err := b.frozen(id); err != nil {
+			return err
+		} else if !frozen {
+			if err := b.freeze(ctx, id); err != nil {
+				return err
+			}
+		}
+		tid := b.vforkWaiter(id)
+		if tid == 0 {
+			return nil
+		}
+		if attempt == 20 {
+			return fmt.Errorf("process %d of the sandbox has waited in vfork for a child that has not reached its exec (CRIU cannot save a process there)", tid)
+		}
+		b.cfg.Log.Debug("frozen while a process waits in vfork; freezing again", "sandbox", id, "tid", tid)
+		if err := b.unfreeze(ctx, id); err != nil {
+			return err
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// vforkWaiter returns a thread of sandbox id that waits in vfork for its
+// child (its kernel wait channel says so), or 0.
+func (b *Backend) vforkWaiter(id string) int {
+	for _, tid := range cgroups.Threads(b.cfg.CgroupParent, id) {
+		w, err := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", tid))
+		if err != nil {
+			continue
+		}
+		switch string(w) {
+		case "kernel_clone", "_do_fork", "do_fork", "wait_for_vfork_done": // by kernel version
+			return tid
+		}
+	}
+	return 0
 }
 
 // clearDir empties dir.

@@ -479,3 +479,74 @@ func TestMemorySnapshotRollbackFork(t *testing.T) {
 		t.Fatalf("exec through the snapshot: %q", out.String())
 	}
 }
+
+// vforkScript spawns a child (posix_spawn: clone with CLONE_VFORK) that
+// blocks before its exec, opening a FIFO no one writes yet: its parent
+// waits in vfork until the FIFO is opened for writing.
+const vforkScript = `import os
+os.mkfifo("/tmp/fifo")
+pid = os.posix_spawn("/bin/true", ["true"], os.environ, file_actions=[(os.POSIX_SPAWN_OPEN, 3, "/tmp/fifo", os.O_RDONLY, 0)])
+os.waitpid(pid, 0)
+open("/tmp/spawned", "w").close()
+import time
+while True: time.sleep(1)
+`
+
+// TestVforkWaiter: CRIU cannot save a process waiting in vfork for a
+// child that has not reached its exec (it waits out its timeout, then
+// fails). A dump freezes again until no process waits there; one that
+// waits on (a child blocked before its exec) makes a snapshot of the disk
+// only and a pause in RAM, at once and with the sandbox intact; once the
+// child goes on, both save the memory again.
+func TestVforkWaiter(t *testing.T) {
+	b, h := newCheckpointBackend(t)
+	ctx := context.Background()
+	s := conformance.Create(t, h, "vfork")
+	s.Sh(t, "cat > /tmp/vfork.py <<'EOF'\n"+vforkScript+"EOF")
+	if _, err := s.Agent.Start(ctx, &agent.ExecRequest{Argv: []string{"python3", "/tmp/vfork.py"}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for b.vforkWaiter(s.ID) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no process of the sandbox waits in vfork")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	info, err := b.Snapshot(ctx, s.Sandbox, "vf-1", core.SnapshotOptions{Quiesce: s.Agent.Quiesce})
+	if err != nil || info.Memory {
+		t.Fatalf("snapshot while a process waits in vfork: %+v %v (want the disk only)", info, err)
+	}
+	// Refused before CRIU ran (which would wait out its timeout).
+	if _, err := os.Stat(filepath.Join(b.dir(s.ID), "criu", "dump.log")); !os.IsNotExist(err) {
+		t.Fatalf("CRIU ran a dump that could not work: %v", err)
+	}
+	if frozen, err := b.frozen(s.ID); err != nil || frozen {
+		t.Fatalf("the sandbox is frozen after the snapshot: %v %v", frozen, err)
+	}
+	if err := b.Pause(ctx, s.ID); err != nil {
+		t.Fatalf("pause while a process waits in vfork: %v", err)
+	}
+	if k := b.PauseKind(s.ID); !strings.HasPrefix(k, "frozen") {
+		t.Fatalf("pause kind %q, want frozen (in RAM)", k)
+	}
+	if err := b.Resume(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	// The child goes on (its open returns), execs and exits.
+	s.Sh(t, ": > /tmp/fifo; while ! test -e /tmp/spawned; do sleep 0.02; done")
+	if tid := b.vforkWaiter(s.ID); tid != 0 {
+		t.Fatalf("thread %d still waits in vfork", tid)
+	}
+	info, err = b.Snapshot(ctx, s.Sandbox, "vf-2", core.SnapshotOptions{Quiesce: s.Agent.Quiesce})
+	if err != nil || !info.Memory {
+		t.Fatalf("snapshot once the child went on: %+v %v", info, err)
+	}
+	s.Agent.Close()
+	if err := b.Pause(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if !b.checkpointed(s.ID) {
+		t.Fatalf("pause once the child went on: %s", b.PauseKind(s.ID))
+	}
+}
