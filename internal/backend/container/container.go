@@ -452,9 +452,14 @@ func (b *Backend) stop(ctx context.Context, id string) error {
 	// A frozen container's processes are killed where they stand, then
 	// thawed so that they can die: none may run on past a checkpoint of
 	// them (runc's kill would thaw them first).
+	// Killed through the cgroup, and waited for: runc's own kill looks
+	// again only after 100 ms.
+	cgroups.Kill(b.cfg.CgroupParent, id)
 	if frozen, err := b.frozen(id); err == nil && frozen {
-		cgroups.Kill(b.cfg.CgroupParent, id)
 		b.thaw(id)
+	}
+	if init, err := b.lookupInit(id); err == nil {
+		waitExit(init)
 	}
 	// runc delete --force kills every process of the container, waits for
 	// them and removes its cgroups and state.
@@ -471,6 +476,21 @@ func (b *Backend) stop(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// waitExit waits (up to a second) for a killed init to be gone, reaped
+// too: runc's kill(pid, 0) still finds a zombie.
+func waitExit(init state) {
+	deadline := time.Now().Add(time.Second)
+	for procfs.StartTime(init.PID) == init.StartTime && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	for i := 0; i < 50; i++ {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(init.PID)); err != nil {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func validID(id string) error {
