@@ -475,6 +475,12 @@ func TestQuiesce(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	c.mu.Lock()
+	closed := c.sess == nil
+	c.mu.Unlock()
+	if !closed {
+		t.Fatal("Quiesce left the session open")
+	}
 	// A request while quiesced waits; one whose context ends says why.
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()

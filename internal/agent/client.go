@@ -26,6 +26,9 @@ type Client struct {
 	mu   sync.Mutex
 	sess *yamux.Session
 	hold chan struct{} // closed when a Quiesce is released; new requests wait for it
+	// opening counts streams being opened (not yet in NumStreams), which
+	// a Quiesce must not cut off either.
+	opening int
 }
 
 // NewClient returns a Client that dials with d on first use.
@@ -52,7 +55,7 @@ func (c *Client) Quiesce() (release func(), ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.sess != nil && !c.sess.IsClosed() {
-		if c.sess.NumStreams() > 0 {
+		if c.sess.NumStreams() > 0 || c.opening > 0 {
 			return nil, false
 		}
 		c.sess.Close()
@@ -117,8 +120,12 @@ func (c *Client) open(ctx context.Context) (net.Conn, error) {
 			c.sess = sess
 		}
 		sess := c.sess
+		c.opening++
 		c.mu.Unlock()
 		st, err := sess.OpenStream()
+		c.mu.Lock()
+		c.opening--
+		c.mu.Unlock()
 		if err == nil {
 			return st, nil
 		}

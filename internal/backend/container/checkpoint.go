@@ -247,7 +247,7 @@ func (b *Backend) lookupInit(id string) (state, error) {
 // container of it runs).
 func (b *Backend) restore(ctx context.Context, id string, lock *os.File) error {
 	dir := b.dir(id)
-	if err := checkMemory(b.checkpointDir(id)); err != nil {
+	if err := checkMemory(b.checkpointDir(id), "resuming", 0); err != nil {
 		return err
 	}
 	// What a restore or a checkpoint a crash cut short left: runc's state
@@ -483,8 +483,9 @@ func syncFiles(dir string) error {
 }
 
 // checkMemory refuses a restore the host has not the memory for: the
-// pages of the images in dir, against MemAvailable.
-func checkMemory(images string) error {
+// pages of the images in dir, against MemAvailable plus freed (what the
+// operation frees first). op names it: "resuming", "rolling back", "forking".
+func checkMemory(images, op string, freed int64) error {
 	var need int64
 	entries, _ := os.ReadDir(images)
 	for _, e := range entries {
@@ -498,10 +499,24 @@ func checkMemory(images string) error {
 	if err != nil {
 		return nil // cannot tell: let CRIU try
 	}
-	if need > avail {
-		return errdefs.Precondition("resuming needs %d MiB of memory for the sandbox's processes and the host has %d MiB available: free memory (pause or remove other sandboxes) and resume again", need>>20, avail>>20)
+	if avail += freed; need > avail {
+		return errdefs.Precondition("%s needs %d MiB of memory for the sandbox's processes and the host has %d MiB available: free memory (pause or remove other sandboxes) and try again", op, need>>20, avail>>20)
 	}
 	return nil
+}
+
+// memoryUsage is what sandbox id's memory cgroup holds now (0 if unknown).
+func (b *Backend) memoryUsage(id string) int64 {
+	for _, p := range []string{
+		filepath.Join("/sys/fs/cgroup/memory", b.cfg.CgroupParent, id, "memory.usage_in_bytes"), // cgroup v1
+		filepath.Join("/sys/fs/cgroup", b.cfg.CgroupParent, id, "memory.current"),               // v2
+	} {
+		if v, err := os.ReadFile(p); err == nil {
+			n, _ := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // memAvailable is /proc/meminfo's MemAvailable in bytes.

@@ -425,6 +425,22 @@ func TestMemorySnapshotRollbackFork(t *testing.T) {
 	if ps, err := f.Agent.Processes(ctx); err != nil || len(ps) == 0 || ps[0].PID != pid || !ps[0].Running {
 		t.Fatalf("processes in the fork: %+v %v", ps, err)
 	}
+	// Its TCP connection came back closed: the script's next send fails.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ps, err := f.Agent.Processes(ctx)
+		if err != nil || len(ps) != 2 {
+			t.Fatalf("processes in the fork: %+v %v", ps, err)
+		}
+		if !ps[1].Running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the fork's TCP connection still works: it was restored open")
+		}
+	}
+	if conf, err := os.ReadFile(filepath.Join(b.dir(fsb.ID), "criu.conf")); err != nil || strings.Contains(string(conf), "tcp-close") {
+		t.Fatalf("the fork's criu.conf after its restore (a later pause must keep connections): %q %v", conf, err)
+	}
 	f.Sh(t, "echo fork > /root/fork")
 	if got := s.Sh(t, "cat /root/fork 2>&1 || true"); !strings.Contains(got, "No such file") {
 		t.Fatalf("the source sees the fork's file: %q", got)
@@ -450,6 +466,25 @@ func TestMemorySnapshotRollbackFork(t *testing.T) {
 	f2 := conformance.Adopt(t, h, f2sb)
 	if got := f2.Sh(t, "hostname; cat /root/later 2>&1 || true"); !strings.Contains(got, "memfork-2\n") || !strings.Contains(got, "No such file") {
 		t.Fatalf("fork of the paused snapshot: %q", got)
+	}
+	if ps, err := f2.Agent.Processes(ctx); err != nil || len(ps) == 0 || ps[0].PID != pid || !ps[0].Running {
+		t.Fatalf("processes in the fork of the paused snapshot: %+v %v", ps, err)
+	}
+
+	// Images CRIU cannot restore: the fork starts afresh on the files.
+	if err := os.WriteFile(filepath.Join(b.memoryDir("mem-2"), "inventory.img"), []byte("not an image"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f3sb := conformance.NewSandbox("memfork-3", h.TemplateID)
+	if err := b.Fork(ctx, f3sb, "mem-2"); err != nil {
+		t.Fatalf("fork of a snapshot whose memory cannot be restored: %v", err)
+	}
+	f3 := conformance.Adopt(t, h, f3sb)
+	if got := f3.Sh(t, "hostname"); got != "memfork-3\n" {
+		t.Fatalf("fork started afresh: %q", got)
+	}
+	if ps, err := f3.Agent.Processes(ctx); err != nil || len(ps) != 0 {
+		t.Fatalf("a fork started afresh has processes: %+v %v", ps, err)
 	}
 
 	// An exec in flight: the disk only, and the exec goes on.

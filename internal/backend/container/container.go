@@ -164,9 +164,35 @@ type memoryImages struct {
 
 // start mounts a sandbox's root filesystem, its upper directory over the
 // chain c, and runs its container: afresh, or (mem) restored from a
-// snapshot's memory. fresh: a failure removes everything (a create, a
-// fork); otherwise (a rollback) the sandbox's files stay.
-func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bool, mem *memoryImages) (err error) {
+// snapshot's memory. A restore CRIU cannot do (a CRIU or kernel that
+// changed since, a process it cannot bring back) starts the processes
+// afresh on the snapshot's files instead, and logs why. fresh: a failure
+// removes everything (a create, a fork); otherwise (a rollback) the
+// sandbox's files stay.
+func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bool, mem *memoryImages) error {
+	if mem == nil {
+		return b.startOnce(ctx, sb, c, fresh, nil)
+	}
+	err := b.startOnce(ctx, sb, c, false, mem)
+	var re restoreError
+	if errors.As(err, &re) {
+		b.cfg.Log.Warn("the snapshot's processes could not be restored: starting them afresh on its files", "sandbox", sb.ID, "err", err)
+		// What the restore left in the (new) upper directory goes.
+		dir := b.dir(sb.ID)
+		if err = errors.Join(os.RemoveAll(filepath.Join(dir, "upper")), os.RemoveAll(filepath.Join(dir, "work"))); err == nil {
+			return b.startOnce(ctx, sb, c, fresh, nil)
+		}
+	}
+	if err != nil && fresh {
+		if derr := b.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
+			b.cfg.Log.Error("clean up after failed create", "sandbox", sb.ID, "err", derr)
+		}
+	}
+	return err
+}
+
+// startOnce is start without the fallback.
+func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fresh bool, mem *memoryImages) (err error) {
 	lowers, err := b.lowerDirs(c)
 	if err != nil {
 		return err

@@ -53,7 +53,7 @@ func (b *Backend) snapshotMemory(snapID string, lock *os.File, tcpClose bool) *m
 // and network namespace start prepared.
 func (b *Backend) restoreSnapshot(ctx context.Context, sb *core.Sandbox, mem *memoryImages) error {
 	id, dir := sb.ID, b.dir(sb.ID)
-	if err := checkMemory(mem.dir); err != nil {
+	if err := checkMemory(mem.dir, "restoring the snapshot", 0); err != nil {
 		return err
 	}
 	lock := mem.lock
@@ -83,7 +83,7 @@ func (b *Backend) restoreSnapshot(ctx context.Context, sb *core.Sandbox, mem *me
 		args = append(args[:1], append([]string{"--tcp-established"}, args[1:]...)...)
 	}
 	if err := b.runcFiles(ctx, id, []*os.File{lock}, args...); err != nil {
-		return fmt.Errorf("restore the snapshot's processes with CRIU: %w%s", err, formatCRIUErrors(criuErrorLines(filepath.Join(work, "restore.log"))))
+		return restoreError{fmt.Errorf("restore the snapshot's processes with CRIU: %w%s", err, formatCRIUErrors(criuErrorLines(filepath.Join(work, "restore.log"))))}
 	}
 	restored := time.Now()
 	st, err := b.recordInit(id)
@@ -103,6 +103,11 @@ func (b *Backend) restoreSnapshot(ctx context.Context, sb *core.Sandbox, mem *me
 	b.cfg.Log.Debug("restore from snapshot", "sandbox", id, "criu", restored.Sub(start), "total", time.Since(start))
 	return nil
 }
+
+// restoreError is a restore CRIU could not do.
+type restoreError struct{ error }
+
+func (e restoreError) Unwrap() error { return e.error }
 
 // linkImages makes dst hold the images of src: hard links (images are
 // never written once committed), copies across filesystems.

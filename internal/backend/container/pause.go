@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/fsutil"
 )
 
 var _ core.Pauser = (*Backend)(nil)
@@ -54,11 +56,18 @@ func (b *Backend) Pause(ctx context.Context, id string) error {
 	return b.freeze(ctx, id)
 }
 
-// lockSettled takes the sandbox's CRIU lock and settles what a crash left.
+// lockSettled takes the sandbox's CRIU lock and settles what a crash
+// left. A rollback a crash interrupted, which Status could not finish,
+// is refused: the sandbox's files are half-way.
 func (b *Backend) lockSettled(ctx context.Context, id string) (*os.File, error) {
 	lock, err := b.lockCRIU(ctx, id)
 	if err != nil {
 		return nil, err
+	}
+	var p pendingRollback
+	if err := fsutil.ReadJSON(filepath.Join(b.dir(id), "rollback.json"), &p); err == nil {
+		lock.Close()
+		return nil, errdefs.Precondition("sandbox %s is in the middle of a rollback to %s that a crash interrupted and that could not be finished: roll it back again", id, p.Snapshot)
 	}
 	if err := b.settleCheckpoint(ctx, id); err != nil {
 		lock.Close()

@@ -99,9 +99,41 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string,
 	if err := validID(id); err != nil {
 		return core.SnapshotInfo{}, err
 	}
-	// Not while Status finishes an interrupted rollback of it.
+	// Not while Status finishes an interrupted rollback of it, nor while
+	// the runc of an earlier daemon's checkpoint or restore runs on.
 	unlock := b.rollbacks.Lock(id)
 	defer unlock()
+	var lock *os.File
+	if b.cfg.CRIU != "" {
+		l, err := b.lockSettled(ctx, id)
+		if err != nil {
+			return core.SnapshotInfo{}, err
+		}
+		defer l.Close()
+		lock = l
+	}
+	paused, err := b.frozen(id)
+	if b.checkpointed(id) {
+		paused, err = true, nil // nothing runs: no freeze needed
+	}
+	if err != nil {
+		return core.SnapshotInfo{}, fmt.Errorf("sandbox %s is not running (%w): only a running or paused sandbox can be snapshotted", id, err)
+	}
+	// Its memory: the images of a pause to disk, or a dump of a running
+	// container (one frozen in RAM stays frozen: its snapshot is of the
+	// disk, since a dump may have to let it run a moment).
+	memory, dump := false, false
+	release := func() {}
+	if b.cfg.CRIU != "" && !b.checkpointed(id) && !paused {
+		if opts.Quiesce == nil {
+			dump = true
+		} else if r, ok := opts.Quiesce(); ok {
+			release, dump = r, true
+		} else {
+			b.cfg.Log.Info("snapshot of the disk only: requests to the sandbox are in flight, and its memory cannot be saved without ending them", "sandbox", id)
+		}
+	}
+	defer func() { release() }()
 	b.gcMu.RLock()
 	defer b.gcMu.RUnlock()
 	base, err := b.sandboxChain(id)
@@ -150,39 +182,12 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string,
 	if err := fsutil.Syncfs(upper); err != nil {
 		return core.SnapshotInfo{}, err
 	}
-	paused, err := b.frozen(id)
-	if b.checkpointed(id) {
-		paused, err = true, nil // nothing runs: no freeze needed
-	}
-	if err != nil {
-		return core.SnapshotInfo{}, fmt.Errorf("sandbox %s is not running (%w): only a running or paused sandbox can be snapshotted", id, err)
-	}
-	// Its memory: the images of a pause to disk, or a dump while frozen.
 	memDir := filepath.Join(tmp, "memory")
-	memory, dump := false, false
-	var lock *os.File
-	if b.cfg.CRIU != "" {
-		if lock, err = b.lockSettled(ctx, id); err != nil {
-			return core.SnapshotInfo{}, err
+	if b.cfg.CRIU != "" && b.checkpointed(id) {
+		if err := linkImages(b.checkpointDir(id), memDir); err != nil {
+			return core.SnapshotInfo{}, fmt.Errorf("keep the paused sandbox's memory: %w", err)
 		}
-		defer lock.Close()
-		switch {
-		case b.checkpointed(id):
-			if err := linkImages(b.checkpointDir(id), memDir); err != nil {
-				return core.SnapshotInfo{}, fmt.Errorf("keep the paused sandbox's memory: %w", err)
-			}
-			memory = true
-		case opts.Quiesce == nil:
-			dump = true
-		default:
-			release, ok := opts.Quiesce()
-			if ok {
-				defer release()
-			} else {
-				b.cfg.Log.Info("snapshot of the disk only: requests to the sandbox are in flight, and its memory cannot be saved without ending them", "sandbox", id)
-			}
-			dump = ok
-		}
+		memory = true
 	}
 	frozen := time.Now()
 	thawed := paused
@@ -230,7 +235,10 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string,
 		return core.SnapshotInfo{}, err
 	}
 	next, err := copyLayer(upper, filepath.Join(tmp, "layer"), prev, prevLayer)
-	if terr := thaw(); terr != nil {
+	terr := thaw()
+	release() // the agent takes requests again
+	release = func() {}
+	if terr != nil {
 		return core.SnapshotInfo{}, fmt.Errorf("thaw the sandbox after its snapshot: %w", terr)
 	}
 	if err != nil {
@@ -273,15 +281,16 @@ func (b *Backend) Rollback(ctx context.Context, sb *core.Sandbox, snapID string)
 		return err
 	}
 	defer lock.Close()
-	return b.rollbackLocked(ctx, sb, snapID, lock)
+	return b.rollbackLocked(ctx, sb, snapID, lock, false)
 }
 
 // maxLayers is how many lower layers the kernel stacks in one overlay.
 const maxLayers = 500
 
 // rollbackLocked is Rollback; the caller holds the sandbox's rollbacks
-// and CRIU locks.
-func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID string, lock *os.File) error {
+// and CRIU locks. finishing: it completes one a crash interrupted (the
+// sandbox is half-way, and must not be refused).
+func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID string, lock *os.File, finishing bool) error {
 	b.gcMu.RLock()
 	defer b.gcMu.RUnlock()
 	if err := validID(sb.ID); err != nil {
@@ -303,8 +312,9 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 		return errdefs.Precondition("snapshot %s sits on %d layers, and the kernel stacks at most %d: roll back to an older snapshot", snapID, len(c.Layers), maxLayers)
 	}
 	mem := b.snapshotMemory(snapID, lock, false)
-	if mem != nil {
-		if err := checkMemory(mem.dir); err != nil {
+	if mem != nil && !finishing {
+		// Refused before anything stops; the sandbox's own memory is freed first.
+		if err := checkMemory(mem.dir, "rolling back to "+snapID, b.memoryUsage(sb.ID)); err != nil {
 			return err
 		}
 	}
@@ -367,7 +377,7 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 		if rerr != nil {
 			return fmt.Errorf("%w; and the sandbox could not start again as it was: %v", err, rerr)
 		}
-		return fmt.Errorf("%w (the sandbox runs as it was before the rollback)", err)
+		return fmt.Errorf("%w (the sandbox runs again on its files from before the rollback, its processes started afresh)", err)
 	}
 	// The processes of a pause to disk are of the old state.
 	if err := b.dropCheckpoint(sb.ID); err != nil {
@@ -401,7 +411,7 @@ func (b *Backend) finishRollback(ctx context.Context, sb *core.Sandbox, running 
 		return false, errors.Join(os.RemoveAll(filepath.Join(b.dir(sb.ID), "upper.old")), os.Remove(path))
 	}
 	b.cfg.Log.Info("finishing an interrupted rollback", "sandbox", sb.ID, "snapshot", p.Snapshot)
-	if err := b.rollbackLocked(ctx, sb, p.Snapshot, lock); err != nil {
+	if err := b.rollbackLocked(ctx, sb, p.Snapshot, lock, true); err != nil {
 		return false, fmt.Errorf("finish the rollback to %s: %w", p.Snapshot, err)
 	}
 	return true, nil

@@ -397,7 +397,7 @@ func TestRollbackFailureKeepsOldState(t *testing.T) {
 	os.WriteFile(layer, nil, 0o600)
 	s.Agent.Close()
 	err := b.Rollback(ctx, s.Sandbox, "snap-1")
-	if err == nil || !strings.Contains(err.Error(), "runs as it was before the rollback") {
+	if err == nil || !strings.Contains(err.Error(), "runs again on its files from before the rollback") {
 		t.Fatalf("rollback onto an unmountable layer: %v", err)
 	}
 	if got := s.Sh(t, "cat /root/f"); got != "new\n" {
