@@ -18,7 +18,8 @@ import (
 	"github.com/nookhq/nook/sdk"
 )
 
-// runContainerSnapshots measures container snapshots (disk only: see
+// runContainerSnapshots measures container snapshots (disk only: the daemon
+// runs with --container-pause freeze; memory snapshots are in ckpt.go; see
 // internal/backend/container/snapshots.go), rollbacks and forks through
 // the SDK against an in-process daemon, beside bare `runc run` and a
 // plain create measured in the same run. rootfs is the template's, for
