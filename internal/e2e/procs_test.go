@@ -243,13 +243,19 @@ func requireCRIU(t *testing.T) {
 	}
 }
 
+// haveCRIU reports whether the CRIU a default daemon checkpoints with is installed.
+func haveCRIU() bool {
+	_, err := os.Stat(container.DefaultCRIU)
+	return err == nil
+}
+
 func testPauseResume(t *testing.T, mode string) {
 	d := newDaemon(t, "--container-pause", mode)
 	if info := d.must("info"); !strings.Contains(info, "container pause: "+mode) {
 		t.Fatalf("info does not say what a pause does:\n%s", info)
 	}
 	d.must("create", "--name", "nap")
-	pid := strings.TrimSpace(d.must("exec", "-d", "nap", "--", "sh", "-c", "echo started; n=0; while :; do n=$((n+1)); echo $n > /tmp/n; sleep 0.05; done"))
+	pid := strings.TrimSpace(d.must("exec", "-d", "nap", "--", "sh", "-c", "echo started; n=0; while :; do n=$((n+1)); echo $n > /tmp/n.tmp; mv /tmp/n.tmp /tmp/n; sleep 0.05; done"))
 	// The counter has begun (a loaded host can take a while to start it).
 	for deadline := time.Now().Add(20 * time.Second); strings.TrimSpace(d.must("exec", "nap", "--", "sh", "-c", "cat /tmp/n 2>/dev/null || true")) == ""; {
 		if time.Now().After(deadline) {
@@ -330,7 +336,7 @@ func TestKill9DuringCheckpoint(t *testing.T) {
 	requireCRIU(t)
 	d := newDaemon(t, "--container-pause", "checkpoint")
 	d.must("create", "--name", "ck")
-	pid := strings.TrimSpace(d.must("exec", "-d", "ck", "--", "sh", "-c", "n=0; while :; do n=$((n+1)); echo $n > /tmp/n; sleep 0.02; done"))
+	pid := strings.TrimSpace(d.must("exec", "-d", "ck", "--", "sh", "-c", "n=0; while :; do n=$((n+1)); echo $n > /tmp/n.tmp; mv /tmp/n.tmp /tmp/n; sleep 0.02; done"))
 	last := 0
 	for i, delay := range []time.Duration{10, 40, 80, 120, 160, 220, 300, 30} {
 		var sb api.Sandbox
