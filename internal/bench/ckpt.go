@@ -108,7 +108,7 @@ type memoryFigures struct {
 // first exec output; the rollbacks and forks must bring its background
 // clock back.
 func memorySnapshots(ctx context.Context, cl *sdk.Client, name string, rounds int) (f memoryFigures, err error) {
-	clock, err := cl.Start(ctx, name, api.ExecRequest{Cmd: []string{"sh", "-c", "while :; do date +%s%N; sleep 0.002; done > /dev/shm/ticks"}})
+	clock, err := cl.Start(ctx, name, api.ExecRequest{Cmd: []string{"sh", "-c", clockLoop}})
 	if err != nil {
 		return f, err
 	}

@@ -63,7 +63,7 @@ func runContainerSnapshots(ctx context.Context, cfg Config, root, rootfs string,
 	}
 	// A clock inside the sandbox, on its tmpfs (so not in any snapshot):
 	// its longest gap is how long a snapshot stopped the sandbox.
-	clock, err := cl.Start(ctx, src, api.ExecRequest{Cmd: []string{"sh", "-c", "while :; do date +%s%N; sleep 0.002; done > /dev/shm/ticks"}})
+	clock, err := cl.Start(ctx, src, api.ExecRequest{Cmd: []string{"sh", "-c", clockLoop}})
 	if err != nil {
 		return err
 	}
@@ -216,6 +216,10 @@ func destroyAll(cl *sdk.Client) error {
 	}
 	return errors.Join(errs...)
 }
+
+// clockLoop writes a nanosecond clock every 2 ms to the sandbox's tmpfs
+// (so into no snapshot); longestGap reads how long the sandbox stood still.
+const clockLoop = "while :; do date +%s%N; sleep 0.002; done > /dev/shm/ticks"
 
 // longestGap is the longest time between two lines of nanosecond clock
 // readings (the sandbox shares the host's clock) that ends between from

@@ -114,19 +114,33 @@ func Kill(parent, id string) {
 			}
 		}
 		filepath.WalkDir(d, func(path string, e os.DirEntry, err error) error {
-			if err != nil || !e.IsDir() {
-				return nil
-			}
-			procs, _ := os.ReadFile(filepath.Join(path, "cgroup.procs"))
-			sc := bufio.NewScanner(bytes.NewReader(procs))
-			for sc.Scan() {
-				if pid, err := strconv.Atoi(sc.Text()); err == nil && pid > 0 {
+			if err == nil && e.IsDir() {
+				for _, pid := range listed(path, "cgroup.procs") {
 					_ = syscall.Kill(pid, syscall.SIGKILL)
 				}
 			}
 			return nil
 		})
 	}
+}
+
+// listed is the IDs (PIDs, TIDs) in the first of files that cgroup
+// directory dir has.
+func listed(dir string, files ...string) []int {
+	for _, f := range files {
+		list, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			continue
+		}
+		var ids []int
+		for _, l := range strings.Fields(string(list)) {
+			if id, err := strconv.Atoi(l); err == nil && id > 0 {
+				ids = append(ids, id)
+			}
+		}
+		return ids
+	}
+	return nil
 }
 
 // Threads lists the threads (TIDs) in a sandbox's cgroups, in every
@@ -136,26 +150,32 @@ func Threads(parent, id string) []int {
 	var tids []int
 	for _, d := range Dirs(parent, id) {
 		filepath.WalkDir(d, func(path string, e os.DirEntry, err error) error {
-			if err != nil || !e.IsDir() {
-				return nil
-			}
-			for _, f := range []string{"tasks", "cgroup.threads"} { // v1, v2
-				list, err := os.ReadFile(filepath.Join(path, f))
-				if err != nil {
-					continue
-				}
-				for _, l := range strings.Fields(string(list)) {
-					if tid, err := strconv.Atoi(l); err == nil && tid > 0 && !seen[tid] {
+			if err == nil && e.IsDir() {
+				for _, tid := range listed(path, "tasks", "cgroup.threads") { // v1, v2
+					if !seen[tid] {
 						seen[tid] = true
 						tids = append(tids, tid)
 					}
 				}
-				break
 			}
 			return nil
 		})
 	}
 	return tids
+}
+
+// MemoryUsage is the memory a sandbox's cgroup holds now:
+// memory.usage_in_bytes (v1) or memory.current (v2); 0 if unknown.
+func MemoryUsage(parent, id string) int64 {
+	for _, d := range Dirs(parent, id) {
+		for _, f := range []string{"memory.usage_in_bytes", "memory.current"} {
+			if b, err := os.ReadFile(filepath.Join(d, f)); err == nil {
+				n, _ := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
+				return n
+			}
+		}
+	}
+	return 0
 }
 
 // Remove kills whatever is left in a sandbox's cgroups and removes them.
@@ -216,18 +236,11 @@ func CPUUsage(parent, id string) (time.Duration, error) {
 	seen := map[int]bool{}
 	var ticks int64
 	for _, d := range dirs {
-		procs, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(bytes.NewReader(procs))
-		for sc.Scan() {
-			pid, err := strconv.Atoi(sc.Text())
-			if err != nil || seen[pid] {
-				continue
+		for _, pid := range listed(d, "cgroup.procs") {
+			if !seen[pid] {
+				seen[pid] = true
+				ticks += procfs.CPUTicks(pid)
 			}
-			seen[pid] = true
-			ticks += procfs.CPUTicks(pid)
 		}
 	}
 	// USER_HZ is 100 on every Linux architecture nook runs on.

@@ -238,7 +238,7 @@ func TestPauseResume(t *testing.T) {
 // requireCRIU skips a test of container checkpoints where CRIU is not installed.
 func requireCRIU(t *testing.T) {
 	t.Helper()
-	if _, err := os.Stat(container.DefaultCRIU); err != nil {
+	if !haveCRIU() {
 		t.Skipf("CRIU >= 4 is not installed at %s (scripts/criu.sh, run by make deps, builds it)", container.DefaultCRIU)
 	}
 }

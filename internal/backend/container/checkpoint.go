@@ -289,19 +289,41 @@ func (b *Backend) restore(ctx context.Context, id string, lock *os.File) error {
 	if err := fsutil.WriteFileSync(filepath.Join(dir, "restoring"), nil); err != nil {
 		return fail(err)
 	}
-	work := filepath.Join(dir, "criu")
-	if err := b.writeCRIUConf(id, false); err != nil {
+	if err := b.runcRestore(ctx, id, lock, b.checkpointDir(id), false); err != nil {
 		return fail(err)
-	}
-	if err := b.runcFiles(ctx, id, []*os.File{lock}, "restore", "--detach", "--image-path", b.checkpointDir(id), "--work-path", work,
-		"--tcp-established", "--file-locks", "--pid-file", filepath.Join(dir, "init.pid"), "--bundle", dir, id); err != nil {
-		return fail(fmt.Errorf("restore with CRIU: %w%s", err, formatCRIUErrors(criuErrorLines(filepath.Join(work, "restore.log")))))
 	}
 	restored := time.Now()
 	if err := b.finishRestore(id); err != nil {
 		return err
 	}
 	b.cfg.Log.Debug("restore", "sandbox", id, "criu", restored.Sub(start), "total", time.Since(start))
+	return nil
+}
+
+// runcRestore brings sandbox id's processes back from the images in
+// images with `runc restore --detach`, TCP connections as they were or
+// (tcpClose) closed. The caller holds the CRIU lock, and mounted the
+// sandbox's root and made its network namespace.
+func (b *Backend) runcRestore(ctx context.Context, id string, lock *os.File, images string, tcpClose bool) error {
+	dir := b.dir(id)
+	work := filepath.Join(dir, "criu")
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return err
+	}
+	if err := b.writeCRIUConf(id, tcpClose); err != nil {
+		return err
+	}
+	if tcpClose { // the next dump of this container must not close its connections
+		defer b.writeCRIUConf(id, false)
+	}
+	args := []string{"restore", "--detach", "--image-path", images, "--work-path", work,
+		"--file-locks", "--pid-file", filepath.Join(dir, "init.pid"), "--bundle", dir}
+	if !tcpClose {
+		args = append(args, "--tcp-established")
+	}
+	if err := b.runcFiles(ctx, id, []*os.File{lock}, append(args, id)...); err != nil {
+		return fmt.Errorf("restore with CRIU: %w%s", err, formatCRIUErrors(criuErrorLines(filepath.Join(work, "restore.log"))))
+	}
 	return nil
 }
 
@@ -503,20 +525,6 @@ func checkMemory(images, op string, freed int64) error {
 		return errdefs.Precondition("%s needs %d MiB of memory for the sandbox's processes and the host has %d MiB available: free memory (pause or remove other sandboxes) and try again", op, need>>20, avail>>20)
 	}
 	return nil
-}
-
-// memoryUsage is what sandbox id's memory cgroup holds now (0 if unknown).
-func (b *Backend) memoryUsage(id string) int64 {
-	for _, p := range []string{
-		filepath.Join("/sys/fs/cgroup/memory", b.cfg.CgroupParent, id, "memory.usage_in_bytes"), // cgroup v1
-		filepath.Join("/sys/fs/cgroup", b.cfg.CgroupParent, id, "memory.current"),               // v2
-	} {
-		if v, err := os.ReadFile(p); err == nil {
-			n, _ := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
-			return n
-		}
-	}
-	return 0
 }
 
 // memAvailable is /proc/meminfo's MemAvailable in bytes.

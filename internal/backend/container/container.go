@@ -475,11 +475,10 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 // and unmounts its root filesystem. Its files and network stay.
 func (b *Backend) stop(ctx context.Context, id string) error {
 	var errs []error
-	// A frozen container's processes are killed where they stand, then
-	// thawed so that they can die: none may run on past a checkpoint of
-	// them (runc's kill would thaw them first).
-	// Killed through the cgroup, and waited for: runc's own kill looks
-	// again only after 100 ms.
+	// Killed through the cgroup, a frozen container's processes where
+	// they stand and only then thawed so that they can die: none may run
+	// on past a checkpoint of them (runc's kill would thaw them first).
+	// And waited for: runc's own kill looks again only after 100 ms.
 	cgroups.Kill(b.cfg.CgroupParent, id)
 	if frozen, err := b.frozen(id); err == nil && frozen {
 		b.thaw(id)

@@ -52,7 +52,7 @@ func (b *Backend) snapshotMemory(snapID string, lock *os.File, tcpClose bool) *m
 // container's processes come back from mem's images in the mounted root
 // and network namespace start prepared.
 func (b *Backend) restoreSnapshot(ctx context.Context, sb *core.Sandbox, mem *memoryImages) error {
-	id, dir := sb.ID, b.dir(sb.ID)
+	id := sb.ID
 	if err := checkMemory(mem.dir, "restoring the snapshot", 0); err != nil {
 		return err
 	}
@@ -65,25 +65,9 @@ func (b *Backend) restoreSnapshot(ctx context.Context, sb *core.Sandbox, mem *me
 		defer l.Close()
 		lock = l
 	}
-	if err := b.writeCRIUConf(id, mem.tcpClose); err != nil {
-		return err
-	}
-	// The next dump of this container must not close its connections.
-	if mem.tcpClose {
-		defer b.writeCRIUConf(id, false)
-	}
 	start := time.Now()
-	work := filepath.Join(dir, "criu")
-	if err := os.MkdirAll(work, 0o700); err != nil {
-		return err
-	}
-	args := []string{"restore", "--detach", "--image-path", mem.dir, "--work-path", work,
-		"--file-locks", "--pid-file", filepath.Join(dir, "init.pid"), "--bundle", dir, id}
-	if !mem.tcpClose {
-		args = append(args[:1], append([]string{"--tcp-established"}, args[1:]...)...)
-	}
-	if err := b.runcFiles(ctx, id, []*os.File{lock}, args...); err != nil {
-		return restoreError{fmt.Errorf("restore the snapshot's processes with CRIU: %w%s", err, formatCRIUErrors(criuErrorLines(filepath.Join(work, "restore.log"))))}
+	if err := b.runcRestore(ctx, id, lock, mem.dir, mem.tcpClose); err != nil {
+		return restoreError{fmt.Errorf("the snapshot's processes: %w", err)}
 	}
 	restored := time.Now()
 	st, err := b.recordInit(id)

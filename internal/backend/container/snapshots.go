@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
@@ -314,7 +315,7 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 	mem := b.snapshotMemory(snapID, lock, false)
 	if mem != nil && !finishing {
 		// Refused before anything stops; the sandbox's own memory is freed first.
-		if err := checkMemory(mem.dir, "rolling back to "+snapID, b.memoryUsage(sb.ID)); err != nil {
+		if err := checkMemory(mem.dir, "rolling back to "+snapID, cgroups.MemoryUsage(b.cfg.CgroupParent, sb.ID)); err != nil {
 			return err
 		}
 	}
