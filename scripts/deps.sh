@@ -16,6 +16,11 @@ have qemu-img   || need+=(qemu-utils)
 have mkfs.ext4  || need+=(e2fsprogs)
 have xz         || need+=(xz-utils)
 have depmod     || need+=(kmod)
+# nft, to read the rules the daemon writes over netlink (operators, and the
+# network tests' failure messages); npm, to install the MCP Inspector the
+# MCP tests drive.
+have nft        || need+=(nftables)
+have npm        || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "nook needs these packages: ${need[*]}; run make as root (or apt-get install them)" >&2
@@ -30,6 +35,10 @@ fi
 # kernels): container pauses then checkpoint to disk. Without it they freeze
 # in RAM and the checkpoint tests skip, so a failed build warns, not stops.
 if ! "$(dirname "$0")/criu.sh"; then
+	if [ "${CI:-}" = true ]; then
+		echo "CRIU could not be built: under CI=true that is an error (the checkpoint tests would otherwise skip)" >&2
+		exit 1
+	fi
 	echo "warning: CRIU could not be built: container pauses will freeze in RAM, and the checkpoint tests will skip" >&2
 fi
 if ! have go && [ ! -x /usr/local/go/bin/go ]; then

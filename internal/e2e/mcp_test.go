@@ -35,7 +35,7 @@ func inspectorRun(t *testing.T, args ...string) ([]byte, error) {
 	bin := filepath.Join(testutil.ModuleRoot(t), ".cache", "mcp-inspector", "node_modules", ".bin", "mcp-inspector")
 	if _, err := os.Stat(bin); err != nil {
 		if _, err := exec.LookPath("npm"); err != nil {
-			t.Skip("skipping: npm is not installed, so the MCP Inspector cannot be")
+			testutil.Missing(t, "npm is not installed, so the MCP Inspector cannot be (make deps installs it)")
 		}
 		t.Fatalf("the MCP Inspector is not installed at %s: run make deps", bin)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/backend/container"
+	"github.com/nookhq/nook/internal/testutil"
 )
 
 // Background processes: started detached, listed, re-attached from an
@@ -239,7 +240,7 @@ func TestPauseResume(t *testing.T) {
 func requireCRIU(t *testing.T) {
 	t.Helper()
 	if !haveCRIU() {
-		t.Skipf("CRIU >= 4 is not installed at %s (scripts/criu.sh, run by make deps, builds it)", container.DefaultCRIU)
+		testutil.Missing(t, "CRIU >= 4 is not installed at %s (scripts/criu.sh, run by make deps, builds it)", container.DefaultCRIU)
 	}
 }
 

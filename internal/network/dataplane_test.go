@@ -197,9 +197,10 @@ func (e *env) waitEvent(id string, dst netip.AddrPort, reason string) Event {
 
 // ruleset dumps the simulated host's nook table, for failure messages.
 func (e *env) ruleset() string {
+	e.t.Helper()
 	out, err := e.nftCmd("list", "table", "inet", tableName)
 	if err != nil {
-		return fmt.Sprintf("(nft list failed: %v: %s)", err, out)
+		e.t.Fatalf("nft list table inet %s in the simulated host (make deps installs nftables): %v: %s", tableName, err, out)
 	}
 	return out
 }
@@ -741,14 +742,32 @@ func TestContainerInside(t *testing.T) {
 	e.reach(ns, webA.String()+":80", "world:")
 }
 
-// TestMain checks, after all tests, that the real host was never touched.
+// isolatedEnv marks the test binary re-executed in a network namespace of
+// its own (see TestMain).
+const isolatedEnv = "NOOK_NETWORK_TEST_ISOLATED"
+
+// TestMain runs the tests in a network namespace of their own, a stand-in
+// for the real host, and checks after all tests that nothing was made in
+// it: every test works in the simulated hosts it creates, so a nook
+// interface or table there is a test's own leak. The real host is never
+// touched, and a nook daemon running on it (or one that ran before and
+// left its table) neither breaks these tests nor is broken by them.
 func TestMain(m *testing.M) {
+	if os.Geteuid() == 0 && os.Getenv(isolatedEnv) == "" {
+		os.Exit(runIsolated())
+	}
+	if os.Geteuid() == 0 {
+		if err := netlink.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo"}}); err != nil {
+			fmt.Fprintf(os.Stderr, "FAIL: loopback of the test namespace: %v\n", err)
+			os.Exit(1)
+		}
+	}
 	code := m.Run()
 	if os.Geteuid() == 0 {
 		if links, err := netlink.LinkList(); err == nil {
 			for _, l := range links {
-				if strings.HasPrefix(l.Attrs().Name, "nk") {
-					fmt.Fprintf(os.Stderr, "FAIL: interface %s created in the real host\n", l.Attrs().Name)
+				if strings.HasPrefix(l.Attrs().Name, "nk") || strings.HasPrefix(l.Attrs().Alias, "nook:") {
+					fmt.Fprintf(os.Stderr, "FAIL: interface %s created outside the simulated hosts\n", l.Attrs().Name)
 					code = 1
 				}
 			}
@@ -766,13 +785,36 @@ func TestMain(m *testing.M) {
 			}
 		}
 		if c, err := nftables.New(); err == nil {
-			if t, err := c.ListTableOfFamily(tableName, nftables.TableFamilyINet); err == nil && t != nil {
-				fmt.Fprintf(os.Stderr, "FAIL: table inet %s created in the real host\n", tableName)
+			if tables, err := c.ListTables(); err == nil && len(tables) > 0 {
+				for _, t := range tables {
+					fmt.Fprintf(os.Stderr, "FAIL: nftables table %s created outside the simulated hosts\n", t.Name)
+				}
 				code = 1
 			}
 		}
 	}
 	os.Exit(code)
+}
+
+// runIsolated runs this test binary again, with the same arguments, in a
+// new network namespace (loopback up, nothing else), and returns its exit
+// code.
+func runIsolated() int {
+	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
+	cmd.Env = append(os.Environ(), isolatedEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &exit) && exit.ExitCode() >= 0:
+		return exit.ExitCode()
+	default:
+		fmt.Fprintf(os.Stderr, "FAIL: run the tests in a network namespace of their own: %v\n", err)
+		return 1
+	}
 }
 
 // TestVerdictMatchesKernel checks the userspace verdict (used to cut

@@ -59,12 +59,25 @@ func RequireRoot(t testing.TB) {
 	}
 }
 
-// RequireCommand skips a test when a host tool is missing.
+// RequireCommand skips a test when a host tool is missing (under CI=true
+// it fails: make deps installs every tool the tests use).
 func RequireCommand(t testing.TB, name, pkg string) {
 	t.Helper()
 	if _, err := exec.LookPath(name); err != nil {
-		t.Skipf("skipping: %s is not installed (apt-get install %s, or make deps)", name, pkg)
+		Missing(t, "%s is not installed (apt-get install %s, or make deps)", name, pkg)
 	}
+}
+
+// Missing skips a test whose capability is absent, saying which; under
+// CI=true it fails instead, since CI runs make deps, which installs every
+// capability the tests need (a skip there would hide a broken install).
+func Missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI=true and a capability make deps installs is missing: %s", msg)
+	}
+	t.Skip("skipping: " + msg)
 }
 
 // ModuleRoot is the repository's root directory.

@@ -14,17 +14,18 @@ import (
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/core/conformance"
 	"github.com/nookhq/nook/internal/procfs"
+	"github.com/nookhq/nook/internal/testutil"
 )
 
 // requireCRIU returns the CRIU >= 4 that scripts/criu.sh installs, or skips.
 func requireCRIU(t *testing.T) string {
 	t.Helper()
 	if _, err := os.Stat(DefaultCRIU); err != nil {
-		t.Skipf("CRIU >= 4 is not installed at %s (scripts/criu.sh, run by make deps, builds it): %v", DefaultCRIU, err)
+		testutil.Missing(t, "CRIU >= 4 is not installed at %s (scripts/criu.sh, run by make deps, builds it): %v", DefaultCRIU, err)
 	}
 	v, ok, err := CRIUVersion(context.Background(), DefaultCRIU)
 	if err != nil || !ok {
-		t.Skipf("%s is not a usable CRIU >= 4 (%s): %v", DefaultCRIU, v, err)
+		testutil.Missing(t, "%s is not a usable CRIU >= 4 (%s): %v", DefaultCRIU, v, err)
 	}
 	return DefaultCRIU
 }
