@@ -22,6 +22,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/server"
 	"github.com/nookhq/nook/internal/template"
@@ -502,9 +503,9 @@ func bareBundle(ctx context.Context, dir, rootfs, cgroupsPath string, args ...st
 // removeCgroups removes the (empty) cgroups at path, deepest first, in
 // every hierarchy.
 func removeCgroups(paths ...string) {
-	for _, c := range []string{"cpu", "cpuacct", "cpuset", "pids", "memory", "blkio", "devices", "freezer", "systemd", "unified"} {
-		for _, p := range paths {
-			os.Remove(filepath.Join("/sys/fs/cgroup", c, p))
+	for _, p := range paths {
+		for _, d := range cgroups.Dirs(p, "") {
+			os.Remove(d)
 		}
 	}
 }

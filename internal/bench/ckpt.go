@@ -14,6 +14,7 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/backend/container"
+	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/sdk"
 )
 
@@ -63,7 +64,7 @@ func runCheckpoint(ctx context.Context, cfg Config, root, rootfs string) (err er
 			return err
 		}
 		pause = append(pause, time.Since(t0))
-		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory/nook-bench", sb.ID)); err == nil {
+		if len(cgroups.Dirs("nook-bench", sb.ID)) > 0 {
 			cgroupLeft = true
 		}
 		imageBytes = dirBytes(filepath.Join(root, "ckpt", "data", "sandboxes", sb.ID, "checkpoint"))

@@ -246,3 +246,60 @@ func CPUUsage(parent, id string) (time.Duration, error) {
 	// USER_HZ is 100 on every Linux architecture nook runs on.
 	return time.Duration(ticks) * (time.Second / 100), nil
 }
+
+// Read returns the content of the first of a sandbox's cgroup files that
+// exists, in any hierarchy, trimmed: name it by its v1 and v2 names
+// ("memory.limit_in_bytes", "memory.max") to read it on any host.
+func Read(parent, id string, names ...string) (string, error) {
+	for _, d := range Dirs(parent, id) {
+		for _, n := range names {
+			b, err := os.ReadFile(filepath.Join(d, n))
+			if err == nil {
+				return string(bytes.TrimSpace(b)), nil
+			}
+			if !errors.Is(err, os.ErrNotExist) {
+				return "", err
+			}
+		}
+	}
+	return "", fmt.Errorf("sandbox %s has none of %s under %s: %w", id, strings.Join(names, ", "), parent, os.ErrNotExist)
+}
+
+// FreezerState reads a sandbox's freezer: FROZEN, FREEZING or THAWED
+// (v1's freezer.state; on v2, cgroup.freeze, which says what was asked:
+// FROZEN while freezing too).
+func FreezerState(parent, id string) (string, error) {
+	st, err := os.ReadFile(filepath.Join(root, "freezer", parent, id, "freezer.state"))
+	if err == nil {
+		return strings.TrimSpace(string(st)), nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	fr, err := os.ReadFile(filepath.Join(root, parent, id, "cgroup.freeze"))
+	if err != nil {
+		return "", fmt.Errorf("sandbox %s has no freezer cgroup: %w", id, err)
+	}
+	if bytes.Equal(bytes.TrimSpace(fr), []byte("1")) {
+		return "FROZEN", nil
+	}
+	return "THAWED", nil
+}
+
+// Thaw unfreezes a sandbox's cgroup directly (v1 and v2), for when its
+// runtime no longer knows it.
+func Thaw(parent, id string) {
+	writeExisting(filepath.Join(root, "freezer", parent, id, "freezer.state"), "THAWED")
+	writeExisting(filepath.Join(root, parent, id, "cgroup.freeze"), "0")
+}
+
+// writeExisting writes to a cgroup file that exists; it never creates one
+// (on a hybrid host /sys/fs/cgroup itself is a tmpfs).
+func writeExisting(path, v string) {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return
+	}
+	f.WriteString(v)
+	f.Close()
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/backend/container"
+	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/testutil"
 )
 
@@ -284,9 +285,9 @@ func testPauseResume(t *testing.T, mode string) {
 	d.stop(syscall.SIGKILL)
 	d.start("--container-pause", mode)
 	json.Unmarshal([]byte(d.must("inspect", "nap", "--json")), &sb)
-	state, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/freezer", d.cgroup, sb.ID, "freezer.state"))
+	state, _ := cgroups.FreezerState(d.cgroup, sb.ID)
 	want := map[string]string{"freeze": "FROZEN", "checkpoint": ""}[mode]
-	if sb.State != api.StatePaused || strings.TrimSpace(string(state)) != want {
+	if sb.State != api.StatePaused || state != want {
 		t.Fatalf("after a restart: %s, freezer %q", sb.State, state)
 	}
 	// Nothing ran while it was paused.

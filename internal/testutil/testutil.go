@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/template"
 )
 
@@ -180,8 +181,7 @@ func (h HostResources) Leaks(id string) []string {
 			}
 		}
 	}
-	cgs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*", h.CgroupParent, id))
-	for _, cg := range cgs {
+	for _, cg := range cgroups.Dirs(h.CgroupParent, id) {
 		leaks = append(leaks, "cgroup "+cg)
 	}
 	if h.RuncRoot != "" {
@@ -201,8 +201,7 @@ func (h HostResources) Leaks(id string) []string {
 // CleanupCgroupParent removes the (empty) parent cgroups a test's sandboxes used.
 func CleanupCgroupParent(t testing.TB, parent string) {
 	t.Cleanup(func() {
-		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*", parent))
-		for _, d := range dirs {
+		for _, d := range cgroups.Dirs(parent, "") {
 			if err := os.Remove(d); err != nil && !os.IsNotExist(err) {
 				t.Errorf("cgroup parent %s left behind: %v", d, err)
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/core/conformance"
 	"github.com/nookhq/nook/internal/procfs"
@@ -141,10 +142,8 @@ func TestCheckpointPauseResume(t *testing.T) {
 	if procfs.StartTime(init.PID) == init.StartTime {
 		t.Fatalf("the sandbox's init %d still runs after a pause to disk", init.PID)
 	}
-	for _, c := range []string{"memory", "pids", "freezer"} {
-		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", c, b.cfg.CgroupParent, s.ID)); err == nil {
-			t.Fatalf("the %s cgroup of a checkpointed sandbox is still there", c)
-		}
+	if dirs := cgroups.Dirs(b.cfg.CgroupParent, s.ID); len(dirs) > 0 {
+		t.Fatalf("the cgroups of a checkpointed sandbox are still there: %v", dirs)
 	}
 	if isMount(b.rootfs(s.ID)) {
 		t.Fatal("a checkpointed sandbox's root is still mounted")

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/core/conformance"
 	"github.com/nookhq/nook/internal/testutil"
@@ -100,10 +101,10 @@ func TestWarmClaimAppliesIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Destroy(context.Background(), sb.ID)
-	mem, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", b.cfg.CgroupParent, id, "memory.limit_in_bytes"))
-	pids, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", b.cfg.CgroupParent, id, "pids.max"))
-	quota, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", b.cfg.CgroupParent, id, "cpu.cfs_quota_us"))
-	if strings.TrimSpace(string(mem)) != "268435456" || strings.TrimSpace(string(pids)) != "77" || strings.TrimSpace(string(quota)) != "50000" {
+	mem, _ := cgroups.Read(b.cfg.CgroupParent, id, "memory.limit_in_bytes", "memory.max")
+	pids, _ := cgroups.Read(b.cfg.CgroupParent, id, "pids.max")
+	quota, _ := cgroups.Read(b.cfg.CgroupParent, id, "cpu.cfs_quota_us", "cpu.max")
+	if mem != "268435456" || pids != "77" || firstField(quota) != "50000" {
 		t.Fatalf("limits after claim: memory %s pids %s quota %s", mem, pids, quota)
 	}
 	var st state
@@ -125,20 +126,33 @@ func TestWarmClaimAppliesIdentity(t *testing.T) {
 	}
 }
 
+// firstField is a v2 cpu.max's quota ("50000 100000"), or a v1 value as it is.
+func firstField(s string) string {
+	if f := strings.Fields(s); len(f) > 0 {
+		return f[0]
+	}
+	return s
+}
+
 // The cgroup limits a sandbox was created with are the ones it lives under.
 func TestLimitsApply(t *testing.T) {
 	b, h := newTestBackend(t)
 	s := conformance.Create(t, h, "limits")
-	mem := strings.TrimSpace(s.Sh(t, "cat /sys/fs/cgroup/memory/memory.limit_in_bytes"))
-	pids := strings.TrimSpace(s.Sh(t, "cat /sys/fs/cgroup/pids/pids.max"))
-	quota := strings.TrimSpace(s.Sh(t, "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us"))
+	// Inside, the sandbox's cgroup namespace: v1 hierarchies, or v2's
+	// files at the root of /sys/fs/cgroup.
+	in := func(v1, v2 string) string {
+		return strings.TrimSpace(s.Sh(t, "cat /sys/fs/cgroup/"+v1+" 2>/dev/null || cat /sys/fs/cgroup/"+v2))
+	}
+	mem := in("memory/memory.limit_in_bytes", "memory.max")
+	pids := in("pids/pids.max", "pids.max")
+	quota := firstField(in("cpu/cpu.cfs_quota_us", "cpu.max"))
 	if mem != "536870912" || pids != "512" || quota != "100000" {
 		t.Fatalf("memory %s pids %s cpu quota %s", mem, pids, quota)
 	}
 	// The pids limit holds: a fork bomb stays in its box.
 	s.Exec(t, &agent.ExecRequest{Argv: []string{"sh", "-c", "for i in $(seq 600); do sleep 2 & done 2>/dev/null; true"}})
-	cur, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", b.cfg.CgroupParent, s.ID, "pids.current"))
-	if got, _ := strconv.Atoi(strings.TrimSpace(string(cur))); err != nil || got > 512 || got < 400 {
+	cur, err := cgroups.Read(b.cfg.CgroupParent, s.ID, "pids.current")
+	if got, _ := strconv.Atoi(cur); err != nil || got > 512 || got < 400 {
 		t.Fatalf("pids.current %s (%v), want close to the limit of 512", cur, err)
 	}
 }

@@ -1,14 +1,11 @@
 package container
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
+	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
@@ -98,45 +95,12 @@ func (b *Backend) Resume(ctx context.Context, id string) error {
 
 // freezerState reads the sandbox's freezer cgroup: FROZEN, FREEZING or THAWED.
 func (b *Backend) freezerState(id string) (string, error) {
-	for _, p := range []string{
-		filepath.Join("/sys/fs/cgroup/freezer", b.cfg.CgroupParent, id, "freezer.state"), // cgroup v1
-	} {
-		st, err := os.ReadFile(p)
-		if err == nil {
-			return strings.TrimSpace(string(st)), nil
-		}
-		if !errors.Is(err, os.ErrNotExist) {
-			return "", err
-		}
-	}
-	// cgroup v2: cgroup.freeze is what was asked (1 while freezing, too).
-	fr, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", b.cfg.CgroupParent, id, "cgroup.freeze"))
-	if err != nil {
-		return "", fmt.Errorf("sandbox %s has no freezer cgroup: %w", id, err)
-	}
-	if bytes.Equal(bytes.TrimSpace(fr), []byte("1")) {
-		return "FROZEN", nil
-	}
-	return "THAWED", nil
+	return cgroups.FreezerState(b.cfg.CgroupParent, id)
 }
 
 // thaw unfreezes a sandbox's cgroup directly, for when runc no longer
 // knows the container (a kill of frozen processes waits for the thaw).
-func (b *Backend) thaw(id string) {
-	writeExisting(filepath.Join("/sys/fs/cgroup/freezer", b.cfg.CgroupParent, id, "freezer.state"), "THAWED")
-	writeExisting(filepath.Join("/sys/fs/cgroup", b.cfg.CgroupParent, id, "cgroup.freeze"), "0")
-}
-
-// writeExisting writes to a cgroup file that exists; it never creates one
-// (on a hybrid host /sys/fs/cgroup itself is a tmpfs).
-func writeExisting(path, v string) {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		return
-	}
-	f.WriteString(v)
-	f.Close()
-}
+func (b *Backend) thaw(id string) { cgroups.Thaw(b.cfg.CgroupParent, id) }
 
 // frozen reports whether the container's cgroup is frozen (or freezing).
 func (b *Backend) frozen(id string) (bool, error) {
