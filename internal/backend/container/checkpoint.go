@@ -83,7 +83,7 @@ func (b *Backend) checkpoint(ctx context.Context, id string, lock *os.File) erro
 	if frozen, err := b.frozen(id); err != nil {
 		return err
 	} else if !frozen {
-		if err := b.freeze(ctx, id); err != nil {
+		if err := b.freeze(ctx, id, lock); err != nil {
 			return err
 		}
 	}
@@ -99,7 +99,7 @@ func (b *Backend) checkpoint(ctx context.Context, id string, lock *os.File) erro
 		if frozen, ferr := b.frozen(id); ferr == nil && frozen {
 			return nil
 		}
-		return b.freeze(ctx, id)
+		return b.freeze(ctx, id, lock)
 	}
 	dumped := time.Now()
 	if err := syncFiles(tmp); err != nil {
@@ -136,7 +136,7 @@ func (b *Backend) dump(ctx context.Context, id string, lock *os.File, images str
 	// sandbox's TCP connections are saved with it (--tcp-established), and
 	// so are its file locks.
 	for attempt := 1; ; attempt++ {
-		if err := b.freezeSettled(ctx, id); err != nil {
+		if err := b.freezeSettled(ctx, id, lock); err != nil {
 			return err
 		}
 		err := b.runcFiles(ctx, id, []*os.File{lock}, "checkpoint", "--image-path", images, "--work-path", work,
@@ -171,12 +171,12 @@ func (b *Backend) dump(ctx context.Context, id string, lock *os.File, images str
 // before it fails. Caught at one, it thaws the container for a
 // millisecond and freezes it again; a wait that lasts (a child blocked
 // before its exec) is an error.
-func (b *Backend) freezeSettled(ctx context.Context, id string) error {
+func (b *Backend) freezeSettled(ctx context.Context, id string, lock *os.File) error {
 	for attempt := 1; ; attempt++ {
 		if frozen, err := b.frozen(id); err != nil {
 			return err
 		} else if !frozen {
-			if err := b.freeze(ctx, id); err != nil {
+			if err := b.freeze(ctx, id, lock); err != nil {
 				return err
 			}
 		}

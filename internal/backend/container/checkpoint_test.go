@@ -246,7 +246,7 @@ func TestCheckpointFinishedAfterCrash(t *testing.T) {
 	s.Sh(t, "echo kept > /root/f")
 	s.Agent.Close()
 	// The checkpoint's steps up to its commit, without the end.
-	if err := b.freeze(ctx, s.ID); err != nil {
+	if err := b.freeze(ctx, s.ID, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.runc(ctx, s.ID, "checkpoint", "--image-path", b.checkpointDir(s.ID), "--work-path", filepath.Join(b.dir(s.ID), "criu"),

@@ -25,8 +25,16 @@ func (b *Backend) PauseKind(id string) string {
 	return "frozen: processes stopped by the cgroup freezer, memory kept in RAM, no CPU"
 }
 
-// Paused implements core.Pauser.
+// Paused implements core.Pauser. It first waits for a runc that holds
+// the sandbox's lock (a pause, checkpoint or restore an earlier daemon
+// began, which runs on after that daemon died): a freeze landing after
+// this look would leave a sandbox recorded running frozen for good.
 func (b *Backend) Paused(ctx context.Context, id string) (bool, error) {
+	_, release, err := b.waitCRIU(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	release()
 	if b.checkpointed(id) {
 		return true, nil
 	}
@@ -50,7 +58,7 @@ func (b *Backend) Pause(ctx context.Context, id string) error {
 	if frozen, err := b.frozen(id); err == nil && frozen {
 		return nil
 	}
-	return b.freeze(ctx, id)
+	return b.freeze(ctx, id, nil)
 }
 
 // lockSettled takes the sandbox's CRIU lock and settles what a crash
@@ -108,9 +116,24 @@ func (b *Backend) frozen(id string) (bool, error) {
 	return st == "FROZEN" || st == "FREEZING", err
 }
 
-// freeze stops the container's processes with `runc pause`.
-func (b *Backend) freeze(ctx context.Context, id string) error {
-	return b.runc(ctx, id, "pause", id)
+// freeze stops the container's processes with `runc pause`. The runc
+// inherits the sandbox's lock (lock, if the caller holds it, else taken
+// here), so that a daemon started after this one died waits for a freeze
+// still under way before it looks at the freezer (Paused).
+func (b *Backend) freeze(ctx context.Context, id string, lock *os.File) error {
+	if lock == nil {
+		l, release, err := b.waitCRIU(ctx, id)
+		if err != nil {
+			return err
+		}
+		defer release()
+		lock = l
+	}
+	var files []*os.File
+	if lock != nil {
+		files = []*os.File{lock}
+	}
+	return b.runcFiles(ctx, id, files, "pause", id)
 }
 
 // unfreeze continues them with `runc resume`.

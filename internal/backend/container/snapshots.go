@@ -208,7 +208,7 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string,
 		return err
 	}
 	if !paused {
-		if err := b.freeze(ctx, id); err != nil {
+		if err := b.freeze(ctx, id, lock); err != nil {
 			return core.SnapshotInfo{}, err
 		}
 		defer thaw()
@@ -224,7 +224,7 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string,
 				return core.SnapshotInfo{}, err
 			}
 			if p, _ := b.frozen(id); !p {
-				if err := b.freeze(ctx, id); err != nil {
+				if err := b.freeze(ctx, id, lock); err != nil {
 					return core.SnapshotInfo{}, err
 				}
 			}
