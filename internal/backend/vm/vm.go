@@ -512,7 +512,19 @@ func (b *Backend) DialAgent(ctx context.Context, sb *core.Sandbox) (net.Conn, er
 		}
 		return nil, err
 	}
-	return dialAgent(ctx, sock)
+	// Greeted on a new connection every agentAnswer: a guest that was
+	// stopped while the host connected and went away can miss the port's
+	// last change and wait on it for ever (1 run in 5 of
+	// TestStoppedGuestContinued); a new connection is a new change.
+	for {
+		hctx, cancel := context.WithTimeout(ctx, agentAnswer)
+		conn, err = dialAgent(hctx, sock)
+		unanswered := hctx.Err() != nil
+		cancel()
+		if err == nil || ctx.Err() != nil || !unanswered {
+			return conn, err
+		}
+	}
 }
 
 // agentAnswer bounds how long a guest may take to answer a connection
