@@ -6,7 +6,7 @@ GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/nookhq/nook/internal/daemon.Version=$(VERSION)
 
-.PHONY: all deps build run test unit bench lint fuzz clean
+.PHONY: all deps build run test escape unit bench lint fuzz clean
 
 all: build
 
@@ -33,6 +33,11 @@ lint:
 # cgroups), with the race detector. The base template is built on first use.
 test: deps lint
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 40m ./...
+
+# The escape suite: every attack found on nook, as a test (TestEscape*, in
+# the package it attacks). make test runs them too.
+escape: deps
+	CGO_ENABLED=1 $(GO) test -race -count=1 -run 'Escape' ./...
 
 # Short fuzzing of every decoder of untrusted input.
 fuzz:
