@@ -327,18 +327,31 @@ func TestLearnedExpires(t *testing.T) {
 	e.setPolicy("sb-learn", Policy{})
 	addr := learnIP.String()
 	e.refused(ns, addr+":80")
-	if err := e.m.AllowLearned(ctx, "sb-learn", learnIP, nil, 1500*time.Millisecond); err != nil {
+	// The timeout is what is tested: steps 2.5 s apart against 4 s leave
+	// a loaded host 1.5 s of slack.
+	const ttl, step = 4 * time.Second, 2500 * time.Millisecond
+	if err := e.m.AllowLearned(ctx, "sb-learn", learnIP, nil, ttl); err != nil {
 		t.Fatal(err)
 	}
 	e.reach(ns, addr+":80", "world:")
-	// Learning again resets the timeout.
-	time.Sleep(time.Second)
-	if err := e.m.AllowLearned(ctx, "sb-learn", learnIP, nil, 1500*time.Millisecond); err != nil {
+	// Learning again resets the timeout: 5 s after the first, it holds.
+	time.Sleep(step)
+	if err := e.m.AllowLearned(ctx, "sb-learn", learnIP, nil, ttl); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
+	time.Sleep(step)
 	e.reach(ns, addr+":80", "world:")
-	time.Sleep(1200 * time.Millisecond)
+	// And it runs out.
+	for deadline := time.Now().Add(3 * ttl); ; time.Sleep(100 * time.Millisecond) {
+		c, err := nettest.DialNS(ctx, ns, addr+":80", shortTimeout)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("learned address %s still reachable %v after its timeout", addr, 3*ttl)
+		}
+	}
 	e.refused(ns, addr+":80")
 
 	// A port-limited learned address.
@@ -507,7 +520,10 @@ func TestDeniedEvents(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		nettest.DialNS(context.Background(), ns, webB.String()+":443", 50*time.Millisecond)
 	}
-	time.Sleep(200 * time.Millisecond)
+	// Events come through NFLOG: wait for the first, however loaded the host.
+	for deadline := time.Now().Add(10 * time.Second); len(e.events) == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if n := len(e.events); n == 0 || n > 60 {
 		t.Errorf("200 denied connections gave %d events, want 1..60", n)
 	}

@@ -352,9 +352,10 @@ func TestSnapshotWhileWriting(t *testing.T) {
 		`cd /root && i=0; while :; do i=$((i+1)); echo $i > a.t && mv a.t a; echo $i > z.t && mv z.t z; sleep 0.005; done`}}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
-	if s.Sh(t, "cat /root/a") == s.Sh(t, "sleep 0.2; cat /root/a") {
-		t.Fatal("the writer does not run")
+	for deadline := time.Now().Add(20 * time.Second); s.Sh(t, "cat /root/a 2>/dev/null") == s.Sh(t, "sleep 0.05; cat /root/a 2>/dev/null"); {
+		if time.Now().After(deadline) {
+			t.Fatal("the writer does not run")
+		}
 	}
 	for i := 1; i <= 4; i++ {
 		s.Sh(t, fmt.Sprintf("head -c 50000000 /dev/urandom > /root/m-%d", i))
