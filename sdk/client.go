@@ -282,10 +282,11 @@ func (c *Client) DeleteTemplate(ctx context.Context, name string) error {
 	return c.call(ctx, "DELETE", "/v1/templates/"+esc(name), nil, nil)
 }
 
-// CreateToken creates an API token; its Secret is shown only here.
-func (c *Client) CreateToken(ctx context.Context, name string) (*api.Token, error) {
+// CreateToken creates an API token; its Secret is shown only here. Only
+// the host (the unix socket without a token) may.
+func (c *Client) CreateToken(ctx context.Context, req api.CreateTokenRequest) (*api.Token, error) {
 	var out api.Token
-	return &out, c.call(ctx, "POST", "/v1/tokens", api.CreateTokenRequest{Name: name}, &out)
+	return &out, c.call(ctx, "POST", "/v1/tokens", req, &out)
 }
 
 // ListTokens lists API tokens (without secrets).

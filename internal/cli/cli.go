@@ -537,14 +537,22 @@ func infoCmd() *cobra.Command {
 }
 
 func tokenCmd() *cobra.Command {
-	c := &cobra.Command{Use: "token", Short: "Manage API tokens for the TCP listener"}
-	var name string
+	c := &cobra.Command{Use: "token", Short: "Manage API tokens for the TCP listener (on the host, over the unix socket)"}
+	var req api.CreateTokenRequest
 	create := &cobra.Command{
-		Use:   "create [--name NAME]",
+		Use:   "create [--name NAME] [--scope admin|read-only|sandbox:NAME] [--ttl 30d|never]",
 		Short: "Create a token and print it (shown only once)",
-		Args:  cobra.NoArgs,
+		Long: `Create a token for the TCP listener and print it (shown only once).
+
+Scopes: admin (default) may do everything but manage tokens; read-only may
+list and look (inspect, files, output, watch) but not run or change
+anything; sandbox:NAME may use and destroy only that sandbox (not create,
+fork, widen its network, expose ports or extend its TTL), and stops working
+if the sandbox is destroyed and the name reused. Tokens expire after --ttl
+(default 30d); "never" makes one that does not.`,
+		Args: cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
-			t, err := cl.CreateToken(cmd.Context(), name)
+			t, err := cl.CreateToken(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
@@ -552,7 +560,9 @@ func tokenCmd() *cobra.Command {
 			return nil
 		}),
 	}
-	create.Flags().StringVar(&name, "name", "", "a label for the token")
+	create.Flags().StringVar(&req.Name, "name", "", "a label for the token")
+	create.Flags().StringVar(&req.Scope, "scope", "admin", "what the token may do: admin, read-only or sandbox:NAME")
+	create.Flags().StringVar(&req.TTL, "ttl", "30d", "how long the token works, e.g. 12h, 30d, or never")
 	c.AddCommand(create, &cobra.Command{
 		Use:   "ls",
 		Short: "List tokens",
@@ -563,9 +573,16 @@ func tokenCmd() *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tCREATED")
+			fmt.Fprintln(tw, "ID\tNAME\tSCOPE\tCREATED\tEXPIRES")
 			for _, t := range ts {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", t.ID, t.Name, t.CreatedAt.Local().Format(time.RFC3339))
+				exp := "never"
+				if t.ExpiresAt != nil {
+					exp = t.ExpiresAt.Local().Format(time.RFC3339)
+					if !time.Now().Before(*t.ExpiresAt) {
+						exp += " (expired)"
+					}
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, t.Scope, t.CreatedAt.Local().Format(time.RFC3339), exp)
 			}
 			return tw.Flush()
 		}),

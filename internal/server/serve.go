@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/nookhq/nook/internal/daemon"
-	"github.com/nookhq/nook/sdk"
 )
 
 // DefaultSocket is where the daemon listens and the CLI looks by default.
@@ -68,11 +67,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	defer m.Close()
 	srv := New(m, log)
-	self, err := sdk.New("unix://"+cfg.Socket, "")
-	if err != nil {
+	if err := srv.EnableMCP(cfg.Socket); err != nil {
 		return err
 	}
-	srv.EnableMCP(self)
 
 	ul, err := listenUnix(cfg.Socket)
 	if err != nil {
