@@ -169,9 +169,9 @@ type TemplateList struct {
 
 // Token is an API token. Secret is only ever returned once, by POST /v1/tokens.
 type Token struct {
-	ID        string `json:"id"`
-	Name      string `json:"name,omitempty"`
-	Secret    string `json:"secret,omitempty"`
+	ID     string `json:"id"`
+	Name   string `json:"name,omitempty"`
+	Secret string `json:"secret,omitempty"`
 	// Scope is what the token may do: "admin" (everything but token
 	// management, which is the host's), "read-only" (look, never
 	// change) or "sandbox:NAME" (only that sandbox).

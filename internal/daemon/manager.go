@@ -1198,4 +1198,3 @@ func (m *Manager) drainPools(ctx context.Context, template string) {
 func (m *Manager) inUse(ctx context.Context) func(string) (int, error) {
 	return func(id string) (int, error) { return m.store.CountByTemplate(ctx, id) }
 }
-
