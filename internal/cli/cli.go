@@ -79,8 +79,15 @@ func isCobraUsage(err error) bool {
 
 func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
-		Use:           "nook",
-		Short:         "nook gives every AI agent a machine of its own",
+		Use:   "nook",
+		Short: "nook gives every AI agent a machine of its own",
+		Long: `nook gives every AI agent a machine of its own.
+
+Commands other than serve talk to a daemon: NOOK_HOST (default
+unix:///run/nook/nook.sock; or https://HOST:PORT for a daemon started with
+--listen), NOOK_TOKEN (a token from ` + "`nook token create`" + `, needed over TCP),
+and for https NOOK_TLS_FINGERPRINT=sha256:... (pins the daemon's certificate,
+as ` + "`nook info`" + ` shows it on the host) or NOOK_TLS_CA=FILE.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -150,7 +157,12 @@ func serveCmd() *cobra.Command {
 	c.Flags().StringVar(&cfg.Daemon.DataDir, "data-dir", "/var/lib/nook", "where the database, templates and sandboxes live")
 	c.Flags().StringVar(&cfg.Daemon.RunDir, "run-dir", "/run/nook", "runtime state (sockets, runc state)")
 	c.Flags().StringVar(&cfg.Socket, "socket", "", "unix socket to serve the API on (default RUN-DIR/nook.sock)")
-	c.Flags().StringVar(&cfg.Listen, "listen", "", "also serve the API on this TCP address (e.g. 127.0.0.1:7070); requires tokens")
+	c.Flags().StringVar(&cfg.Listen, "listen", "", "also serve the API on this TCP address (e.g. 127.0.0.1:7070), over HTTPS; requires tokens (`nook token create`)")
+	c.Flags().StringVar(&cfg.TLSCert, "tls-cert", "", "the TCP listener's TLS certificate, PEM (default: a self-signed one made on first start in DATA-DIR/tls; its fingerprint is logged and shown by `nook info`, and clients pin it with NOOK_TLS_FINGERPRINT)")
+	c.Flags().StringVar(&cfg.TLSKey, "tls-key", "", "the private key of --tls-cert, PEM")
+	c.Flags().BoolVar(&cfg.InsecureHTTP, "insecure-http", false, "serve plain HTTP on --listen instead of HTTPS: tokens cross the network readable. Only behind a TLS-terminating proxy on the same host")
+	c.Flags().IntVar(&cfg.MaxConns, "max-conns", server.DefaultMaxConns, "most connections the TCP listener holds open at once; more wait until one closes")
+	c.Flags().DurationVar(&cfg.IdleTimeout, "idle-timeout", server.DefaultIdleTimeout, "close API connections idle this long between requests (streams in progress are not idle)")
 	c.Flags().StringVar(&cfg.Daemon.AgentBinary, "agent", "", "nook-agent binary (default: beside nook)")
 	c.Flags().StringVar(&cfg.Daemon.TemplatesDir, "templates-dir", "", "template store (default DATA-DIR/templates)")
 	c.Flags().StringVar(&cfg.Daemon.CgroupParent, "cgroup-parent", "nook", "parent cgroup of sandboxes")
@@ -528,6 +540,9 @@ func infoCmd() *cobra.Command {
 				}
 				sort.Strings(vs)
 				fmt.Fprintf(w, "  %-10s %s\n", b.Isolation, strings.TrimSpace(state+" "+strings.Join(vs, ", ")))
+			}
+			if info.TLSFingerprint != "" {
+				fmt.Fprintf(w, "tls fingerprint: %s (clients: NOOK_TLS_FINGERPRINT=%s)\n", info.TLSFingerprint, info.TLSFingerprint)
 			}
 			return nil
 		}),

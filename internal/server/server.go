@@ -32,6 +32,8 @@ type Server struct {
 	// authenticate and sandboxID are the Manager's, replaceable in tests.
 	authenticate func(ctx context.Context, secret string) (*daemon.TokenInfo, error)
 	sandboxID    func(ctx context.Context, name string) (string, error)
+	// tlsFingerprint is the TCP listener's certificate's, for /v1/info.
+	tlsFingerprint string
 }
 
 // New returns a Server.
@@ -207,7 +209,9 @@ func (s *Server) openapi(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) info(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.m.Info(r.Context()))
+	info := s.m.Info(r.Context())
+	info.TLSFingerprint = s.tlsFingerprint
+	writeJSON(w, http.StatusOK, info)
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
