@@ -2,6 +2,10 @@
 // The nook CLI uses it for everything. It depends only on the standard
 // library and nook's api package.
 //
+// A daemon's TCP listener serves HTTPS, usually with a self-signed
+// certificate: pin it with Options.TLSFingerprint (NOOK_TLS_FINGERPRINT)
+// or give it as a CA with Options.TLSCAFile (NOOK_TLS_CA).
+//
 //	c, err := sdk.FromEnv()
 //	sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Name: "task"})
 //	exit, err := c.Exec(ctx, sb.Name, api.ExecRequest{Cmd: []string{"echo", "hi"}}, os.Stdout, os.Stderr)

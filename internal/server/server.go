@@ -1,6 +1,12 @@
 // Package server is nook's REST API edge: it decodes requests, calls the
 // daemon's Manager, and maps error categories to HTTP status codes and
 // stable error codes. Nothing below this package knows about HTTP.
+//
+// It also guards the edge: the TCP listener serves TLS (tls.go: a
+// self-signed certificate kept in the data directory unless one is given)
+// with a connection cap and idle timeout, every request there needs a
+// token, and every route has an access class that a token's scope must
+// allow (scope.go). /mcp runs its tools with the caller's token.
 package server
 
 import (
