@@ -55,12 +55,19 @@ type Options struct {
 
 // FromEnv returns a client for NOOK_HOST (default unix:///run/nook/nook.sock)
 // with NOOK_TOKEN, and for https NOOK_TLS_FINGERPRINT or NOOK_TLS_CA.
+// NOOK_TOKEN is for TCP: on a unix socket (the host's own access) it is
+// not sent, so a stale token in the environment cannot lock the host out
+// of `nook token create`.
 func FromEnv() (*Client, error) {
 	host := os.Getenv("NOOK_HOST")
 	if host == "" {
 		host = DefaultHost
 	}
-	return NewWithOptions(host, Options{Token: os.Getenv("NOOK_TOKEN"), TLSFingerprint: os.Getenv("NOOK_TLS_FINGERPRINT"), TLSCAFile: os.Getenv("NOOK_TLS_CA")})
+	token := os.Getenv("NOOK_TOKEN")
+	if strings.HasPrefix(host, "unix:") {
+		token = ""
+	}
+	return NewWithOptions(host, Options{Token: token, TLSFingerprint: os.Getenv("NOOK_TLS_FINGERPRINT"), TLSCAFile: os.Getenv("NOOK_TLS_CA")})
 }
 
 // New returns a client for a daemon at host: "unix:///path/to/nook.sock"
