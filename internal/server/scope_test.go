@@ -194,3 +194,22 @@ func TestRouteWithoutAccessPanics(t *testing.T) {
 	}()
 	s.newMux([]route{{pattern: "GET /v1/new", handler: func(http.ResponseWriter, *http.Request) {}}})
 }
+
+// Every route a scope can refuse documents its 403.
+func TestOpenAPIScopeDenied(t *testing.T) {
+	doc := loadOpenAPI(t)
+	for _, r := range (&Server{}).routes() {
+		if r.access == accessAnyToken || r.access == accessList {
+			continue
+		}
+		method, p, _ := strings.Cut(r.pattern, " ")
+		item := doc.Paths.Find(p)
+		if item == nil || item.GetOperation(method) == nil {
+			t.Errorf("%s: not in the spec", r.pattern)
+			continue
+		}
+		if item.GetOperation(method).Responses.Value("403") == nil {
+			t.Errorf("%s: a token's scope can refuse it, but the spec has no 403", r.pattern)
+		}
+	}
+}
