@@ -66,6 +66,9 @@ type tcpListener struct {
 func listenTCP(cfg Config, dataDir string, log *slog.Logger) (*tcpListener, error) {
 	var cert tls.Certificate
 	var err error
+	if cfg.InsecureHTTP && (cfg.TLSCert != "" || cfg.TLSKey != "") {
+		return nil, errors.New("--insecure-http serves no TLS: drop it to use --tls-cert and --tls-key")
+	}
 	if !cfg.InsecureHTTP {
 		switch {
 		case cfg.TLSCert != "" && cfg.TLSKey != "":

@@ -151,6 +151,9 @@ func TestTLSFirstStart(t *testing.T) {
 	if _, err := listenTCP(Config{Listen: "127.0.0.1:0", TLSCert: certPath}, t.TempDir(), log); err == nil || !strings.Contains(err.Error(), "go together") {
 		t.Fatalf("--tls-cert without --tls-key: %v", err)
 	}
+	if _, err := listenTCP(Config{Listen: "127.0.0.1:0", TLSCert: certPath, TLSKey: keyPath, InsecureHTTP: true}, t.TempDir(), log); err == nil || !strings.Contains(err.Error(), "--insecure-http") {
+		t.Fatalf("--insecure-http with --tls-cert: %v", err)
+	}
 }
 
 // TestEscapeConnCap: the TCP listener holds at most MaxConns connections;
