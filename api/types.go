@@ -169,16 +169,35 @@ type TemplateList struct {
 
 // Token is an API token. Secret is only ever returned once, by POST /v1/tokens.
 type Token struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name,omitempty"`
-	Secret    string    `json:"secret,omitempty"`
+	ID     string `json:"id"`
+	Name   string `json:"name,omitempty"`
+	Secret string `json:"secret,omitempty"`
+	// Scope is what the token may do: "admin" (everything but token
+	// management, which is the host's), "read-only" (look, never
+	// change) or "sandbox:NAME" (only that sandbox).
+	Scope     string    `json:"scope"`
 	CreatedAt time.Time `json:"created_at"`
+	// ExpiresAt is when the token stops working; absent: never.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 }
 
 // CreateTokenRequest is the body of POST /v1/tokens.
 type CreateTokenRequest struct {
 	Name string `json:"name,omitempty"`
+	// Scope: admin (default), read-only or sandbox:NAME.
+	Scope string `json:"scope,omitempty"`
+	// TTL is how long the token works, e.g. 12h, 30d (default 30d), or
+	// "never".
+	TTL string `json:"ttl,omitempty"`
 }
+
+// Token scopes.
+const (
+	ScopeAdmin    = "admin"
+	ScopeReadOnly = "read-only"
+	// ScopeSandboxPrefix starts a one-sandbox scope: "sandbox:NAME".
+	ScopeSandboxPrefix = "sandbox:"
+)
 
 // Backend describes one isolation backend on this host.
 type Backend struct {
@@ -216,6 +235,9 @@ type Info struct {
 	Sandboxes      int       `json:"sandboxes"`
 	// SnapshotsBytes is the disk every snapshot really uses.
 	SnapshotsBytes int64 `json:"snapshots_bytes"`
+	// TLSFingerprint is the TCP listener's certificate's SHA-256
+	// fingerprint ("sha256:" and hex), for clients to pin.
+	TLSFingerprint string `json:"tls_fingerprint,omitempty"`
 }
 
 // Error codes. They are stable: clients may switch on them.

@@ -2,6 +2,10 @@
 // The nook CLI uses it for everything. It depends only on the standard
 // library and nook's api package.
 //
+// A daemon's TCP listener serves HTTPS, usually with a self-signed
+// certificate: pin it with Options.TLSFingerprint (NOOK_TLS_FINGERPRINT)
+// or give it as a CA with Options.TLSCAFile (NOOK_TLS_CA).
+//
 //	c, err := sdk.FromEnv()
 //	sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Name: "task"})
 //	exit, err := c.Exec(ctx, sb.Name, api.ExecRequest{Cmd: []string{"echo", "hi"}}, os.Stdout, os.Stderr)
@@ -34,22 +38,51 @@ type Client struct {
 	http  *http.Client
 }
 
-// FromEnv returns a client for NOOK_HOST (default unix:///run/nook/nook.sock) with NOOK_TOKEN.
+// Options configure a client beyond its host.
+type Options struct {
+	// Token is the bearer token the TCP listener needs.
+	Token string
+	// TLSFingerprint pins an https daemon's certificate:
+	// "sha256:<64 hex digits>" (colons between bytes allowed), as
+	// `nook serve` and `nook info` show it. The certificate must have
+	// exactly this fingerprint; no CA is consulted.
+	TLSFingerprint string
+	// TLSCAFile is a PEM file of CA certificates to verify an https
+	// daemon with (its self-signed certificate works too) instead of
+	// the system's.
+	TLSCAFile string
+}
+
+// FromEnv returns a client for NOOK_HOST (default unix:///run/nook/nook.sock)
+// with NOOK_TOKEN, and for https NOOK_TLS_FINGERPRINT or NOOK_TLS_CA.
+// NOOK_TOKEN is for TCP: on a unix socket (the host's own access) it is
+// not sent, so a stale token in the environment cannot lock the host out
+// of `nook token create`.
 func FromEnv() (*Client, error) {
 	host := os.Getenv("NOOK_HOST")
 	if host == "" {
 		host = DefaultHost
 	}
-	return New(host, os.Getenv("NOOK_TOKEN"))
+	token := os.Getenv("NOOK_TOKEN")
+	if strings.HasPrefix(host, "unix:") {
+		token = ""
+	}
+	return NewWithOptions(host, Options{Token: token, TLSFingerprint: os.Getenv("NOOK_TLS_FINGERPRINT"), TLSCAFile: os.Getenv("NOOK_TLS_CA")})
 }
 
-// New returns a client for a daemon at host: "unix:///path/to/nook.sock" or "http://127.0.0.1:7070".
+// New returns a client for a daemon at host: "unix:///path/to/nook.sock"
+// or "https://HOST:PORT" (verified with the system's CAs; see NewWithOptions).
 func New(host, token string) (*Client, error) {
+	return NewWithOptions(host, Options{Token: token})
+}
+
+// NewWithOptions returns a client for a daemon at host.
+func NewWithOptions(host string, o Options) (*Client, error) {
 	u, err := url.Parse(host)
 	if err != nil {
-		return nil, fmt.Errorf("NOOK_HOST %q is not valid: use unix:///run/nook/nook.sock or http://HOST:PORT", host)
+		return nil, fmt.Errorf("NOOK_HOST %q is not valid: use unix:///run/nook/nook.sock or https://HOST:PORT", host)
 	}
-	c := &Client{host: host, token: token}
+	c := &Client{host: host, token: o.Token}
 	switch u.Scheme {
 	case "unix":
 		if u.Path == "" {
@@ -64,12 +97,20 @@ func New(host, token string) (*Client, error) {
 		c.base = "http://nook"
 	case "http", "https":
 		if u.Host == "" {
-			return nil, fmt.Errorf("NOOK_HOST %q has no host: use http://HOST:PORT", host)
+			return nil, fmt.Errorf("NOOK_HOST %q has no host: use https://HOST:PORT", host)
 		}
-		c.http = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		if u.Scheme == "https" {
+			cfg, err := tlsConfig(o)
+			if err != nil {
+				return nil, err
+			}
+			tr.TLSClientConfig = cfg
+		}
+		c.http = &http.Client{Transport: tr}
 		c.base = strings.TrimRight(u.String(), "/")
 	default:
-		return nil, fmt.Errorf("NOOK_HOST %q is not valid: use unix:///run/nook/nook.sock or http://HOST:PORT", host)
+		return nil, fmt.Errorf("NOOK_HOST %q is not valid: use unix:///run/nook/nook.sock or https://HOST:PORT", host)
 	}
 	return c, nil
 }
@@ -145,12 +186,18 @@ func (c *Client) send(ctx context.Context, method, path, contentType string, bod
 		if errors.As(err, &be) {
 			return nil, fmt.Errorf("reading the upload: %w", be.err)
 		}
+		if terr := tlsError(c.host, err); terr != nil {
+			return nil, terr
+		}
 		return nil, &UnreachableError{Host: c.host, Err: err}
 	}
 	if resp.StatusCode >= 400 {
 		defer resp.Body.Close()
 		var eb api.ErrorBody
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if resp.StatusCode == http.StatusBadRequest && bytes.Contains(b, []byte("HTTP request to an HTTPS server")) {
+			return nil, &Error{Status: resp.StatusCode, Code: api.CodeInvalidArgument, Message: fmt.Sprintf("the nook daemon at %s serves HTTPS: use NOOK_HOST=https://%s", c.host, strings.TrimPrefix(c.host, "http://"))}
+		}
 		if json.Unmarshal(b, &eb) != nil || eb.Error.Code == "" {
 			return nil, &Error{Status: resp.StatusCode, Code: api.CodeInternal, Message: fmt.Sprintf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(b))}
 		}
@@ -282,10 +329,11 @@ func (c *Client) DeleteTemplate(ctx context.Context, name string) error {
 	return c.call(ctx, "DELETE", "/v1/templates/"+esc(name), nil, nil)
 }
 
-// CreateToken creates an API token; its Secret is shown only here.
-func (c *Client) CreateToken(ctx context.Context, name string) (*api.Token, error) {
+// CreateToken creates an API token; its Secret is shown only here. Only
+// the host (the unix socket without a token) may.
+func (c *Client) CreateToken(ctx context.Context, req api.CreateTokenRequest) (*api.Token, error) {
 	var out api.Token
-	return &out, c.call(ctx, "POST", "/v1/tokens", api.CreateTokenRequest{Name: name}, &out)
+	return &out, c.call(ctx, "POST", "/v1/tokens", req, &out)
 }
 
 // ListTokens lists API tokens (without secrets).

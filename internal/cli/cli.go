@@ -79,8 +79,15 @@ func isCobraUsage(err error) bool {
 
 func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
-		Use:           "nook",
-		Short:         "nook gives every AI agent a machine of its own",
+		Use:   "nook",
+		Short: "nook gives every AI agent a machine of its own",
+		Long: `nook gives every AI agent a machine of its own.
+
+Commands other than serve talk to a daemon: NOOK_HOST (default
+unix:///run/nook/nook.sock; or https://HOST:PORT for a daemon started with
+--listen), NOOK_TOKEN (a token from ` + "`nook token create`" + `, needed over TCP),
+and for https NOOK_TLS_FINGERPRINT=sha256:... (pins the daemon's certificate,
+as ` + "`nook info`" + ` shows it on the host) or NOOK_TLS_CA=FILE.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -150,7 +157,12 @@ func serveCmd() *cobra.Command {
 	c.Flags().StringVar(&cfg.Daemon.DataDir, "data-dir", "/var/lib/nook", "where the database, templates and sandboxes live")
 	c.Flags().StringVar(&cfg.Daemon.RunDir, "run-dir", "/run/nook", "runtime state (sockets, runc state)")
 	c.Flags().StringVar(&cfg.Socket, "socket", "", "unix socket to serve the API on (default RUN-DIR/nook.sock)")
-	c.Flags().StringVar(&cfg.Listen, "listen", "", "also serve the API on this TCP address (e.g. 127.0.0.1:7070); requires tokens")
+	c.Flags().StringVar(&cfg.Listen, "listen", "", "also serve the API on this TCP `ADDR` (e.g. 127.0.0.1:7070), over HTTPS; requires tokens (nook token create)")
+	c.Flags().StringVar(&cfg.TLSCert, "tls-cert", "", "the TCP listener's TLS certificate, a PEM `FILE` (default: a self-signed one made on first start in DATA-DIR/tls; its fingerprint is logged and shown by nook info, and clients pin it with NOOK_TLS_FINGERPRINT)")
+	c.Flags().StringVar(&cfg.TLSKey, "tls-key", "", "the private key of --tls-cert, a PEM `FILE`")
+	c.Flags().BoolVar(&cfg.InsecureHTTP, "insecure-http", false, "serve plain HTTP on --listen instead of HTTPS: tokens cross the network readable. Only behind a TLS-terminating proxy on the same host")
+	c.Flags().IntVar(&cfg.MaxConns, "max-conns", server.DefaultMaxConns, "most connections the TCP listener holds open at once; more wait until one closes")
+	c.Flags().DurationVar(&cfg.IdleTimeout, "idle-timeout", server.DefaultIdleTimeout, "close API connections idle this long between requests (streams in progress are not idle)")
 	c.Flags().StringVar(&cfg.Daemon.AgentBinary, "agent", "", "nook-agent binary (default: beside nook)")
 	c.Flags().StringVar(&cfg.Daemon.TemplatesDir, "templates-dir", "", "template store (default DATA-DIR/templates)")
 	c.Flags().StringVar(&cfg.Daemon.CgroupParent, "cgroup-parent", "nook", "parent cgroup of sandboxes")
@@ -529,6 +541,9 @@ func infoCmd() *cobra.Command {
 				sort.Strings(vs)
 				fmt.Fprintf(w, "  %-10s %s\n", b.Isolation, strings.TrimSpace(state+" "+strings.Join(vs, ", ")))
 			}
+			if info.TLSFingerprint != "" {
+				fmt.Fprintf(w, "tls fingerprint: %s (clients: NOOK_TLS_FINGERPRINT=%s)\n", info.TLSFingerprint, info.TLSFingerprint)
+			}
 			return nil
 		}),
 	}
@@ -537,14 +552,22 @@ func infoCmd() *cobra.Command {
 }
 
 func tokenCmd() *cobra.Command {
-	c := &cobra.Command{Use: "token", Short: "Manage API tokens for the TCP listener"}
-	var name string
+	c := &cobra.Command{Use: "token", Short: "Manage API tokens for the TCP listener (on the host, over the unix socket)"}
+	var req api.CreateTokenRequest
 	create := &cobra.Command{
-		Use:   "create [--name NAME]",
+		Use:   "create [--name NAME] [--scope admin|read-only|sandbox:NAME] [--ttl 30d|never]",
 		Short: "Create a token and print it (shown only once)",
-		Args:  cobra.NoArgs,
+		Long: `Create a token for the TCP listener and print it (shown only once).
+
+Scopes: admin (default) may do everything but manage tokens; read-only may
+list and look (inspect, files, output, watch) but not run or change
+anything; sandbox:NAME may use and destroy only that sandbox (not create,
+fork, widen its network, expose ports or extend its TTL), and stops working
+if the sandbox is destroyed and the name reused. Tokens expire after --ttl
+(default 30d); "never" makes one that does not.`,
+		Args: cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
-			t, err := cl.CreateToken(cmd.Context(), name)
+			t, err := cl.CreateToken(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
@@ -552,7 +575,9 @@ func tokenCmd() *cobra.Command {
 			return nil
 		}),
 	}
-	create.Flags().StringVar(&name, "name", "", "a label for the token")
+	create.Flags().StringVar(&req.Name, "name", "", "a label for the token")
+	create.Flags().StringVar(&req.Scope, "scope", "admin", "what the token may do: admin, read-only or sandbox:NAME")
+	create.Flags().StringVar(&req.TTL, "ttl", "30d", "how long the token works, e.g. 12h, 30d, or never")
 	c.AddCommand(create, &cobra.Command{
 		Use:   "ls",
 		Short: "List tokens",
@@ -563,9 +588,16 @@ func tokenCmd() *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tCREATED")
+			fmt.Fprintln(tw, "ID\tNAME\tSCOPE\tCREATED\tEXPIRES")
 			for _, t := range ts {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", t.ID, t.Name, t.CreatedAt.Local().Format(time.RFC3339))
+				exp := "never"
+				if t.ExpiresAt != nil {
+					exp = t.ExpiresAt.Local().Format(time.RFC3339)
+					if !time.Now().Before(*t.ExpiresAt) {
+						exp += " (expired)"
+					}
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, t.Scope, t.CreatedAt.Local().Format(time.RFC3339), exp)
 			}
 			return tw.Flush()
 		}),

@@ -7,8 +7,6 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -1199,46 +1197,4 @@ func (m *Manager) drainPools(ctx context.Context, template string) {
 
 func (m *Manager) inUse(ctx context.Context) func(string) (int, error) {
 	return func(id string) (int, error) { return m.store.CountByTemplate(ctx, id) }
-}
-
-// CreateToken makes an API token; its secret is returned only now.
-func (m *Manager) CreateToken(ctx context.Context, name string) (api.Token, error) {
-	if len(name) > 100 {
-		return api.Token{}, errdefs.Invalid("token name is longer than 100 characters")
-	}
-	b := make([]byte, 32)
-	rand.Read(b)
-	secret := "nook_" + base64.RawURLEncoding.EncodeToString(b)
-	sum := sha256.Sum256([]byte(secret))
-	t := store.Token{ID: newID()[:12], Name: name, Hash: sum[:], CreatedAt: time.Now()}
-	if err := m.store.InsertToken(ctx, t); err != nil {
-		return api.Token{}, err
-	}
-	return api.Token{ID: t.ID, Name: t.Name, Secret: secret, CreatedAt: t.CreatedAt.UTC()}, nil
-}
-
-// Tokens lists tokens (never their secrets).
-func (m *Manager) Tokens(ctx context.Context) ([]api.Token, error) {
-	ts, err := m.store.ListTokens(ctx)
-	out := make([]api.Token, 0, len(ts))
-	for _, t := range ts {
-		out = append(out, api.Token{ID: t.ID, Name: t.Name, CreatedAt: t.CreatedAt.UTC()})
-	}
-	return out, err
-}
-
-// RevokeToken deletes a token.
-func (m *Manager) RevokeToken(ctx context.Context, id string) error {
-	return m.store.DeleteToken(ctx, id)
-}
-
-// Authenticate checks a bearer token's secret. Secrets are 256 random bits,
-// so an unsalted SHA-256 is enough to keep them unrecoverable from the database.
-func (m *Manager) Authenticate(ctx context.Context, secret string) error {
-	if secret == "" {
-		return errdefs.NotFound("no token")
-	}
-	sum := sha256.Sum256([]byte(secret))
-	_, err := m.store.TokenByHash(ctx, sum[:])
-	return err
 }

@@ -479,8 +479,21 @@ func TestTokenAuth(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close()
 	d := newDaemon(t, "--listen", addr)
-	tcp := []string{"NOOK_HOST=http://" + addr}
-	r, _ := d.nookEnv(tcp, "ls")
+	// The TCP listener serves HTTPS with a self-signed certificate whose
+	// fingerprint the daemon logs and `nook info` shows; clients pin it.
+	var info api.Info
+	if err := json.Unmarshal([]byte(d.must("info", "--json")), &info); err != nil || !strings.HasPrefix(info.TLSFingerprint, "sha256:") {
+		t.Fatalf("info: %v %+v", err, info)
+	}
+	if !strings.Contains(d.log.String(), info.TLSFingerprint) {
+		t.Fatalf("the daemon did not log its certificate's fingerprint:\n%s", d.log.String())
+	}
+	tcp := []string{"NOOK_HOST=https://" + addr, "NOOK_TLS_FINGERPRINT=" + info.TLSFingerprint}
+	r, _ := d.nookEnv([]string{"NOOK_HOST=https://" + addr}, "ls")
+	if r.code != 1 || !strings.Contains(r.stderr, "NOOK_TLS_FINGERPRINT") {
+		t.Fatalf("ls over TLS without trusting the certificate: %+v", r)
+	}
+	r, _ = d.nookEnv(tcp, "ls")
 	if r.code != 1 || !strings.Contains(r.stderr, "nook token create") {
 		t.Fatalf("ls over TCP without a token: %+v", r)
 	}
@@ -514,6 +527,47 @@ func TestTokenAuth(t *testing.T) {
 	r, _ = d.nookEnv(append(tcp, "NOOK_TOKEN="+token), "ls")
 	if r.code != 1 {
 		t.Fatalf("revoked token still works: %+v", r)
+	}
+
+	// Scopes, end to end.
+	d.must("create", "--name", "box")
+	d.must("create", "--name", "other")
+	box := strings.TrimSpace(d.must("token", "create", "--scope", "sandbox:box", "--ttl", "1h"))
+	ro := strings.TrimSpace(d.must("token", "create", "--scope", "read-only"))
+	as := func(tok string, args ...string) result {
+		r, err := d.nookEnv(append(tcp, "NOOK_TOKEN="+tok), args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := as(box, "ls"); r.code != 0 || !strings.Contains(r.stdout, "box") || strings.Contains(r.stdout, "other") {
+		t.Fatalf("ls with a sandbox:box token: %+v", r)
+	}
+	if r := as(box, "exec", "box", "--", "echo", "in-box"); r.code != 0 || r.stdout != "in-box\n" {
+		t.Fatalf("exec in box with its token: %+v", r)
+	}
+	if r := as(box, "exec", "other", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "for sandbox box only") {
+		t.Fatalf("exec in other with box's token: %+v", r)
+	}
+	if r := as(box, "create", "--name", "more"); r.code != 1 || !strings.Contains(r.stderr, "admin token") {
+		t.Fatalf("create with box's token: %+v", r)
+	}
+	if r := as(ro, "ls"); r.code != 0 || !strings.Contains(r.stdout, "other") {
+		t.Fatalf("ls with a read-only token: %+v", r)
+	}
+	if r := as(ro, "exec", "box", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "read-only") {
+		t.Fatalf("exec with a read-only token: %+v", r)
+	}
+	ls := d.must("token", "ls")
+	if !strings.Contains(ls, "sandbox:box") || !strings.Contains(ls, "read-only") || !strings.Contains(ls, "EXPIRES") {
+		t.Fatalf("token ls:\n%s", ls)
+	}
+	// box's token is for that sandbox, not a later one of the same name.
+	d.must("rm", "box")
+	d.must("create", "--name", "box")
+	if r := as(box, "exec", "box", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "earlier sandbox") {
+		t.Fatalf("exec in a new box with the old box's token: %+v", r)
 	}
 }
 

@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,11 +112,14 @@ func TestMCPInspector(t *testing.T) {
 
 	// The same tools over HTTP need the daemon's token: without one the
 	// daemon answers 401, which the Inspector reports as auth_required.
-	if out, err := inspectorRun(t, "--transport", "http", "--server-url", "http://"+addr+"/mcp", "--method", "tools/list"); err == nil || !(strings.Contains(string(out), "401") || strings.Contains(string(out), "auth_required")) {
+	// The listener serves TLS with the daemon's self-signed certificate:
+	// the Inspector (Node) trusts it as an extra CA.
+	t.Setenv("NODE_EXTRA_CA_CERTS", filepath.Join(d.data, "tls", "cert.pem"))
+	if out, err := inspectorRun(t, "--transport", "http", "--server-url", "https://"+addr+"/mcp", "--method", "tools/list"); err == nil || !(strings.Contains(string(out), "401") || strings.Contains(string(out), "auth_required")) {
 		t.Fatalf("/mcp over TCP without a token answered (%v): %s", err, out)
 	}
 	token := strings.TrimSpace(d.must("token", "create"))
-	http := []string{"--transport", "http", "--server-url", "http://" + addr + "/mcp", "--header", "Authorization: Bearer " + token}
+	http := []string{"--transport", "http", "--server-url", "https://" + addr + "/mcp", "--header", "Authorization: Bearer " + token}
 	ex = call(http, "exec", "sandbox=mcp-box", "command=cat /root/dir/notes.txt")
 	if ex["stdout"] != "written by an agent" {
 		t.Fatalf("exec over HTTP: %+v", ex)
@@ -288,4 +294,129 @@ func TestMCPSnapshotTools(t *testing.T) {
 	}
 	call("sandbox_destroy", map[string]any{"sandbox": "mcp-vm-2"})
 	call("sandbox_destroy", map[string]any{"sandbox": "mcp-vm"})
+}
+
+// bearer adds a token to every request of an MCP client.
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
+}
+
+// TestEscapeMCPScope: over /mcp (the official Go SDK's client, HTTPS with
+// the certificate pinned as a CA), a token's scope holds for every tool: a
+// read-only token lists and reads but cannot exec or write; a sandbox
+// token sees and uses only its sandbox and cannot create others; and a
+// session cannot be used with another token.
+func TestEscapeMCPScope(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	d := newDaemon(t, "--listen", addr)
+	d.must("create", "--name", "box")
+	d.must("create", "--name", "other")
+	d.must("exec", "box", "--", "sh", "-c", "echo secret-notes > /root/notes")
+	ro := strings.TrimSpace(d.must("token", "create", "--scope", "read-only"))
+	box := strings.TrimSpace(d.must("token", "create", "--scope", "sandbox:box"))
+	pem, err := os.ReadFile(filepath.Join(d.data, "tls", "cert.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	connect := func(token string) (*mcp.ClientSession, *http.Client) {
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+		hc := &http.Client{Transport: bearer{token, tr}}
+		cl := mcp.NewClient(&mcp.Implementation{Name: "nook-scope-test", Version: "1"}, nil)
+		cs, err := cl.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "https://" + addr + "/mcp", HTTPClient: hc}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		return cs, hc
+	}
+	call := func(cs *mcp.ClientSession, tool string, args map[string]any) (string, bool) {
+		t.Helper()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+		if err != nil {
+			t.Fatalf("%s: %v", tool, err)
+		}
+		b, _ := json.Marshal(res.StructuredContent)
+		if res.IsError {
+			b, _ = json.Marshal(res.Content)
+		}
+		return string(b), res.IsError
+	}
+
+	rs, _ := connect(ro)
+	if out, isErr := call(rs, "sandbox_list", nil); isErr || !strings.Contains(out, `"box"`) || !strings.Contains(out, `"other"`) {
+		t.Fatalf("read-only sandbox_list: %s", out)
+	}
+	if out, isErr := call(rs, "read_file", map[string]any{"sandbox": "box", "path": "/root/notes"}); isErr || !strings.Contains(out, "secret-notes") {
+		t.Fatalf("read-only read_file: %s", out)
+	}
+	for _, tc := range []struct {
+		tool string
+		args map[string]any
+	}{
+		{"exec", map[string]any{"sandbox": "box", "command": "true"}},
+		{"write_file", map[string]any{"sandbox": "box", "path": "/root/x", "content": "x"}},
+		{"process_start", map[string]any{"sandbox": "box", "command": "sleep 100"}},
+		{"sandbox_destroy", map[string]any{"sandbox": "other"}},
+		{"sandbox_create", map[string]any{"name": "made-by-ro"}},
+	} {
+		if out, isErr := call(rs, tc.tool, tc.args); !isErr || !(strings.Contains(out, "read-only") || strings.Contains(out, "admin token")) {
+			t.Errorf("read-only %s: error=%v %s", tc.tool, isErr, out)
+		}
+	}
+
+	bs, bhc := connect(box)
+	if out, isErr := call(bs, "sandbox_list", nil); isErr || !strings.Contains(out, `"box"`) || strings.Contains(out, `"other"`) {
+		t.Fatalf("sandbox:box sandbox_list: %s", out)
+	}
+	if out, isErr := call(bs, "exec", map[string]any{"sandbox": "box", "command": "cat /root/notes"}); isErr || !strings.Contains(out, "secret-notes") {
+		t.Fatalf("sandbox:box exec in box: %s", out)
+	}
+	if out, isErr := call(bs, "exec", map[string]any{"sandbox": "other", "command": "true"}); !isErr || !strings.Contains(out, "for sandbox box only") {
+		t.Fatalf("sandbox:box exec in other: %s", out)
+	}
+	if out, isErr := call(bs, "sandbox_create", map[string]any{"name": "made-by-box"}); !isErr || !strings.Contains(out, "admin token") {
+		t.Fatalf("sandbox:box sandbox_create: %s", out)
+	}
+
+	// The read-only token cannot ride the box token's session.
+	sid := bs.ID()
+	if sid == "" {
+		t.Fatal("no session id")
+	}
+	body := `{"jsonrpc":"2.0","id":99,"method":"tools/call","params":{"name":"exec","arguments":{"sandbox":"box","command":"true"}}}`
+	req, _ := http.NewRequestWithContext(ctx, "POST", "https://"+addr+"/mcp", strings.NewReader(body))
+	req.Header.Set("Mcp-Session-Id", sid)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	hijack := &http.Client{Transport: bearer{ro, bhc.Transport.(bearer).next}}
+	resp, err := hijack.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("another token on box's session: %s", resp.Status)
+	}
+	if _, err := os.Stat(filepath.Join(d.data, "sandboxes")); err != nil {
+		t.Fatal(err)
+	}
+	if out := d.must("ls"); strings.Contains(out, "made-by") {
+		t.Fatalf("a scoped token created a sandbox:\n%s", out)
+	}
 }

@@ -89,6 +89,14 @@
 // traffic is dropped there too unless that firewall accepts the pool; New
 // logs a warning when it sees such a chain in iptables-nft.
 //
+// # Exposed ports
+//
+// Expose listens on the host and forwards each connection to the sandbox
+// in userspace. A forwarder holds at most 256 client connections and a
+// sandbox's forwarders together 1024; one past either cap is closed as
+// soon as it is accepted, so a client cannot pin host sockets and
+// goroutines without bound.
+//
 // # Restarts
 //
 // Kernel state outlives the daemon. After a restart the daemon creates a

@@ -22,6 +22,22 @@ type Exposure struct {
 	HostAddr netip.AddrPort
 }
 
+// Caps on the connections through exposed ports: a forwarder holds at
+// most exposeConnCap client connections at once, all of a sandbox's
+// forwarders together at most sandboxExposeConnCap; a connection past
+// either is closed as soon as it is accepted. (Variables for tests.)
+var (
+	exposeConnCap        = 256
+	sandboxExposeConnCap = 1024
+)
+
+// connBudget counts the client connections of all of one sandbox's
+// forwarders.
+type connBudget struct {
+	mu sync.Mutex
+	n  int
+}
+
 // forwarder is a userspace TCP forwarder from a host listener to a
 // sandbox port. The host dials out to the sandbox, which the input chain
 // allows (only replies come back in), so no inbound rule is needed.
@@ -29,6 +45,10 @@ type forwarder struct {
 	ln     net.Listener
 	target netip.AddrPort
 	host   netns.NsHandle
+	// budget is shared by the sandbox's forwarders; active is this one's
+	// client connections.
+	budget *connBudget
+	active int
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -74,6 +94,13 @@ func (m *Manager) Expose(ctx context.Context, id string, sandboxPort, hostPort u
 	}
 	f = &forwarder{ln: ln, target: netip.AddrPortFrom(SandboxAddr(sb.subnet), sandboxPort), host: m.host, conns: map[net.Conn]struct{}{}}
 	m.mu.Lock()
+	for _, other := range sb.exposes {
+		f.budget = other.budget
+		break
+	}
+	if f.budget == nil {
+		f.budget = &connBudget{}
+	}
 	sb.exposes[sandboxPort] = f
 	m.mu.Unlock()
 	f.wg.Add(1)
@@ -135,13 +162,20 @@ func (f *forwarder) serve() {
 		if err != nil {
 			return
 		}
+		if !f.admit() {
+			// Past a cap: closed at once, never queued.
+			c.Close()
+			continue
+		}
 		if !f.track(c) {
+			f.release()
 			c.Close()
 			return
 		}
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
+			defer f.release()
 			defer f.untrack(c)
 			f.pipe(c)
 		}()
@@ -175,6 +209,26 @@ func (f *forwarder) pipe(c net.Conn) {
 	go cp(c, up)
 	<-done
 	<-done
+}
+
+// admit counts a new client connection against the forwarder's and the
+// sandbox's caps, or refuses it.
+func (f *forwarder) admit() bool {
+	f.budget.mu.Lock()
+	defer f.budget.mu.Unlock()
+	if f.active >= exposeConnCap || f.budget.n >= sandboxExposeConnCap {
+		return false
+	}
+	f.active++
+	f.budget.n++
+	return true
+}
+
+func (f *forwarder) release() {
+	f.budget.mu.Lock()
+	f.active--
+	f.budget.n--
+	f.budget.mu.Unlock()
 }
 
 func (f *forwarder) track(c net.Conn) bool {

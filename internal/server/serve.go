@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/nookhq/nook/internal/daemon"
-	"github.com/nookhq/nook/sdk"
 )
 
 // DefaultSocket is where the daemon listens and the CLI looks by default.
@@ -24,6 +23,21 @@ type Config struct {
 	Daemon daemon.Config
 	Socket string // unix socket; default /run/nook/nook.sock (or RunDir/nook.sock when RunDir is set)
 	Listen string // optional TCP address, e.g. 127.0.0.1:7070; requires bearer tokens
+	// TLSCert and TLSKey are the TCP listener's certificate and key
+	// (PEM); without them it uses a self-signed one kept in the data
+	// directory, made on first start.
+	TLSCert, TLSKey string
+	// InsecureHTTP serves plain HTTP on the TCP listener (behind a TLS
+	// proxy on the same host only).
+	InsecureHTTP bool
+	// MaxConns caps the TCP listener's open connections (default
+	// DefaultMaxConns); IdleTimeout closes idle keep-alive connections
+	// (default DefaultIdleTimeout).
+	MaxConns    int
+	IdleTimeout time.Duration
+	// Fingerprint, if set, is called with the TLS certificate's
+	// fingerprint once the TCP listener is up.
+	Fingerprint func(string)
 	// Ready, if set, is called once the listeners accept connections.
 	Ready func()
 }
@@ -68,25 +82,30 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	defer m.Close()
 	srv := New(m, log)
-	self, err := sdk.New("unix://"+cfg.Socket, "")
-	if err != nil {
+	if err := srv.EnableMCP(cfg.Socket); err != nil {
 		return err
 	}
-	srv.EnableMCP(self)
 
 	ul, err := listenUnix(cfg.Socket)
 	if err != nil {
 		return err
 	}
-	servers := []*http.Server{{Handler: srv.Handler(false), ReadHeaderTimeout: 10 * time.Second}}
+	servers := []*http.Server{newHTTPServer(srv.Handler(false), cfg.IdleTimeout, log)}
 	listeners := []net.Listener{ul}
 	if cfg.Listen != "" {
-		tl, err := net.Listen("tcp", cfg.Listen)
+		tl, err := listenTCP(cfg, dataDir, log)
 		if err != nil {
 			ul.Close()
-			return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+			return err
 		}
-		servers = append(servers, &http.Server{Handler: srv.Handler(true), ReadHeaderTimeout: 10 * time.Second})
+		if tl.Fingerprint != "" {
+			srv.tlsFingerprint = tl.Fingerprint
+			log.Info("the TCP listener serves HTTPS: clients pin the certificate with NOOK_TLS_FINGERPRINT", "fingerprint", tl.Fingerprint)
+			if cfg.Fingerprint != nil {
+				cfg.Fingerprint(tl.Fingerprint)
+			}
+		}
+		servers = append(servers, newHTTPServer(srv.Handler(true), cfg.IdleTimeout, log))
 		listeners = append(listeners, tl)
 	}
 	errc := make(chan error, len(servers))

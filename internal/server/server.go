@@ -1,6 +1,12 @@
 // Package server is nook's REST API edge: it decodes requests, calls the
 // daemon's Manager, and maps error categories to HTTP status codes and
 // stable error codes. Nothing below this package knows about HTTP.
+//
+// It also guards the edge: the TCP listener serves TLS (tls.go: a
+// self-signed certificate kept in the data directory unless one is given)
+// with a connection cap and idle timeout, every request there needs a
+// token, and every route has an access class that a token's scope must
+// allow (scope.go). /mcp runs its tools with the caller's token.
 package server
 
 import (
@@ -15,14 +21,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/errdefs"
-	"github.com/nookhq/nook/internal/mcpserver"
 	"github.com/nookhq/nook/internal/template"
-	"github.com/nookhq/nook/sdk"
 )
 
 // maxBody bounds a JSON request body.
@@ -33,78 +35,94 @@ type Server struct {
 	m   *daemon.Manager
 	log *slog.Logger
 	mux *http.ServeMux
+	// authenticate and sandboxID are the Manager's, replaceable in tests.
+	authenticate func(ctx context.Context, secret string) (*daemon.TokenInfo, error)
+	sandboxID    func(ctx context.Context, name string) (string, error)
+	// tlsFingerprint is the TCP listener's certificate's, for /v1/info.
+	tlsFingerprint string
 }
 
 // New returns a Server.
 func New(m *daemon.Manager, log *slog.Logger) *Server {
-	s := &Server{m: m, log: log, mux: http.NewServeMux()}
-	for _, r := range s.routes() {
-		s.mux.HandleFunc(r.pattern, r.handler)
+	s := &Server{m: m, log: log, authenticate: m.Authenticate, sandboxID: func(ctx context.Context, name string) (string, error) {
+		sb, err := m.Get(ctx, name)
+		if err != nil {
+			return "", err
+		}
+		return sb.ID, nil
+	}}
+	s.mux = s.newMux(s.routes())
+	return s
+}
+
+// newMux serves routes, each behind its access check.
+func (s *Server) newMux(routes []route) *http.ServeMux {
+	mux := http.NewServeMux()
+	for _, r := range routes {
+		if r.access == accessUndecided {
+			panic("route " + r.pattern + " has no access decision")
+		}
+		mux.Handle(r.pattern, s.authorize(r.access, r.handler))
 	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no API route %s %s: see /v1/openapi.yaml", r.Method, r.URL.Path))
 	})
-	return s
+	return mux
 }
 
 type route struct {
 	pattern string
+	// access is which callers may use the route (scope.go).
+	access  access
 	handler http.HandlerFunc
 }
 
 // routes is the API; every pattern here is documented in api/openapi.yaml (a test checks).
 func (s *Server) routes() []route {
 	return []route{
-		{"GET /v1/openapi.yaml", s.openapi},
-		{"GET /v1/info", s.info},
-		{"POST /v1/sandboxes", s.createSandbox},
-		{"GET /v1/sandboxes", s.listSandboxes},
-		{"GET /v1/sandboxes/{name}", s.getSandbox},
-		{"DELETE /v1/sandboxes/{name}", s.deleteSandbox},
-		{"PUT /v1/sandboxes/{name}/ttl", s.setTTL},
-		{"POST /v1/sandboxes/{name}/pause", s.pauseSandbox},
-		{"POST /v1/sandboxes/{name}/resume", s.resumeSandbox},
-		{"POST /v1/sandboxes/{name}/snapshots", s.createSnapshot},
-		{"GET /v1/sandboxes/{name}/snapshots", s.listSnapshots},
-		{"DELETE /v1/sandboxes/{name}/snapshots/{snapshot}", s.deleteSnapshot},
-		{"POST /v1/sandboxes/{name}/rollback", s.rollback},
-		{"POST /v1/sandboxes/{name}/fork", s.fork},
-		{"GET /v1/sandboxes/{name}/network", s.getNetwork},
-		{"PUT /v1/sandboxes/{name}/network", s.setNetwork},
-		{"GET /v1/sandboxes/{name}/network/log", s.netLog},
-		{"POST /v1/sandboxes/{name}/expose", s.expose},
-		{"DELETE /v1/sandboxes/{name}/expose/{port}", s.unexpose},
-		{"POST /v1/sandboxes/{name}/exec", s.exec},
-		{"GET /v1/sandboxes/{name}/exec/ws", s.execWebSocket},
-		{"GET /v1/sandboxes/{name}/processes", s.listProcesses},
-		{"GET /v1/sandboxes/{name}/processes/{pid}/output", s.processOutput},
-		{"GET /v1/sandboxes/{name}/processes/{pid}/attach", s.attachWebSocket},
-		{"POST /v1/sandboxes/{name}/processes/{pid}/signal", s.signalProcess},
-		{"GET /v1/sandboxes/{name}/files/stat", s.statFile},
-		{"GET /v1/sandboxes/{name}/files/list", s.listFiles},
-		{"GET /v1/sandboxes/{name}/files/content", s.readFile},
-		{"PUT /v1/sandboxes/{name}/files/content", s.writeFile},
-		{"POST /v1/sandboxes/{name}/files/mkdir", s.mkdirFile},
-		{"DELETE /v1/sandboxes/{name}/files", s.removeFile},
-		{"POST /v1/sandboxes/{name}/files/move", s.moveFile},
-		{"POST /v1/sandboxes/{name}/files/chmod", s.chmodFile},
-		{"GET /v1/sandboxes/{name}/files/archive", s.downloadArchive},
-		{"PUT /v1/sandboxes/{name}/files/archive", s.uploadArchive},
-		{"GET /v1/sandboxes/{name}/files/watch", s.watchFiles},
-		{"GET /v1/templates", s.listTemplates},
-		{"POST /v1/templates/{name}/build", s.buildTemplate},
-		{"DELETE /v1/templates/{name}", s.deleteTemplate},
-		{"POST /v1/tokens", s.createToken},
-		{"GET /v1/tokens", s.listTokens},
-		{"DELETE /v1/tokens/{id}", s.deleteToken},
+		{"GET /v1/openapi.yaml", accessAnyToken, s.openapi},
+		{"GET /v1/info", accessAnyToken, s.info},
+		{"POST /v1/sandboxes", accessAdmin, s.createSandbox},
+		{"GET /v1/sandboxes", accessList, s.listSandboxes},
+		{"GET /v1/sandboxes/{name}", accessSandboxRead, s.getSandbox},
+		{"DELETE /v1/sandboxes/{name}", accessSandboxWrite, s.deleteSandbox},
+		{"PUT /v1/sandboxes/{name}/ttl", accessAdmin, s.setTTL},
+		{"POST /v1/sandboxes/{name}/pause", accessSandboxWrite, s.pauseSandbox},
+		{"POST /v1/sandboxes/{name}/resume", accessSandboxWrite, s.resumeSandbox},
+		{"POST /v1/sandboxes/{name}/snapshots", accessSandboxWrite, s.createSnapshot},
+		{"GET /v1/sandboxes/{name}/snapshots", accessSandboxRead, s.listSnapshots},
+		{"DELETE /v1/sandboxes/{name}/snapshots/{snapshot}", accessSandboxWrite, s.deleteSnapshot},
+		{"POST /v1/sandboxes/{name}/rollback", accessSandboxWrite, s.rollback},
+		{"POST /v1/sandboxes/{name}/fork", accessAdmin, s.fork},
+		{"GET /v1/sandboxes/{name}/network", accessSandboxRead, s.getNetwork},
+		{"PUT /v1/sandboxes/{name}/network", accessAdmin, s.setNetwork},
+		{"GET /v1/sandboxes/{name}/network/log", accessSandboxRead, s.netLog},
+		{"POST /v1/sandboxes/{name}/expose", accessAdmin, s.expose},
+		{"DELETE /v1/sandboxes/{name}/expose/{port}", accessAdmin, s.unexpose},
+		{"POST /v1/sandboxes/{name}/exec", accessSandboxWrite, s.exec},
+		{"GET /v1/sandboxes/{name}/exec/ws", accessSandboxWrite, s.execWebSocket},
+		{"GET /v1/sandboxes/{name}/processes", accessSandboxRead, s.listProcesses},
+		{"GET /v1/sandboxes/{name}/processes/{pid}/output", accessSandboxRead, s.processOutput},
+		{"GET /v1/sandboxes/{name}/processes/{pid}/attach", accessSandboxWrite, s.attachWebSocket},
+		{"POST /v1/sandboxes/{name}/processes/{pid}/signal", accessSandboxWrite, s.signalProcess},
+		{"GET /v1/sandboxes/{name}/files/stat", accessSandboxRead, s.statFile},
+		{"GET /v1/sandboxes/{name}/files/list", accessSandboxRead, s.listFiles},
+		{"GET /v1/sandboxes/{name}/files/content", accessSandboxRead, s.readFile},
+		{"PUT /v1/sandboxes/{name}/files/content", accessSandboxWrite, s.writeFile},
+		{"POST /v1/sandboxes/{name}/files/mkdir", accessSandboxWrite, s.mkdirFile},
+		{"DELETE /v1/sandboxes/{name}/files", accessSandboxWrite, s.removeFile},
+		{"POST /v1/sandboxes/{name}/files/move", accessSandboxWrite, s.moveFile},
+		{"POST /v1/sandboxes/{name}/files/chmod", accessSandboxWrite, s.chmodFile},
+		{"GET /v1/sandboxes/{name}/files/archive", accessSandboxRead, s.downloadArchive},
+		{"PUT /v1/sandboxes/{name}/files/archive", accessSandboxWrite, s.uploadArchive},
+		{"GET /v1/sandboxes/{name}/files/watch", accessSandboxRead, s.watchFiles},
+		{"GET /v1/templates", accessAnyToken, s.listTemplates},
+		{"POST /v1/templates/{name}/build", accessAdmin, s.buildTemplate},
+		{"DELETE /v1/templates/{name}", accessAdmin, s.deleteTemplate},
+		{"POST /v1/tokens", accessHost, s.createToken},
+		{"GET /v1/tokens", accessHost, s.listTokens},
+		{"DELETE /v1/tokens/{id}", accessHost, s.deleteToken},
 	}
-}
-
-// EnableMCP serves nook's MCP tools over streamable HTTP at /mcp. The
-// tools reach the daemon through c, like any client.
-func (s *Server) EnableMCP(c *sdk.Client) {
-	srv := mcpserver.New(c, daemon.Version)
-	s.mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
 }
 
 // Routes lists the API's route patterns, for the spec coverage test.
@@ -114,39 +132,6 @@ func (s *Server) Routes() []string {
 		out = append(out, r.pattern)
 	}
 	return out
-}
-
-// Handler returns the API handler. With requireToken every request must
-// carry a valid bearer token (the TCP listener); the unix socket relies on
-// its file permissions instead.
-func (s *Server) Handler(requireToken bool) http.Handler {
-	var h http.Handler = s.mux
-	if requireToken {
-		h = s.auth(h)
-	}
-	return s.logRequests(h)
-}
-
-func (s *Server) auth(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := r.Header.Get("Authorization")
-		secret, ok := strings.CutPrefix(h, "Bearer ")
-		if !ok || secret == "" {
-			writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "this API needs a token: create one on the host with `nook token create` and set NOOK_TOKEN (header Authorization: Bearer <token>)")
-			return
-		}
-		if err := s.m.Authenticate(r.Context(), secret); err != nil {
-			writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "the token is not valid (revoked or mistyped): create one with `nook token create`")
-			return
-		}
-		// A token must not mint or revoke tokens: a leaked one could
-		// otherwise outlive its revocation.
-		if strings.HasPrefix(r.URL.Path, "/v1/tokens") {
-			writeError(w, http.StatusForbidden, api.CodePermissionDenied, "tokens are managed on the host only, over the unix socket: run `nook token` there")
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 type statusWriter struct {
@@ -230,7 +215,9 @@ func (s *Server) openapi(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) info(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.m.Info(r.Context()))
+	info := s.m.Info(r.Context())
+	info.TLSFingerprint = s.tlsFingerprint
+	writeJSON(w, http.StatusOK, info)
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
@@ -261,8 +248,13 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	scope := callerFrom(r.Context()).scope
 	out := make([]api.Sandbox, 0, len(sbs))
 	for _, sb := range sbs {
+		// A sandbox token sees only its sandbox.
+		if scope.Kind == daemon.ScopeSandbox && sb.ID != scope.SandboxID {
+			continue
+		}
 		out = append(out, s.m.View(sb))
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -399,7 +391,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	t, err := s.m.CreateToken(r.Context(), req.Name)
+	t, err := s.m.CreateToken(r.Context(), req)
 	if err != nil {
 		s.fail(w, r, err)
 		return

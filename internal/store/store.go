@@ -98,6 +98,11 @@ var migrations = []string{
 		DELETE FROM snapshots WHERE sandbox_id = old.id;
 		DELETE FROM snapshot_heads WHERE sandbox_id = old.id;
 	END;`,
+	// 5: token scopes and expiry. Tokens made before have no expiry (0)
+	// and the admin scope, which is what they could do then.
+	`ALTER TABLE tokens ADD COLUMN scope TEXT NOT NULL DEFAULT 'admin';
+	ALTER TABLE tokens ADD COLUMN sandbox_id TEXT NOT NULL DEFAULT '';
+	ALTER TABLE tokens ADD COLUMN expires_at INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // Store is the daemon's database.
@@ -287,45 +292,73 @@ type Token struct {
 	Name      string
 	Hash      []byte
 	CreatedAt time.Time
+	// Scope is what the token may do: "admin", "read-only" or
+	// "sandbox:NAME"; SandboxID is that sandbox's ID (a later sandbox
+	// of the same name is not the token's).
+	Scope     string
+	SandboxID string
+	// ExpiresAt is when the token stops working; zero: never.
+	ExpiresAt time.Time
+}
+
+func unixNanoOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func timeOrZero(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
 }
 
 // InsertToken stores a token.
 func (s *Store) InsertToken(ctx context.Context, t Token) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO tokens (id, name, hash, created_at) VALUES (?,?,?,?)`, t.ID, t.Name, t.Hash, t.CreatedAt.UnixNano())
+	_, err := s.db.ExecContext(ctx, `INSERT INTO tokens (id, name, hash, created_at, scope, sandbox_id, expires_at) VALUES (?,?,?,?,?,?,?)`,
+		t.ID, t.Name, t.Hash, t.CreatedAt.UnixNano(), t.Scope, t.SandboxID, unixNanoOrZero(t.ExpiresAt))
 	return err
+}
+
+const tokenColumns = `id, name, hash, created_at, scope, sandbox_id, expires_at`
+
+func scanToken(row interface{ Scan(...any) error }) (*Token, error) {
+	var t Token
+	var created, expires int64
+	if err := row.Scan(&t.ID, &t.Name, &t.Hash, &created, &t.Scope, &t.SandboxID, &expires); err != nil {
+		return nil, err
+	}
+	t.CreatedAt = time.Unix(0, created)
+	t.ExpiresAt = timeOrZero(expires)
+	return &t, nil
 }
 
 // TokenByHash finds a token by the hash of its secret.
 func (s *Store) TokenByHash(ctx context.Context, hash []byte) (*Token, error) {
-	var t Token
-	var created int64
-	err := s.db.QueryRowContext(ctx, `SELECT id, name, hash, created_at FROM tokens WHERE hash = ?`, hash).Scan(&t.ID, &t.Name, &t.Hash, &created)
+	t, err := scanToken(s.db.QueryRowContext(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE hash = ?`, hash))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.NotFound("token not found")
 	}
-	if err != nil {
-		return nil, err
-	}
-	t.CreatedAt = time.Unix(0, created)
-	return &t, nil
+	return t, err
 }
 
 // ListTokens lists tokens (without secrets, which are never stored).
 func (s *Store) ListTokens(ctx context.Context) ([]Token, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, name, created_at FROM tokens ORDER BY created_at`)
+	rows, err := s.db.QueryContext(ctx, `SELECT `+tokenColumns+` FROM tokens ORDER BY created_at`)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	var out []Token
 	for rows.Next() {
-		var t Token
-		var created int64
-		if err := rows.Scan(&t.ID, &t.Name, &created); err != nil {
+		t, err := scanToken(rows)
+		if err != nil {
 			return nil, err
 		}
-		t.CreatedAt = time.Unix(0, created)
-		out = append(out, t)
+		t.Hash = nil
+		out = append(out, *t)
 	}
 	return out, rows.Err()
 }

@@ -108,6 +108,43 @@ func TestTokens(t *testing.T) {
 	if err := s.DeleteToken(ctx, "t1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatal(err)
 	}
+	exp := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	if err := s.InsertToken(ctx, Token{ID: "t2", Hash: []byte("h2"), CreatedAt: time.Now(), Scope: "sandbox:box", SandboxID: "sb1", ExpiresAt: exp}); err != nil {
+		t.Fatal(err)
+	}
+	if tk, err := s.TokenByHash(ctx, []byte("h2")); err != nil || tk.Scope != "sandbox:box" || tk.SandboxID != "sb1" || !tk.ExpiresAt.Equal(exp) {
+		t.Fatalf("%+v %v", tk, err)
+	}
+	if ts, err := s.ListTokens(ctx); err != nil || len(ts) != 1 || ts[0].Scope != "sandbox:box" || ts[0].Hash != nil {
+		t.Fatalf("%+v %v", ts, err)
+	}
+}
+
+// Tokens made before scopes and expiry keep working as they did: admin,
+// never expiring.
+func TestMigrateTokenScope(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "nook.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(migrations[0] + `; PRAGMA user_version = 1`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO tokens (id, name, hash, created_at) VALUES ('old', 'ci', x'01', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	tk, err := s.TokenByHash(ctx, []byte{1})
+	if err != nil || tk.ID != "old" || tk.Scope != "admin" || !tk.ExpiresAt.IsZero() {
+		t.Fatalf("%+v %v", tk, err)
+	}
 }
 
 // A database of schema 1 (before idle pause) is migrated in place: its
