@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
@@ -133,8 +134,20 @@ func (b *Backend) freeze(ctx context.Context, id string, lock *os.File) error {
 	if lock != nil {
 		files = []*os.File{lock}
 	}
-	return b.runcFiles(ctx, id, files, "pause", id)
+	// runc gives up on a freezer still FREEZING after its own short
+	// retries, and thaws: on a loaded host that can take longer (seen
+	// under two test packages at once), so it is asked again.
+	for attempt := 1; ; attempt++ {
+		err := b.runcFiles(ctx, id, files, "pause", id)
+		if err == nil || attempt == freezeTries || !strings.Contains(err.Error(), "unable to freeze") || ctx.Err() != nil {
+			return err
+		}
+		b.cfg.Log.Warn("runc could not freeze the sandbox in time; trying again", "sandbox", id, "attempt", attempt)
+	}
 }
+
+// freezeTries is how many times a freeze runc gave up on is tried.
+const freezeTries = 4
 
 // unfreeze continues them with `runc resume`.
 func (b *Backend) unfreeze(ctx context.Context, id string) error {
