@@ -230,6 +230,15 @@ func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fres
 	if err := mountOverlay(lowers, upper, work, rootfs); err != nil {
 		return err
 	}
+	// Files the template marked with capabilities the sandbox lacks
+	// would not run (fcaps.go).
+	capped, err := templateCapFiles(lowers[len(lowers)-1])
+	if err != nil {
+		return err
+	}
+	if err := dropFileCaps(rootfs, capped); err != nil {
+		return err
+	}
 	// The network first: the agent starts with its interface up.
 	netns := b.netnsFile(sb.ID)
 	if _, err := ensureNetns(netns); err != nil {
