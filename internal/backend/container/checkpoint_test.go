@@ -336,7 +336,8 @@ func restoredByCrash(t *testing.T, b *Backend, s *conformance.Sandbox) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := mountOverlay(lowers, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), b.rootfs(s.ID)); err != nil {
+	base := b.upperBase(s.ID)
+	if err := mountOverlay(lowers, filepath.Join(base, "upper"), filepath.Join(base, "work"), b.rootfs(s.ID)); err != nil {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(dir, "restoring"), nil, 0o600)

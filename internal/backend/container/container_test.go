@@ -136,7 +136,8 @@ func TestLimitsApply(t *testing.T) {
 		t.Fatalf("memory %s pids %s cpu quota %s", mem, pids, quota)
 	}
 	// The pids limit holds: a fork bomb stays in its box.
-	s.Exec(t, &agent.ExecRequest{Argv: []string{"sh", "-c", "for i in $(seq 600); do sleep 2 & done 2>/dev/null; true"}})
+	// (Sleeps long enough to outlast the loop on a loaded host.)
+	s.Exec(t, &agent.ExecRequest{Argv: []string{"sh", "-c", "for i in $(seq 600); do sleep 60 & done 2>/dev/null; true"}})
 	cur, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", b.cfg.CgroupParent, s.ID, "pids.current"))
 	if got, _ := strconv.Atoi(strings.TrimSpace(string(cur))); err != nil || got > 512 || got < 400 {
 		t.Fatalf("pids.current %s (%v), want close to the limit of 512", cur, err)

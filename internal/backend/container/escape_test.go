@@ -1,9 +1,14 @@
 package container
 
 import (
+	"context"
+	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/core/conformance"
@@ -71,4 +76,81 @@ print("type", r[0], r[8:].decode())
 	// The template's ping (cap_net_raw=ep) runs, unprivileged.
 	s.Sh(t, "ping -c1 -W5 127.0.0.1 >/dev/null")
 	s.Sh(t, "su nobody -s /bin/sh -c 'ping -c1 -W5 127.0.0.1' >/dev/null")
+}
+
+// A sandbox cannot fill the host's disk: it writes into its own disk
+// (a 64 MiB one here) and gets ENOSPC past it, for blocks and for
+// inodes, while the host's free space and another sandbox are untouched;
+// what it deletes it can write again; its destroy leaves no mount, loop
+// device or file.
+func TestEscapeContainerDiskFull(t *testing.T) {
+	b, h := newTestBackend(t)
+	ctx := context.Background()
+	sb := conformance.NewSandbox("small-disk", h.TemplateID)
+	sb.DiskBytes = MinDisk
+	if err := b.Create(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	small := conformance.Adopt(t, h, sb)
+	other := conformance.Create(t, h, "other")
+
+	hostFree := func() int64 {
+		var fs unix.Statfs_t
+		if err := unix.Statfs(b.cfg.StateDir, &fs); err != nil {
+			t.Fatal(err)
+		}
+		return int64(fs.Bavail) * fs.Bsize
+	}
+	before := hostFree()
+	if size := strings.TrimSpace(small.Sh(t, "df -B1M --output=size / | tail -1")); size == "" || len(size) > 2 {
+		t.Errorf("the sandbox's / is %s MiB, want at most 64", size)
+	}
+	fails := func(s *conformance.Sandbox, script, want string) {
+		t.Helper()
+		r, err := s.Exec(t, &agent.ExecRequest{Argv: []string{"sh", "-c", script}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Exit.ExitCode == 0 || !strings.Contains(r.Stdout+r.Stderr, want) {
+			t.Fatalf("%q: exit %d, output %q %q; want a failure saying %q", script, r.Exit.ExitCode, r.Stdout, r.Stderr, want)
+		}
+	}
+	fails(small, "fallocate -l 1G /big", "No space left on device")
+	fails(small, "dd if=/dev/zero of=/big bs=1M count=1024 status=none && sync", "No space left on device")
+	if used := before - hostFree(); used > 256<<20 {
+		t.Errorf("the host lost %d MiB to a sandbox with a 64 MiB disk", used>>20)
+	}
+	// Another sandbox still writes.
+	other.Sh(t, "dd if=/dev/zero of=/data bs=1M count=32 status=none && sync && rm /data")
+	// Deleting frees the space again.
+	small.Sh(t, "rm -f /big && sync && dd if=/dev/zero of=/again bs=1M count=16 status=none && sync && rm /again")
+
+	// Inodes: empty files stop at the disk's inode count.
+	out := small.Sh(t, `python3 -c '
+import os, errno
+os.mkdir("/many")
+n = 0
+try:
+    while n < 200000:
+        open("/many/%d" % n, "w").close()
+        n += 1
+except OSError as e:
+    print(n, errno.errorcode[e.errno])
+'`)
+	var n int
+	var code string
+	if _, err := fmt.Sscan(out, &n, &code); err != nil || code != "ENOSPC" || n < 1000 || n > 20000 {
+		t.Fatalf("creating empty files: %q (%v); want ENOSPC after a few thousand", out, err)
+	}
+	small.Sh(t, "rm -rf /many && touch /after-inodes")
+	if used := before - hostFree(); used > 256<<20 {
+		t.Errorf("the host lost %d MiB to a sandbox with a 64 MiB disk", used>>20)
+	}
+
+	// Destroy leaves nothing (Leaks looks for mounts and loop devices too).
+	img := b.diskImage(sb.ID)
+	small.Destroy(t)
+	if _, err := os.Stat(img); err == nil {
+		t.Errorf("disk image %s left after destroy", img)
+	}
 }
