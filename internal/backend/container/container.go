@@ -502,7 +502,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if err := b.unmountDisk(id); err != nil {
 		return errors.Join(append(errs, fmt.Errorf("the sandbox's disk: %w", err))...)
 	}
-	if err := os.RemoveAll(b.dir(id)); err != nil {
+	if err := removeSandboxDir(b.dir(id)); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -209,3 +209,57 @@ func (b *Backend) unmountDisk(id string) error {
 		time.Sleep(wait)
 	}
 }
+
+// mountsUnder lists the mount points at or under dir (from
+// /proc/self/mountinfo, whose paths escape space, tab, newline and
+// backslash as octal).
+func mountsUnder(dir string) ([]string, error) {
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var found []string
+	for _, line := range strings.Split(string(mi), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMountinfo(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			found = append(found, mp)
+		}
+	}
+	return found, nil
+}
+
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// removeSandboxDir removes a sandbox's directory, and refuses while
+// anything is still mounted under it: a removal would walk into the
+// mount (a leaked bind of a template would lose the template's files).
+func removeSandboxDir(dir string) error {
+	mounts, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	if len(mounts) > 0 {
+		return fmt.Errorf("not removing %s: still mounted under it: %s", dir, strings.Join(mounts, ", "))
+	}
+	return os.RemoveAll(dir)
+}

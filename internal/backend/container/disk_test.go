@@ -2,8 +2,12 @@ package container
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/core/conformance"
@@ -46,5 +50,48 @@ func TestDiskAcrossReboot(t *testing.T) {
 	}
 	if err := b2.GC(ctx, nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Destroy never removes files through a mount left under the sandbox's
+// directory (a leaked bind of a template would lose the template): it
+// refuses until the mount is gone.
+func TestDestroyKeepsMountedFiles(t *testing.T) {
+	b, h := newTestBackend(t)
+	ctx := context.Background()
+	s := conformance.Create(t, h, "mounted")
+	precious := t.TempDir()
+	if err := os.WriteFile(filepath.Join(precious, "keep"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(b.dir(s.ID), "a bind")
+	if err := os.Mkdir(target, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(precious, target, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	err := b.Destroy(ctx, s.ID)
+	if err == nil || !strings.Contains(err.Error(), "still mounted") {
+		t.Errorf("destroy with a mount under the sandbox: %v", err)
+	}
+	if _, serr := os.Stat(filepath.Join(precious, "keep")); serr != nil {
+		t.Fatalf("destroy removed a file through a mount: %v", serr)
+	}
+	if err := unix.Unmount(target, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Destroy(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUnescapeMountinfo(t *testing.T) {
+	for in, want := range map[string]string{
+		`/a/b`: "/a/b", `/a\040b`: "/a b", `/x\134y`: `/x\y`, `/t\011`: "/t\t", `/bad\0`: `/bad\0`, `/bad\9999`: `/bad\9999`,
+	} {
+		if got := unescapeMountinfo(in); got != want {
+			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
