@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -93,5 +94,55 @@ func TestUnescapeMountinfo(t *testing.T) {
 		if got := unescapeMountinfo(in); got != want {
 			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// Warm containers have the default disk: a create that asks for another
+// size is made afresh with it, and a fork gets its source's size.
+func TestDiskSizeWarmAndFork(t *testing.T) {
+	b, h := newTestBackendPool(t, 1)
+	ctx := context.Background()
+	b.Prewarm(&core.Sandbox{TemplateID: h.TemplateID})
+	waitWarm(t, b, h.TemplateID, 1)
+	sb := conformance.NewSandbox("sized", h.TemplateID)
+	sb.DiskBytes = 200 << 20
+	if id, ok := b.TakeWarm(sb); ok {
+		t.Fatalf("a create with a 200M disk took warm container %s (of the default size)", id)
+	}
+	if err := b.Create(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	s := conformance.Adopt(t, h, sb)
+	size := func(s *conformance.Sandbox) int {
+		n, err := strconv.Atoi(strings.TrimSpace(s.Sh(t, "df -B1M --output=size / | tail -1")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if got := size(s); got < 180 || got > 200 {
+		t.Errorf("a 200M sandbox's / is %d MiB", got)
+	}
+	if _, err := b.Snapshot(ctx, s.Sandbox, "sized-1", core.SnapshotOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	fsb := conformance.NewSandbox("sized-fork", h.TemplateID)
+	fsb.DiskBytes = sb.DiskBytes // as the daemon does
+	if err := b.Fork(ctx, fsb, "sized-1"); err != nil {
+		t.Fatal(err)
+	}
+	f := conformance.Adopt(t, h, fsb)
+	if got, want := size(f), size(s); got != want {
+		t.Errorf("the fork's / is %d MiB, its source's %d", got, want)
+	}
+	// The default size still comes warm.
+	def := conformance.Create(t, h, "default")
+	if got := size(def); got < 9000 || got > 10240 {
+		t.Errorf("a default sandbox's / is %d MiB", got)
+	}
+	f.Destroy(t)
+	s.Destroy(t)
+	if err := b.GC(ctx, nil); err != nil {
+		t.Fatal(err)
 	}
 }
