@@ -49,6 +49,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseDuration -fuzztime 10s ./internal/core
 	$(GO) test -run '^$$' -fuzz FuzzParseQMP -fuzztime 10s ./internal/backend/vm
 	$(GO) test -run '^$$' -fuzz FuzzParseScope -fuzztime 10s ./internal/daemon
+	$(GO) test -run '^$$' -fuzz FuzzFileCapsExcess -fuzztime 10s ./internal/backend/container
 
 bench: deps build
 	$(GO) run ./cmd/nook-bench

@@ -217,6 +217,11 @@ type Capabilities struct {
 	Pause       bool `json:"pause"`
 	Snapshot    bool `json:"snapshot"`
 	OwnKernel   bool `json:"own_kernel"`
+	// DefaultDiskBytes is a sandbox's disk when create names none (0:
+	// the backend's own default, or not limited); MinDiskBytes the
+	// smallest it accepts (0: no minimum of its own).
+	DefaultDiskBytes int64 `json:"default_disk_bytes,omitempty"`
+	MinDiskBytes     int64 `json:"min_disk_bytes,omitempty"`
 }
 
 // Info is the body of GET /v1/info.

@@ -390,13 +390,16 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 		}
 		mem = hostMem / 2
 	}
-	var disk int64
+	disk := caps.DefaultDiskBytes
 	if req.Disk != "" {
 		if disk, err = core.ParseSize(req.Disk); err != nil {
 			return nil, fmt.Errorf("disk: %w", err)
 		}
 		if !caps.DiskLimit {
 			return nil, errdefs.Invalid("the %s backend cannot limit disk size: omit --disk (the sandbox shares the host's disk)", req.Isolation)
+		}
+		if disk < caps.MinDiskBytes {
+			return nil, errdefs.Invalid("disk %s is too small for a %s sandbox: ask for at least %s", req.Disk, req.Isolation, core.FormatBytes(caps.MinDiskBytes))
 		}
 		if req.Isolation == api.IsolationVM && disk < vm.MinDisk {
 			return nil, errdefs.Invalid("disk %s is too small for a vm sandbox: its disk is at least %s (the template image's size)", req.Disk, core.FormatBytes(vm.MinDisk))

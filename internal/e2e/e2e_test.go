@@ -281,7 +281,7 @@ func TestBadInput(t *testing.T) {
 		{[]string{"create", "--memory", "1000T"}, 1, "more than this host has"},
 		{[]string{"create", "--memory", "lots"}, 1, "is not valid"},
 		{[]string{"create", "--cpus", "512"}, 1, "more than this host has"},
-		{[]string{"create", "--disk", "10G"}, 1, "cannot limit disk"},
+		{[]string{"create", "--disk", "1M"}, 1, "too small for a container sandbox: ask for at least 64M"},
 		{[]string{"create", "--ttl", "10s"}, 1, "out of range"},
 		{[]string{"create", "--ttl", "1y"}, 1, "not valid"},
 		{[]string{"create", "--idle-pause", "10s"}, 1, "idle pause \"10s\" is out of range: use between 1m and 30d, or off"},

@@ -166,8 +166,8 @@ type HostResources struct {
 }
 
 // Leaks lists what sandbox id left on the host: processes whose root is
-// inside its directory, mounts under it, its cgroups, its runc state and
-// its files.
+// inside its directory, mounts under it, loop devices backed by its
+// files, its cgroups, its runc state and its files.
 func (h HostResources) Leaks(id string) []string {
 	var leaks []string
 	dir := filepath.Join(h.StateDir, id)
@@ -179,6 +179,12 @@ func (h HostResources) Leaks(id string) []string {
 			if strings.Contains(line, dir) {
 				leaks = append(leaks, "mount "+line)
 			}
+		}
+	}
+	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, l := range loops {
+		if f, err := os.ReadFile(l); err == nil && strings.HasPrefix(strings.TrimSpace(string(f)), dir+"/") {
+			leaks = append(leaks, "loop device "+strings.Split(l, "/")[3]+" on "+strings.TrimSpace(string(f)))
 		}
 	}
 	for _, cg := range cgroups.Dirs(h.CgroupParent, id) {

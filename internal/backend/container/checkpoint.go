@@ -264,7 +264,13 @@ func (b *Backend) restore(ctx context.Context, id string, lock *os.File) error {
 		return err
 	}
 	start := time.Now()
-	if err := mountOverlay(lowers, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), b.rootfs(id)); err != nil {
+	if _, err := os.Stat(b.diskImage(id)); err == nil {
+		if err := b.mountDisk(id); err != nil { // after a reboot
+			return err
+		}
+	}
+	base := b.upperBase(id)
+	if err := mountOverlay(lowers, filepath.Join(base, "upper"), filepath.Join(base, "work"), b.rootfs(id)); err != nil {
 		return err
 	}
 	fail := func(err error) error {

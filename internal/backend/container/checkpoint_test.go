@@ -205,7 +205,7 @@ func TestCheckpointNothingRunsOn(t *testing.T) {
 	for round := 1; round <= 10; round++ {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			n, _ := strconv.Atoi(strings.TrimSpace(s.Sh(t, "cat /tmp/busy")))
+			n, _ := strconv.Atoi(strings.TrimSpace(s.Sh(t, "cat /tmp/busy 2>/dev/null; true"))) // not there until the writer starts
 			if n > last {
 				last = n
 				break
@@ -335,7 +335,8 @@ func restoredByCrash(t *testing.T, b *Backend, s *conformance.Sandbox) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := mountOverlay(lowers, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), b.rootfs(s.ID)); err != nil {
+	base := b.upperBase(s.ID)
+	if err := mountOverlay(lowers, filepath.Join(base, "upper"), filepath.Join(base, "work"), b.rootfs(s.ID)); err != nil {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(dir, "restoring"), nil, 0o600)

@@ -1,6 +1,8 @@
 // Package container is the container isolation backend: Linux namespaces,
 // cgroups and seccomp through an OCI runtime (runc, driven through its
-// CLI), with the root filesystem an overlay over a read-only template.
+// CLI), with the root filesystem an overlay over a read-only template
+// whose writable layer lives on the sandbox's own loop-mounted ext4
+// image, so that its size (--disk) and inodes are limited (disk.go).
 package container
 
 import (
@@ -90,11 +92,12 @@ func New(cfg Config) *Backend {
 // Isolation implements core.Backend.
 func (b *Backend) Isolation() string { return api.IsolationContainer }
 
-// Capabilities implements core.Backend. Disk size is not limited: an
-// overlay upper directory on the host's filesystem has no quota here.
-// Snapshots have the memory too where CRIU is configured (see memory.go).
+// Capabilities implements core.Backend. The disk is the sandbox's own
+// ext4 image (disk.go). Snapshots have the memory too where CRIU is
+// configured (see memory.go).
 func (b *Backend) Capabilities() api.Capabilities {
-	return api.Capabilities{CPULimit: true, MemoryLimit: true, PidsLimit: true, Pause: true, Snapshot: true}
+	return api.Capabilities{CPULimit: true, MemoryLimit: true, DiskLimit: true, PidsLimit: true, Pause: true, Snapshot: true,
+		DefaultDiskBytes: DefaultDisk, MinDiskBytes: MinDisk}
 }
 
 // Available implements core.Backend.
@@ -111,6 +114,12 @@ func (b *Backend) Available(ctx context.Context) (bool, string, map[string]strin
 	versions := map[string]string{"runc": v}
 	if os.Geteuid() != 0 {
 		return false, "the container backend needs root", versions
+	}
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		return false, "mkfs.ext4 is not installed (apt-get install e2fsprogs): every container's disk is an ext4 image", versions
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		return false, "no /dev/loop-control (modprobe loop): every container's disk is a loop-mounted image", versions
 	}
 	if _, err := os.Stat(b.cfg.AgentBinary); err != nil {
 		return false, fmt.Sprintf("nook-agent binary not found at %s (build it with make build)", b.cfg.AgentBinary), versions
@@ -178,8 +187,8 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bo
 	if errors.As(err, &re) {
 		b.cfg.Log.Warn("the snapshot's processes could not be restored: starting them afresh on its files", "sandbox", sb.ID, "err", err)
 		// What the restore left in the (new) upper directory goes.
-		dir := b.dir(sb.ID)
-		if err = errors.Join(os.RemoveAll(filepath.Join(dir, "upper")), os.RemoveAll(filepath.Join(dir, "work"))); err == nil {
+		base := b.upperBase(sb.ID)
+		if err = errors.Join(os.RemoveAll(filepath.Join(base, "upper")), os.RemoveAll(filepath.Join(base, "work"))); err == nil {
 			return b.startOnce(ctx, sb, c, fresh, nil)
 		}
 	}
@@ -211,14 +220,28 @@ func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fres
 		}
 	}()
 	dir := b.dir(sb.ID)
-	upper, work, rootfs := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), b.rootfs(sb.ID)
 	// Only root on the host may enter a sandbox's files.
 	if err := os.MkdirAll(b.cfg.StateDir, 0o700); err != nil {
 		return err
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil && !os.IsExist(err) {
+	err = os.Mkdir(dir, 0o700)
+	if err != nil && !os.IsExist(err) {
 		return err
 	}
+	if err == nil { // a new sandbox: its own disk (disk.go)
+		diskStart := time.Now()
+		if err := b.makeDisk(ctx, sb.ID, diskSize(sb)); err != nil {
+			return err
+		}
+		b.cfg.Log.Debug("disk image", "sandbox", sb.ID, "size", diskSize(sb), "duration", time.Since(diskStart))
+	}
+	if _, err := os.Stat(b.diskImage(sb.ID)); err == nil {
+		if err := b.mountDisk(sb.ID); err != nil {
+			return err
+		}
+	}
+	base := b.upperBase(sb.ID)
+	upper, work, rootfs := filepath.Join(base, "upper"), filepath.Join(base, "work"), b.rootfs(sb.ID)
 	for _, d := range []string{upper, work, rootfs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
@@ -228,6 +251,15 @@ func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fres
 		return err
 	}
 	if err := mountOverlay(lowers, upper, work, rootfs); err != nil {
+		return err
+	}
+	// Files the template marked with capabilities the sandbox lacks
+	// would not run (fcaps.go).
+	capped, err := templateCapFiles(lowers[len(lowers)-1])
+	if err != nil {
+		return err
+	}
+	if err := dropFileCaps(rootfs, capped); err != nil {
 		return err
 	}
 	// The network first: the agent starts with its interface up.
@@ -465,7 +497,12 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if err := removeNetns(b.netnsFile(id)); err != nil {
 		errs = append(errs, err)
 	}
-	if err := os.RemoveAll(b.dir(id)); err != nil {
+	// The disk's unmount detaches its loop device (autoclear). Its files
+	// are not walked while it might still be mounted.
+	if err := b.unmountDisk(id); err != nil {
+		return errors.Join(append(errs, fmt.Errorf("the sandbox's disk: %w", err))...)
+	}
+	if err := removeSandboxDir(b.dir(id)); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -29,8 +29,14 @@ func newPool(b *Backend, size int) *warmpool.Pool[state] {
 	})
 }
 
-// TakeWarm implements core.WarmPool.
-func (b *Backend) TakeWarm(sb *core.Sandbox) (string, bool) { return b.pool.Take(sb.TemplateID) }
+// TakeWarm implements core.WarmPool. Warm containers have the default
+// disk: a sandbox that asks for another size is made afresh.
+func (b *Backend) TakeWarm(sb *core.Sandbox) (string, bool) {
+	if diskSize(sb) != DefaultDisk {
+		return "", false
+	}
+	return b.pool.Take(sb.TemplateID)
+}
 
 // Prewarm implements core.WarmPool.
 func (b *Backend) Prewarm(sb *core.Sandbox) { b.pool.Want(sb.TemplateID) }
@@ -49,7 +55,7 @@ func (b *Backend) startWarm(ctx context.Context, templateID string) (warm, error
 	rnd := make([]byte, 8)
 	rand.Read(rnd)
 	cpus, mem := core.HostSize()
-	sb := &core.Sandbox{ID: hex.EncodeToString(rnd), Name: "nook-warm", TemplateID: templateID, CPUs: float64(cpus), MemoryBytes: mem, PidsLimit: 4096}
+	sb := &core.Sandbox{ID: hex.EncodeToString(rnd), Name: "nook-warm", TemplateID: templateID, CPUs: float64(cpus), MemoryBytes: mem, DiskBytes: DefaultDisk, PidsLimit: 4096}
 	if err := b.createCold(ctx, sb); err != nil {
 		return warm{}, err
 	}

@@ -139,7 +139,7 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string,
 	defer b.gcMu.RUnlock()
 	base, err := b.sandboxChain(id)
 	if errors.Is(err, os.ErrNotExist) && sb.TemplateID != "" {
-		if _, serr := os.Stat(filepath.Join(b.dir(id), "upper")); serr == nil {
+		if _, serr := os.Stat(filepath.Join(b.upperBase(id), "upper")); serr == nil {
 			// Created by a nook without snapshots: its upper lies right over the template.
 			base, err = chain{Template: sb.TemplateID}, nil
 		}
@@ -173,7 +173,12 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string,
 	if prev != nil && validSnapID(prev.Snapshot) == nil {
 		prevLayer = filepath.Join(b.layerDir(prev.Snapshot), "layer")
 	}
-	upper := filepath.Join(b.dir(id), "upper")
+	if _, err := os.Stat(b.diskImage(id)); err == nil {
+		if err := b.mountDisk(id); err != nil { // paused to disk across a reboot
+			return core.SnapshotInfo{}, err
+		}
+	}
+	upper := filepath.Join(b.upperBase(id), "upper")
 	if _, err := os.Stat(b.rootfs(id)); err != nil {
 		return core.SnapshotInfo{}, fmt.Errorf("sandbox %s has no root filesystem: %w", id, err)
 	}
@@ -344,7 +349,15 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 	// The old upper directory is kept until the new container runs. One
 	// already there is the old state of a rollback a crash interrupted,
 	// and the current one a half-made new state.
-	upper, kept := filepath.Join(dir, "upper"), filepath.Join(dir, "upper.old")
+	if _, err := os.Stat(b.diskImage(sb.ID)); err == nil {
+		if err := b.mountDisk(sb.ID); err != nil {
+			os.Remove(filepath.Join(dir, "rollback.json"))
+			return err
+		}
+	}
+	// Within the sandbox's disk: the new state must fit beside the old.
+	base := b.upperBase(sb.ID)
+	upper, kept := filepath.Join(base, "upper"), filepath.Join(base, "upper.old")
 	if _, serr := os.Stat(kept); serr == nil {
 		err = os.RemoveAll(upper)
 	} else {
@@ -353,14 +366,14 @@ func (b *Backend) rollbackLocked(ctx context.Context, sb *core.Sandbox, snapID s
 	if err != nil {
 		return err
 	}
-	for _, d := range []string{"work", "manifest.json"} {
-		if err := os.RemoveAll(filepath.Join(dir, d)); err != nil {
+	for _, d := range []string{filepath.Join(base, "work"), filepath.Join(dir, "manifest.json")} {
+		if err := os.RemoveAll(d); err != nil {
 			return err
 		}
 	}
 	if err := b.start(ctx, sb, c, false, mem); err != nil {
 		// Back to the old state: running, or paused to disk as it was.
-		rerr := errors.Join(os.RemoveAll(upper), os.RemoveAll(filepath.Join(dir, "work")), os.Rename(kept, upper))
+		rerr := errors.Join(os.RemoveAll(upper), os.RemoveAll(filepath.Join(base, "work")), os.Rename(kept, upper))
 		if checkpointed {
 			if rerr == nil {
 				rerr = fsutil.WriteJSONAtomic(filepath.Join(dir, "chain.json"), old)
@@ -409,7 +422,7 @@ func (b *Backend) finishRollback(ctx context.Context, sb *core.Sandbox, running 
 		return false, err
 	}
 	if running { // the crash came after the new container started
-		return false, errors.Join(os.RemoveAll(filepath.Join(b.dir(sb.ID), "upper.old")), os.Remove(path))
+		return false, errors.Join(os.RemoveAll(filepath.Join(b.upperBase(sb.ID), "upper.old")), os.Remove(path))
 	}
 	b.cfg.Log.Info("finishing an interrupted rollback", "sandbox", sb.ID, "snapshot", p.Snapshot)
 	if err := b.rollbackLocked(ctx, sb, p.Snapshot, lock, true); err != nil {

@@ -429,7 +429,11 @@ func TestRollbackFinishedAfterCrash(t *testing.T) {
 	if err := b.stop(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Rename(filepath.Join(dir, "upper"), filepath.Join(dir, "upper.old")); err != nil {
+	base := b.upperBase(s.ID)
+	if base == dir {
+		t.Fatal("the sandbox has no disk of its own")
+	}
+	if err := os.Rename(filepath.Join(base, "upper"), filepath.Join(base, "upper.old")); err != nil {
 		t.Fatal(err)
 	}
 	st, err := b.Status(ctx, s.Sandbox)
@@ -439,8 +443,8 @@ func TestRollbackFinishedAfterCrash(t *testing.T) {
 	if got := s.Sh(t, "cat /root/f"); got != "snap\n" {
 		t.Fatalf("after the finished rollback: %q", got)
 	}
-	for _, f := range []string{"rollback.json", "upper.old"} {
-		if _, err := os.Stat(filepath.Join(dir, f)); !errors.Is(err, os.ErrNotExist) {
+	for _, f := range []string{filepath.Join(dir, "rollback.json"), filepath.Join(base, "upper.old")} {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s left after the rollback finished: %v", f, err)
 		}
 	}

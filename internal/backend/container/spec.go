@@ -14,14 +14,34 @@ import (
 // agentPathInSandbox is where the host's nook-agent binary is bind-mounted, read-only.
 const agentPathInSandbox = "/.nook/nook-agent"
 
-// defaultCaps is the capability set Docker and containerd give a
-// container by default: enough for apt-get, package scripts and services,
-// without the ones that reach the host (SYS_ADMIN, SYS_MODULE, NET_ADMIN...).
+// defaultCaps is the capability set of a sandbox: Docker's default set
+// without the four a sandbox has no use for, which widen what it can do
+// to its neighbours and the kernel:
+//
+//   - NET_RAW: raw and packet sockets (forged packets, ARP and DHCP
+//     spoofing on the sandbox's link). ping works without it through
+//     unprivileged ICMP sockets (net.ipv4.ping_group_range, set below).
+//   - MKNOD: device nodes (the device cgroup denies their use, but
+//     nothing else needs them).
+//   - AUDIT_WRITE: messages into the host's audit log.
+//   - SETFCAP: file capabilities, which would let a file grant what the
+//     sandbox lacks to whoever runs it (package scripts that setcap fall
+//     back to setuid, as Debian's iputils-ping does).
+//
+// Kept is what apt-get, package scripts, su/sudo, chown and services
+// need: CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID,
+// SETPCAP, NET_BIND_SERVICE, SYS_CHROOT. None reaches the host (no
+// SYS_ADMIN, SYS_MODULE, NET_ADMIN, SYS_PTRACE...).
 var defaultCaps = []string{
-	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
-	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
-	"CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+	"CAP_SYS_CHROOT", "CAP_KILL",
 }
+
+// pingGroupRange lets every group open unprivileged ICMP echo sockets
+// (what ping uses without CAP_NET_RAW). It is a per network namespace
+// sysctl: the sandbox's own.
+const pingGroupRange = "0 2147483647"
 
 // generateSpec builds the OCI runtime spec of a sandbox. The bundle's
 // rootfs is the sandbox's overlay mount; its network namespace is the one
@@ -80,6 +100,7 @@ func generateSpec(sb *core.Sandbox, agentBinary, cgroupParent, netns string) (*s
 				CPU:     &specs.LinuxCPU{Quota: &quota, Period: &period},
 				Pids:    &specs.LinuxPids{Limit: &pids},
 			},
+			Sysctl: map[string]string{"net.ipv4.ping_group_range": pingGroupRange},
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
 				{Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
@@ -87,8 +108,10 @@ func generateSpec(sb *core.Sandbox, agentBinary, cgroupParent, netns string) (*s
 				// interface the network manager gives it): never the host's.
 				{Type: specs.NetworkNamespace, Path: netns},
 			},
+			// moby's defaults: what tells about the host's hardware, kernel
+			// memory and other tenants' timers and keys.
 			MaskedPaths: []string{
-				"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+				"/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
 				"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware",
 				"/proc/scsi", "/sys/devices/virtual/powercap",
 			},
