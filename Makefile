@@ -44,6 +44,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseDuration -fuzztime 10s ./internal/core
 	$(GO) test -run '^$$' -fuzz FuzzParseQMP -fuzztime 10s ./internal/backend/vm
 	$(GO) test -run '^$$' -fuzz FuzzAgentELF -fuzztime 10s -fuzzminimizetime 3s ./internal/daemon
+	$(GO) test -run '^$$' -fuzz FuzzString -fuzztime 10s ./internal/cli/termsafe
 
 bench: deps build
 	$(GO) run ./cmd/nook-bench

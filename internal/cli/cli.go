@@ -1,5 +1,8 @@
 // Package cli is the nook command line. Every command but serve goes
-// through the Go SDK: the CLI has no private path to the daemon.
+// through the Go SDK: the CLI has no private path to the daemon. Strings
+// a sandbox controls (file names, command lines, DNS names, errors that
+// quote them) are escaped for the terminal (termsafe) in human output;
+// --json output, file contents and exec output are printed as they are.
 package cli
 
 import (
@@ -22,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/cli/termsafe"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/server"
@@ -53,7 +57,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) {
 		return ee.code
 	}
-	fmt.Fprintf(stderr, "nook: %v\n", err)
+	// Errors may quote what a sandbox sent (a file name, an agent's message).
+	fmt.Fprintf(stderr, "nook: %s\n", termsafe.Text(err.Error()))
 	var ue *usageError
 	if errors.As(err, &ue) || isCobraUsage(err) {
 		fmt.Fprintln(stderr, "Run 'nook --help' for usage.")
@@ -110,6 +115,11 @@ func client() (*sdk.Client, error) {
 	}
 	return c, nil
 }
+
+// tsafe escapes a string a sandbox (or its agent) may control before it
+// is printed for a human (termsafe.String). --json output is printed as
+// it is: JSON escapes control characters itself.
+func tsafe(s string) string { return termsafe.String(s) }
 
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
@@ -205,7 +215,7 @@ func createCmd() *cobra.Command {
 			if asJSON {
 				return printJSON(cmd.OutOrStdout(), sb)
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), sb.Name)
+			fmt.Fprintln(cmd.OutOrStdout(), tsafe(sb.Name))
 			return nil
 		},
 	}
@@ -273,7 +283,7 @@ func lsCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tSTATE\tISOLATION\tTEMPLATE\tCPUS\tMEMORY\tEXPIRES IN")
 			for _, sb := range sbs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\t%s\n", sb.Name, sb.State, sb.Isolation, sb.Template, sb.CPUs, core.FormatBytes(sb.MemoryBytes), until(sb.ExpiresAt))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\t%s\n", tsafe(sb.Name), tsafe(sb.State), tsafe(sb.Isolation), tsafe(sb.Template), sb.CPUs, core.FormatBytes(sb.MemoryBytes), until(sb.ExpiresAt))
 			}
 			return tw.Flush()
 		}),
@@ -297,22 +307,22 @@ func inspectCmd() *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), sb)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "name:\t%s\nid:\t%s\nstate:\t%s\n", sb.Name, sb.ID, sb.State)
+			fmt.Fprintf(tw, "name:\t%s\nid:\t%s\nstate:\t%s\n", tsafe(sb.Name), tsafe(sb.ID), tsafe(sb.State))
 			if sb.Reason != "" {
-				fmt.Fprintf(tw, "reason:\t%s\n", sb.Reason)
+				fmt.Fprintf(tw, "reason:\t%s\n", tsafe(sb.Reason))
 			}
 			if sb.PauseKind != "" {
-				fmt.Fprintf(tw, "paused:\t%s\n", sb.PauseKind)
+				fmt.Fprintf(tw, "paused:\t%s\n", tsafe(sb.PauseKind))
 			}
-			fmt.Fprintf(tw, "isolation:\t%s\ntemplate:\t%s\ncpus:\t%g\nmemory:\t%s\npids limit:\t%d\n", sb.Isolation, sb.Template, sb.CPUs, core.FormatBytes(sb.MemoryBytes), sb.PidsLimit)
+			fmt.Fprintf(tw, "isolation:\t%s\ntemplate:\t%s\ncpus:\t%g\nmemory:\t%s\npids limit:\t%d\n", tsafe(sb.Isolation), tsafe(sb.Template), sb.CPUs, core.FormatBytes(sb.MemoryBytes), sb.PidsLimit)
 			if sb.DiskBytes > 0 {
 				fmt.Fprintf(tw, "disk:\t%s\n", core.FormatBytes(sb.DiskBytes))
 			}
 			if sb.SnapshotsBytes > 0 {
-				fmt.Fprintf(tw, "snapshots:\t%s on disk (nook snapshots %s)\n", core.FormatBytes(sb.SnapshotsBytes), sb.Name)
+				fmt.Fprintf(tw, "snapshots:\t%s on disk (nook snapshots %s)\n", core.FormatBytes(sb.SnapshotsBytes), tsafe(sb.Name))
 			}
 			if sb.Accelerator != "" {
-				fmt.Fprintf(tw, "accelerator:\t%s\nguest kernel:\t%s\nstarted by:\t%s\n", sb.Accelerator, sb.GuestKernel, sb.Boot)
+				fmt.Fprintf(tw, "accelerator:\t%s\nguest kernel:\t%s\nstarted by:\t%s\n", tsafe(sb.Accelerator), tsafe(sb.GuestKernel), tsafe(sb.Boot))
 			}
 			fmt.Fprintf(tw, "created:\t%s\n", sb.CreatedAt.Local().Format(time.RFC3339))
 			if sb.Expired {
@@ -324,14 +334,14 @@ func inspectCmd() *cobra.Command {
 			if idle == "" {
 				idle = "off"
 			}
-			fmt.Fprintf(tw, "idle pause:\t%s\non expire:\t%s\n", idle, sb.OnExpire)
+			fmt.Fprintf(tw, "idle pause:\t%s\non expire:\t%s\n", tsafe(idle), tsafe(sb.OnExpire))
 			keys := make([]string, 0, len(sb.Env))
 			for k := range sb.Env {
 				keys = append(keys, k)
 			}
 			sort.Strings(keys)
 			for _, k := range keys {
-				fmt.Fprintf(tw, "env:\t%s=%s\n", k, sb.Env[k])
+				fmt.Fprintf(tw, "env:\t%s=%s\n", tsafe(k), tsafe(sb.Env[k]))
 			}
 			return tw.Flush()
 		}),
@@ -402,7 +412,7 @@ func exitFor(cmd *cobra.Command, st *api.ExitStatus, timeout string) error {
 		fmt.Fprintf(cmd.ErrOrStderr(), "nook: command timed out after %s and was killed\n", timeout)
 		return &exitError{124}
 	case st.Signal != "":
-		fmt.Fprintf(cmd.ErrOrStderr(), "nook: command killed by signal %s\n", st.Signal)
+		fmt.Fprintf(cmd.ErrOrStderr(), "nook: command killed by signal %s\n", tsafe(st.Signal))
 		return &exitError{128 + signalNumber(st.Signal)}
 	case st.ExitCode != 0:
 		return &exitError{st.ExitCode}
@@ -428,7 +438,7 @@ func ttlCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s expires at %s (in %s)\n", sb.Name, sb.ExpiresAt.Local().Format(time.RFC3339), until(sb.ExpiresAt))
+			fmt.Fprintf(cmd.OutOrStdout(), "%s expires at %s (in %s)\n", tsafe(sb.Name), sb.ExpiresAt.Local().Format(time.RFC3339), until(sb.ExpiresAt))
 			return nil
 		}),
 	}
@@ -480,11 +490,11 @@ func templateCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tBUILD\tSIZE\tCREATED\tIN USE BY")
 			for _, t := range tl.Templates {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", t.Name, t.ID, core.FormatBytes(t.SizeBytes), t.CreatedAt.Local().Format(time.RFC3339), t.InUseBy)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", tsafe(t.Name), tsafe(t.ID), core.FormatBytes(t.SizeBytes), t.CreatedAt.Local().Format(time.RFC3339), t.InUseBy)
 			}
 			for _, r := range tl.Buildable {
 				if !hasTemplate(tl, r.Name) {
-					fmt.Fprintf(tw, "%s\t(not built: nook template build %s)\t\t\t\n", r.Name, r.Name)
+					fmt.Fprintf(tw, "%s\t(not built: nook template build %s)\t\t\t\n", tsafe(r.Name), tsafe(r.Name))
 				}
 			}
 			return tw.Flush()
@@ -516,7 +526,7 @@ func infoCmd() *cobra.Command {
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "nook %s (client %s) at %s\nkernel: %s\ncpus: %d  memory: %s\naccelerator: %s\ncontainer pause: %s\ncgroups: %s\ndata dir: %s\nsandboxes: %d\nsnapshots: %s on disk\nbackends:\n",
-				info.Version, daemon.Version, cl.Host(), info.Kernel, info.CPUs, core.FormatBytes(info.MemoryBytes), info.Accelerator, info.ContainerPause, info.CgroupMode, info.DataDir, info.Sandboxes, core.FormatBytes(info.SnapshotsBytes))
+				tsafe(info.Version), daemon.Version, cl.Host(), tsafe(info.Kernel), info.CPUs, core.FormatBytes(info.MemoryBytes), tsafe(info.Accelerator), tsafe(info.ContainerPause), tsafe(info.CgroupMode), tsafe(info.DataDir), info.Sandboxes, core.FormatBytes(info.SnapshotsBytes))
 			for _, b := range info.Backends {
 				state := "available"
 				if !b.Available {
@@ -527,7 +537,7 @@ func infoCmd() *cobra.Command {
 					vs = append(vs, k+" "+v)
 				}
 				sort.Strings(vs)
-				fmt.Fprintf(w, "  %-10s %s\n", b.Isolation, strings.TrimSpace(state+" "+strings.Join(vs, ", ")))
+				fmt.Fprintf(w, "  %-10s %s\n", tsafe(b.Isolation), tsafe(strings.TrimSpace(state+" "+strings.Join(vs, ", "))))
 			}
 			return nil
 		}),
@@ -565,7 +575,7 @@ func tokenCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tNAME\tCREATED")
 			for _, t := range ts {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", t.ID, t.Name, t.CreatedAt.Local().Format(time.RFC3339))
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", tsafe(t.ID), tsafe(t.Name), t.CreatedAt.Local().Format(time.RFC3339))
 			}
 			return tw.Flush()
 		}),
