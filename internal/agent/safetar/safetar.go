@@ -211,7 +211,7 @@ func (x *extraction) resolve(raw string) (*os.Root, string, error) {
 	}
 	for _, el := range strings.Split(raw, "/") {
 		if el == ".." {
-			return nil, "", invalidf("tar entry %q: names with \"..\" are not allowed", raw)
+			return nil, "", invalidf("tar entry %q: the name leaves the target directory (\"..\" is not allowed in names)", raw)
 		}
 	}
 	if x.top == "" {
