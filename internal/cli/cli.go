@@ -57,14 +57,43 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) {
 		return ee.code
 	}
-	// Errors may quote what a sandbox sent (a file name, an agent's message).
-	fmt.Fprintf(stderr, "nook: %s\n", termsafe.Text(err.Error()))
 	var ue *usageError
 	if errors.As(err, &ue) || isCobraUsage(err) {
+		fmt.Fprintf(stderr, "nook: %s\n", usageText(err))
 		fmt.Fprintln(stderr, "Run 'nook --help' for usage.")
 		return 2
 	}
+	fmt.Fprintf(stderr, "nook: %s\n", errorText(err))
 	return 1
+}
+
+// usageText is a usage error's message for the terminal: its lines and
+// tabs (cobra's "Did you mean this?") are kept, anything else escaped.
+func usageText(err error) string {
+	lines := strings.Split(err.Error(), "\n")
+	for i, l := range lines {
+		fields := strings.Split(l, "\t")
+		for j, f := range fields {
+			fields[j] = termsafe.String(f)
+		}
+		lines[i] = strings.Join(fields, "\t")
+	}
+	return strings.Join(lines, "\n")
+}
+
+// errorText is an error's message for the terminal: it may quote what a
+// sandbox sent (a file name, an agent's message), so control characters,
+// newlines included, are escaped; the errors of an errors.Join each get
+// their own line.
+func errorText(err error) string {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var lines []string
+		for _, e := range j.Unwrap() {
+			lines = append(lines, errorText(e))
+		}
+		return strings.Join(lines, "\n")
+	}
+	return termsafe.String(err.Error())
 }
 
 func isCobraUsage(err error) bool {

@@ -49,6 +49,12 @@ func TestEscapeTerminalOutput(t *testing.T) {
 			json.NewEncoder(w).Encode(api.ErrorBody{Error: api.Error{Code: api.CodeNotFound, Message: "stat /missing/" + evil + ": no such file"}})
 			return
 		}
+		if r.Method == http.MethodDelete {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			json.NewEncoder(w).Encode(api.ErrorBody{Error: api.Error{Code: api.CodeNotFound, Message: "no sandbox " + evil}})
+			return
+		}
 		v, ok := answers[r.Method+" "+r.URL.Path]
 		if !ok {
 			http.NotFound(w, r)
@@ -77,6 +83,7 @@ func TestEscapeTerminalOutput(t *testing.T) {
 		{[]string{"net", "log", "box"}, "GET /v1/sandboxes/box/network/log"},
 		{[]string{"snapshots", "box"}, "GET /v1/sandboxes/box/snapshots"},
 		{[]string{"token", "ls"}, ""},
+		{[]string{"rm", "a", "b"}, ""}, // two errors, one line each
 	} {
 		name := strings.Join(tc.args, " ")
 		var stdout, stderr bytes.Buffer
@@ -86,8 +93,12 @@ func TestEscapeTerminalOutput(t *testing.T) {
 				t.Errorf("nook %s: %s holds %s:\n%q", name, stream, bad, b)
 			}
 		}
-		if all := stdout.String() + stderr.String(); !strings.Contains(all, `x\x1b]0;pwned\a\u009b2J`) {
+		all := stdout.String() + stderr.String()
+		if !strings.Contains(all, `x\x1b]0;pwned\a\u009b2J`) {
 			t.Errorf("nook %s: the name is not shown escaped:\n%s", name, all)
+		}
+		if strings.Contains(all, "\nfake line") {
+			t.Errorf("nook %s: the sandbox forged a line:\n%s", name, all)
 		}
 		if tc.answer == "" {
 			continue

@@ -3,9 +3,8 @@
 // DNS name a sandbox looked up: any of them can hold escape sequences that
 // retitle the window, move the cursor, rewrite what was printed before or,
 // on some terminals, answer back into the input. The CLI passes every such
-// string through String (one field of a line) or Text (a message that may
-// span lines) before printing it for a human; --json output is left
-// exact, since JSON escapes control characters itself, and so is content
+// string through String before printing it for a human; --json output
+// is left exact, since JSON escapes control characters itself, and so is content
 // the user asked for raw (nook fs cat, exec output).
 //
 // Escaped, in Go's notation as strconv.Quote writes it (\x1b, \a, \r, \n,
@@ -23,16 +22,10 @@ import (
 	"unicode/utf8"
 )
 
-// String escapes s for printing as one field: every control character,
-// newline and tab included, is escaped.
-func String(s string) string { return escape(s, false) }
-
-// Text escapes s for printing as a message: like String, but newlines
-// and tabs are kept.
-func Text(s string) string { return escape(s, true) }
-
-func escape(s string, keepLines bool) string {
-	i := firstBad(s, keepLines)
+// String escapes s for printing: every control character, newline and
+// tab included, is escaped, so s stays one field of one line.
+func String(s string) string {
+	i := firstBad(s)
 	if i < 0 {
 		return s
 	}
@@ -45,7 +38,7 @@ func escape(s string, keepLines bool) string {
 		case r == utf8.RuneError && size == 1:
 			b.WriteString(`\x`)
 			b.WriteString(strconv.FormatUint(uint64(s[i])|0x100, 16)[1:])
-		case !bad(r, keepLines):
+		case !bad(r):
 			b.WriteString(s[i : i+size])
 		default:
 			q := strconv.QuoteRuneToASCII(r) // '\x1b', '\a', '\n', '\u009b', '\u202e'
@@ -57,7 +50,7 @@ func escape(s string, keepLines bool) string {
 }
 
 // firstBad is the index of the first byte to escape, or -1.
-func firstBad(s string, keepLines bool) int {
+func firstBad(s string) int {
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c >= 0x20 && c < 0x7f {
@@ -65,7 +58,7 @@ func firstBad(s string, keepLines bool) int {
 			continue
 		}
 		r, size := utf8.DecodeRuneInString(s[i:])
-		if (r == utf8.RuneError && size == 1) || bad(r, keepLines) {
+		if (r == utf8.RuneError && size == 1) || bad(r) {
 			return i
 		}
 		i += size
@@ -73,10 +66,8 @@ func firstBad(s string, keepLines bool) int {
 	return -1
 }
 
-func bad(r rune, keepLines bool) bool {
+func bad(r rune) bool {
 	switch {
-	case r == '\n' || r == '\t':
-		return !keepLines
 	case r < 0x20, r >= 0x7f && r <= 0x9f:
 		return true
 	case r == 0x2028, r == 0x2029: // line and paragraph separators
