@@ -44,12 +44,14 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzFrameReader -fuzztime 20s ./api
 	$(GO) test -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 20s ./internal/agent
 	$(GO) test -run '^$$' -fuzz FuzzFileRequest -fuzztime 10s ./internal/agent
-	$(GO) test -run '^$$' -fuzz FuzzExtract -fuzztime 30s ./internal/agent/safetar
+	$(GO) test -run '^$$' -fuzz FuzzExtract -fuzztime 30s -fuzzminimizetime 3s ./internal/agent/safetar
 	$(GO) test -run '^$$' -fuzz FuzzParseSize -fuzztime 10s ./internal/core
 	$(GO) test -run '^$$' -fuzz FuzzParseDuration -fuzztime 10s ./internal/core
 	$(GO) test -run '^$$' -fuzz FuzzParseQMP -fuzztime 10s ./internal/backend/vm
 	$(GO) test -run '^$$' -fuzz FuzzParseScope -fuzztime 10s ./internal/daemon
 	$(GO) test -run '^$$' -fuzz FuzzFileCapsExcess -fuzztime 10s ./internal/backend/container
+	$(GO) test -run '^$$' -fuzz FuzzAgentELF -fuzztime 10s -fuzzminimizetime 3s ./internal/daemon
+	$(GO) test -run '^$$' -fuzz FuzzString -fuzztime 10s ./internal/cli/termsafe
 
 bench: deps build
 	$(GO) run ./cmd/nook-bench

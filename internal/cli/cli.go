@@ -1,5 +1,8 @@
 // Package cli is the nook command line. Every command but serve goes
-// through the Go SDK: the CLI has no private path to the daemon.
+// through the Go SDK: the CLI has no private path to the daemon. Strings
+// a sandbox controls (file names, command lines, DNS names, errors that
+// quote them) are escaped for the terminal (termsafe) in human output;
+// --json output, file contents and exec output are printed as they are.
 package cli
 
 import (
@@ -22,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/cli/termsafe"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/server"
@@ -53,13 +57,43 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) {
 		return ee.code
 	}
-	fmt.Fprintf(stderr, "nook: %v\n", err)
 	var ue *usageError
 	if errors.As(err, &ue) || isCobraUsage(err) {
+		fmt.Fprintf(stderr, "nook: %s\n", usageText(err))
 		fmt.Fprintln(stderr, "Run 'nook --help' for usage.")
 		return 2
 	}
+	fmt.Fprintf(stderr, "nook: %s\n", errorText(err))
 	return 1
+}
+
+// usageText is a usage error's message for the terminal: its lines and
+// tabs (cobra's "Did you mean this?") are kept, anything else escaped.
+func usageText(err error) string {
+	lines := strings.Split(err.Error(), "\n")
+	for i, l := range lines {
+		fields := strings.Split(l, "\t")
+		for j, f := range fields {
+			fields[j] = termsafe.String(f)
+		}
+		lines[i] = strings.Join(fields, "\t")
+	}
+	return strings.Join(lines, "\n")
+}
+
+// errorText is an error's message for the terminal: it may quote what a
+// sandbox sent (a file name, an agent's message), so control characters,
+// newlines included, are escaped; the errors of an errors.Join each get
+// their own line.
+func errorText(err error) string {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var lines []string
+		for _, e := range j.Unwrap() {
+			lines = append(lines, errorText(e))
+		}
+		return strings.Join(lines, "\n")
+	}
+	return termsafe.String(err.Error())
 }
 
 func isCobraUsage(err error) bool {
@@ -117,6 +151,11 @@ func client() (*sdk.Client, error) {
 	}
 	return c, nil
 }
+
+// tsafe escapes a string a sandbox (or its agent) may control before it
+// is printed for a human (termsafe.String). --json output is printed as
+// it is: JSON escapes control characters itself.
+func tsafe(s string) string { return termsafe.String(s) }
 
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
@@ -217,7 +256,7 @@ func createCmd() *cobra.Command {
 			if asJSON {
 				return printJSON(cmd.OutOrStdout(), sb)
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), sb.Name)
+			fmt.Fprintln(cmd.OutOrStdout(), tsafe(sb.Name))
 			return nil
 		},
 	}
@@ -285,7 +324,7 @@ func lsCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tSTATE\tISOLATION\tTEMPLATE\tCPUS\tMEMORY\tEXPIRES IN")
 			for _, sb := range sbs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\t%s\n", sb.Name, sb.State, sb.Isolation, sb.Template, sb.CPUs, core.FormatBytes(sb.MemoryBytes), until(sb.ExpiresAt))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\t%s\n", tsafe(sb.Name), tsafe(sb.State), tsafe(sb.Isolation), tsafe(sb.Template), sb.CPUs, core.FormatBytes(sb.MemoryBytes), until(sb.ExpiresAt))
 			}
 			return tw.Flush()
 		}),
@@ -309,22 +348,22 @@ func inspectCmd() *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), sb)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "name:\t%s\nid:\t%s\nstate:\t%s\n", sb.Name, sb.ID, sb.State)
+			fmt.Fprintf(tw, "name:\t%s\nid:\t%s\nstate:\t%s\n", tsafe(sb.Name), tsafe(sb.ID), tsafe(sb.State))
 			if sb.Reason != "" {
-				fmt.Fprintf(tw, "reason:\t%s\n", sb.Reason)
+				fmt.Fprintf(tw, "reason:\t%s\n", tsafe(sb.Reason))
 			}
 			if sb.PauseKind != "" {
-				fmt.Fprintf(tw, "paused:\t%s\n", sb.PauseKind)
+				fmt.Fprintf(tw, "paused:\t%s\n", tsafe(sb.PauseKind))
 			}
-			fmt.Fprintf(tw, "isolation:\t%s\ntemplate:\t%s\ncpus:\t%g\nmemory:\t%s\npids limit:\t%d\n", sb.Isolation, sb.Template, sb.CPUs, core.FormatBytes(sb.MemoryBytes), sb.PidsLimit)
+			fmt.Fprintf(tw, "isolation:\t%s\ntemplate:\t%s\ncpus:\t%g\nmemory:\t%s\npids limit:\t%d\n", tsafe(sb.Isolation), tsafe(sb.Template), sb.CPUs, core.FormatBytes(sb.MemoryBytes), sb.PidsLimit)
 			if sb.DiskBytes > 0 {
 				fmt.Fprintf(tw, "disk:\t%s\n", core.FormatBytes(sb.DiskBytes))
 			}
 			if sb.SnapshotsBytes > 0 {
-				fmt.Fprintf(tw, "snapshots:\t%s on disk (nook snapshots %s)\n", core.FormatBytes(sb.SnapshotsBytes), sb.Name)
+				fmt.Fprintf(tw, "snapshots:\t%s on disk (nook snapshots %s)\n", core.FormatBytes(sb.SnapshotsBytes), tsafe(sb.Name))
 			}
 			if sb.Accelerator != "" {
-				fmt.Fprintf(tw, "accelerator:\t%s\nguest kernel:\t%s\nstarted by:\t%s\n", sb.Accelerator, sb.GuestKernel, sb.Boot)
+				fmt.Fprintf(tw, "accelerator:\t%s\nguest kernel:\t%s\nstarted by:\t%s\n", tsafe(sb.Accelerator), tsafe(sb.GuestKernel), tsafe(sb.Boot))
 			}
 			fmt.Fprintf(tw, "created:\t%s\n", sb.CreatedAt.Local().Format(time.RFC3339))
 			if sb.Expired {
@@ -336,14 +375,14 @@ func inspectCmd() *cobra.Command {
 			if idle == "" {
 				idle = "off"
 			}
-			fmt.Fprintf(tw, "idle pause:\t%s\non expire:\t%s\n", idle, sb.OnExpire)
+			fmt.Fprintf(tw, "idle pause:\t%s\non expire:\t%s\n", tsafe(idle), tsafe(sb.OnExpire))
 			keys := make([]string, 0, len(sb.Env))
 			for k := range sb.Env {
 				keys = append(keys, k)
 			}
 			sort.Strings(keys)
 			for _, k := range keys {
-				fmt.Fprintf(tw, "env:\t%s=%s\n", k, sb.Env[k])
+				fmt.Fprintf(tw, "env:\t%s=%s\n", tsafe(k), tsafe(sb.Env[k]))
 			}
 			return tw.Flush()
 		}),
@@ -414,7 +453,7 @@ func exitFor(cmd *cobra.Command, st *api.ExitStatus, timeout string) error {
 		fmt.Fprintf(cmd.ErrOrStderr(), "nook: command timed out after %s and was killed\n", timeout)
 		return &exitError{124}
 	case st.Signal != "":
-		fmt.Fprintf(cmd.ErrOrStderr(), "nook: command killed by signal %s\n", st.Signal)
+		fmt.Fprintf(cmd.ErrOrStderr(), "nook: command killed by signal %s\n", tsafe(st.Signal))
 		return &exitError{128 + signalNumber(st.Signal)}
 	case st.ExitCode != 0:
 		return &exitError{st.ExitCode}
@@ -440,7 +479,7 @@ func ttlCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s expires at %s (in %s)\n", sb.Name, sb.ExpiresAt.Local().Format(time.RFC3339), until(sb.ExpiresAt))
+			fmt.Fprintf(cmd.OutOrStdout(), "%s expires at %s (in %s)\n", tsafe(sb.Name), sb.ExpiresAt.Local().Format(time.RFC3339), until(sb.ExpiresAt))
 			return nil
 		}),
 	}
@@ -492,11 +531,11 @@ func templateCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tBUILD\tSIZE\tCREATED\tIN USE BY")
 			for _, t := range tl.Templates {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", t.Name, t.ID, core.FormatBytes(t.SizeBytes), t.CreatedAt.Local().Format(time.RFC3339), t.InUseBy)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", tsafe(t.Name), tsafe(t.ID), core.FormatBytes(t.SizeBytes), t.CreatedAt.Local().Format(time.RFC3339), t.InUseBy)
 			}
 			for _, r := range tl.Buildable {
 				if !hasTemplate(tl, r.Name) {
-					fmt.Fprintf(tw, "%s\t(not built: nook template build %s)\t\t\t\n", r.Name, r.Name)
+					fmt.Fprintf(tw, "%s\t(not built: nook template build %s)\t\t\t\n", tsafe(r.Name), tsafe(r.Name))
 				}
 			}
 			return tw.Flush()
@@ -528,7 +567,7 @@ func infoCmd() *cobra.Command {
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "nook %s (client %s) at %s\nkernel: %s\ncpus: %d  memory: %s\naccelerator: %s\ncontainer pause: %s\ncgroups: %s\ndata dir: %s\nsandboxes: %d\nsnapshots: %s on disk\nbackends:\n",
-				info.Version, daemon.Version, cl.Host(), info.Kernel, info.CPUs, core.FormatBytes(info.MemoryBytes), info.Accelerator, info.ContainerPause, info.CgroupMode, info.DataDir, info.Sandboxes, core.FormatBytes(info.SnapshotsBytes))
+				tsafe(info.Version), daemon.Version, cl.Host(), tsafe(info.Kernel), info.CPUs, core.FormatBytes(info.MemoryBytes), tsafe(info.Accelerator), tsafe(info.ContainerPause), tsafe(info.CgroupMode), tsafe(info.DataDir), info.Sandboxes, core.FormatBytes(info.SnapshotsBytes))
 			for _, b := range info.Backends {
 				state := "available"
 				if !b.Available {
@@ -539,10 +578,10 @@ func infoCmd() *cobra.Command {
 					vs = append(vs, k+" "+v)
 				}
 				sort.Strings(vs)
-				fmt.Fprintf(w, "  %-10s %s\n", b.Isolation, strings.TrimSpace(state+" "+strings.Join(vs, ", ")))
+				fmt.Fprintf(w, "  %-10s %s\n", tsafe(b.Isolation), tsafe(strings.TrimSpace(state+" "+strings.Join(vs, ", "))))
 			}
 			if info.TLSFingerprint != "" {
-				fmt.Fprintf(w, "tls fingerprint: %s (clients: NOOK_TLS_FINGERPRINT=%s)\n", info.TLSFingerprint, info.TLSFingerprint)
+				fmt.Fprintf(w, "tls fingerprint: %s (clients: NOOK_TLS_FINGERPRINT=%s)\n", tsafe(info.TLSFingerprint), tsafe(info.TLSFingerprint))
 			}
 			return nil
 		}),
@@ -597,7 +636,7 @@ if the sandbox is destroyed and the name reused. Tokens expire after --ttl
 						exp += " (expired)"
 					}
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, t.Scope, t.CreatedAt.Local().Format(time.RFC3339), exp)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", tsafe(t.ID), tsafe(t.Name), tsafe(t.Scope), t.CreatedAt.Local().Format(time.RFC3339), exp)
 			}
 			return tw.Flush()
 		}),

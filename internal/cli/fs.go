@@ -104,9 +104,12 @@ func symbolicMode(info *api.FileInfo) string {
 	return b.String()
 }
 
+// printInfo prints one line of a listing; name and link target come from
+// the sandbox and are escaped (termsafe).
 func printInfo(tw io.Writer, info *api.FileInfo, name string) {
+	name = tsafe(name)
 	if info.LinkTarget != "" {
-		name += " -> " + info.LinkTarget
+		name += " -> " + tsafe(info.LinkTarget)
 	}
 	fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", symbolicMode(info), info.UID, info.GID, info.Size, info.ModTime.Local().Format("2006-01-02 15:04"), name)
 }
@@ -341,7 +344,7 @@ func fsWatchCmd() *cobra.Command {
 				if asJSON {
 					err = printJSONLine(out, ev)
 				} else {
-					_, err = fmt.Fprintf(out, "%s %-8s %s\n", ev.Time.Local().Format("15:04:05.000"), ev.Type, ev.Path)
+					_, err = fmt.Fprintf(out, "%s %-8s %s\n", ev.Time.Local().Format("15:04:05.000"), tsafe(ev.Type), tsafe(ev.Path))
 				}
 				if err != nil {
 					return err

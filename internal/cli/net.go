@@ -98,21 +98,21 @@ sandboxes and link-local/metadata addresses are never reachable.`,
 
 func printNetwork(cmd *cobra.Command, n *api.Network) {
 	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "mode:\t%s\n", n.Mode)
+	fmt.Fprintf(tw, "mode:\t%s\n", tsafe(n.Mode))
 	if n.Address != "" {
-		fmt.Fprintf(tw, "address:\t%s\ngateway:\t%s (DNS)\n", n.Address, n.Gateway)
+		fmt.Fprintf(tw, "address:\t%s\ngateway:\t%s (DNS)\n", tsafe(n.Address), tsafe(n.Gateway))
 	}
 	for _, r := range n.Allow {
-		fmt.Fprintf(tw, "allow:\t%s\n", r)
+		fmt.Fprintf(tw, "allow:\t%s\n", tsafe(r))
 	}
 	for _, r := range n.Deny {
-		fmt.Fprintf(tw, "deny:\t%s\n", r)
+		fmt.Fprintf(tw, "deny:\t%s\n", tsafe(r))
 	}
 	if n.Mode == api.NetAllowlist && len(n.Allow) == 0 {
 		fmt.Fprintf(tw, "allow:\t(nothing)\n")
 	}
 	for _, e := range n.Exposed {
-		fmt.Fprintf(tw, "exposed:\t%d -> %s\n", e.Port, e.HostAddress)
+		fmt.Fprintf(tw, "exposed:\t%d -> %s\n", e.Port, tsafe(e.HostAddress))
 	}
 	tw.Flush()
 }
@@ -138,7 +138,8 @@ func netLogCmd() *cobra.Command {
 				if e.Suppressed > 0 {
 					detail = strings.TrimSpace(fmt.Sprintf("%s (%d more not logged)", detail, e.Suppressed))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.Time.Local().Format(time.RFC3339), e.Kind, e.Destination, e.Reason, detail)
+				// The destination and detail hold what the sandbox sent (a DNS name).
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.Time.Local().Format(time.RFC3339), tsafe(e.Kind), tsafe(e.Destination), tsafe(e.Reason), tsafe(detail))
 			}
 			return tw.Flush()
 		}),
@@ -168,7 +169,7 @@ func exposeCmd(expose bool) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), e.HostAddress)
+			fmt.Fprintln(cmd.OutOrStdout(), tsafe(e.HostAddress))
 			return nil
 		}),
 	}

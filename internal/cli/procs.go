@@ -51,19 +51,33 @@ func psCmd() *cobra.Command {
 				if !p.Running && p.Exit != nil {
 					status = "exited " + strconv.Itoa(p.Exit.ExitCode)
 					if p.Exit.Signal != "" {
-						status = "killed " + p.Exit.Signal
+						status = "killed " + tsafe(p.Exit.Signal)
 					}
 				}
 				if p.TTY {
 					status += " (tty)"
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%s ago\t%dB\t%s\n", p.PID, status, time.Since(p.StartedAt).Round(time.Second), p.OutputTo, strings.Join(p.Cmd, " "))
+				fmt.Fprintf(tw, "%d\t%s\t%s ago\t%dB\t%s\n", p.PID, status, time.Since(p.StartedAt).Round(time.Second), p.OutputTo, commandLine(p.Cmd))
 			}
 			return tw.Flush()
 		}),
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+// commandLine renders a process's arguments for a human: each escaped
+// (termsafe), and quoted when it is empty or holds a space.
+func commandLine(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a == "" || strings.ContainsAny(a, " '\"") {
+			out[i] = strconv.Quote(a) // escapes what is not printable too
+		} else {
+			out[i] = tsafe(a)
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 func killCmd() *cobra.Command {

@@ -29,7 +29,7 @@ func snapshotCmd() *cobra.Command {
 			if asJSON {
 				return printJSON(cmd.OutOrStdout(), sn)
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), sn.Name)
+			fmt.Fprintln(cmd.OutOrStdout(), tsafe(sn.Name))
 			return nil
 		}),
 	}
@@ -98,15 +98,15 @@ func printSnapshotTree(w io.Writer, list []api.Snapshot) error {
 	fmt.Fprintln(tw, "NAME\tID\tCREATED\tSIZE\tMEMORY")
 	var walk func(s api.Snapshot, depth int)
 	walk = func(s api.Snapshot, depth int) {
-		label := strings.Repeat("  ", depth) + s.Name
+		label := strings.Repeat("  ", depth) + tsafe(s.Name)
 		if depth > 0 {
-			label = strings.Repeat("  ", depth-1) + "└ " + s.Name
+			label = strings.Repeat("  ", depth-1) + "└ " + tsafe(s.Name)
 		}
 		mem := "no (disk only)"
 		if s.Memory {
 			mem = "yes"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", label, s.ID, s.CreatedAt.Local().Format(time.DateTime), core.FormatBytes(s.SizeBytes), mem)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", label, tsafe(s.ID), s.CreatedAt.Local().Format(time.DateTime), core.FormatBytes(s.SizeBytes), mem)
 		for _, c := range children[s.ID] {
 			walk(c, depth+1)
 		}
@@ -147,7 +147,7 @@ func forkCmd() *cobra.Command {
 			req.Snapshot = snap
 			sbs, err := cl.Fork(cmd.Context(), name, req)
 			for _, sb := range sbs {
-				fmt.Fprintln(cmd.OutOrStdout(), sb.Name)
+				fmt.Fprintln(cmd.OutOrStdout(), tsafe(sb.Name))
 			}
 			return err
 		}),

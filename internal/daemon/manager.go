@@ -1,7 +1,8 @@
 // Package daemon is the nook daemon's core: the Manager owns the sandbox
 // lifecycle (create, exec, TTL, destroy), keeps the database and the host
 // in agreement (reconcile on start, a reaper for expired and dead
-// sandboxes), and dispatches to the isolation backends.
+// sandboxes), and dispatches to the isolation backends. It refuses at
+// start an agent binary no sandbox could boot (agentbin.go).
 package daemon
 
 import (
@@ -180,6 +181,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	cfg = cfg.withDefaults()
 	if cfg.Accel != "" && cfg.Accel != "kvm" && cfg.Accel != "tcg" {
 		return nil, errdefs.Invalid("accelerator %q is not valid: use kvm or tcg (or leave it out to detect)", cfg.Accel)
+	}
+	if err := checkAgentBinary(cfg.AgentBinary); err != nil {
+		return nil, err
 	}
 	// Sandboxes' files belong to root inside them, which is root on the
 	// host: nobody else on the host may walk into them (a setuid binary a

@@ -4,8 +4,12 @@
 // boundary (a client uploading into a sandbox, or a sandbox sending files
 // to the host), so every entry is created through an os.Root: no entry
 // name, hard link or symlink created earlier in the same archive can make
-// a write land outside the target directory, and names that try ("..",
-// absolute names) are refused.
+// a write land outside the target directory, and names that try (any ".."
+// element, absolute names) are refused. Names are checked as the archive
+// has them, before Options.Top renames their first element; with a Top,
+// everything below it is created through an os.Root opened on Top itself,
+// so the archive can place nothing beside Top (`nook cp SANDBOX:/path
+// DEST` writes DEST and what is under it, nothing else).
 //
 // The agent uses both halves inside the sandbox; the CLI uses them on the
 // host. The package depends only on the standard library.
@@ -48,7 +52,11 @@ func invalidf(format string, args ...any) error {
 type Options struct {
 	// Top, if set, replaces the first component of every entry name (and
 	// of every hard link target): the top of the copied tree lands under
-	// this name. "." puts the tree's contents directly in the directory.
+	// this name, a single file name in the directory. Everything else the
+	// archive holds then goes inside Top: nothing is created beside it,
+	// and nothing is written through a symlink at Top (one the archive
+	// made or one already there). "." puts the tree's contents directly in
+	// the directory.
 	Top string
 	// NoSetID clears setuid and setgid bits, for extracting on the host
 	// what a sandbox sent.
@@ -65,29 +73,37 @@ const maxDeferredDirs = 10000
 // into place, so a reader never sees half a file. Directories, regular
 // files, symlinks and hard links are extracted; devices, fifos and other
 // special entries are skipped. Owners are not restored: entries belong to
-// the extracting user.
+// the extracting user. An entry named with "..", an absolute name, or one
+// that would be written through a symlink leading out of the target (dir,
+// or dir/Top with Options.Top) stops the extraction with ErrInvalid.
 func Extract(r io.Reader, dir string, opt Options) error {
+	if opt.Top != "" && opt.Top != "." && (strings.ContainsRune(opt.Top, '/') || !filepath.IsLocal(opt.Top)) {
+		return fmt.Errorf("safetar: top %q is not a single file name", opt.Top)
+	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return err
 	}
 	defer root.Close()
+	x := &extraction{outer: root, top: opt.Top}
+	defer x.close()
 	src := &trackingReader{r: r}
 	tr := tar.NewReader(src)
 	type dirMode struct {
+		root *os.Root
 		name string
 		mode os.FileMode
 	}
 	var deferred []dirMode
 	applyDeferred := func() error {
 		for i := len(deferred) - 1; i >= 0; i-- {
-			if err := root.Chmod(deferred[i].name, deferred[i].mode); err != nil {
+			if err := deferred[i].root.Chmod(deferred[i].name, deferred[i].mode); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	extracted := map[string]bool{} // regular files this archive created
+	extracted := map[string]bool{} // regular files this archive created, in the inner root
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
@@ -99,7 +115,7 @@ func Extract(r io.Reader, dir string, opt Options) error {
 			}
 			return invalidf("not a valid tar stream: %v", err)
 		}
-		name, err := entryName(hdr.Name, opt.Top)
+		root, name, err := x.resolve(hdr.Name)
 		if err != nil {
 			return err
 		}
@@ -113,7 +129,7 @@ func Extract(r io.Reader, dir string, opt Options) error {
 				return err
 			}
 			if mode.Perm()&0o700 != 0o700 && len(deferred) < maxDeferredDirs {
-				deferred = append(deferred, dirMode{name, mode})
+				deferred = append(deferred, dirMode{root, name, mode})
 				mode |= 0o700
 			}
 			if err := root.Chmod(name, mode); err != nil {
@@ -129,7 +145,9 @@ func Extract(r io.Reader, dir string, opt Options) error {
 			if err := fileEntry(root, name, hdr, mode, tr, src); err != nil {
 				return err
 			}
-			extracted[name] = true
+			if root != x.outer || x.top == "" || x.top == "." {
+				extracted[name] = true
+			}
 		case tar.TypeSymlink:
 			if err := replaceable(root, name); err != nil {
 				return err
@@ -143,9 +161,10 @@ func Extract(r io.Reader, dir string, opt Options) error {
 		case tar.TypeLink:
 			// Only to a file this archive brought: a link to a file that was
 			// already in the target directory would let the archive's sender
-			// read it back later through the link.
-			target, err := entryName(hdr.Linkname, opt.Top)
-			if err != nil || !extracted[target] {
+			// read it back later through the link. Both ends are inside the
+			// target (inside Top when set, never Top itself).
+			troot, target, err := x.resolve(hdr.Linkname)
+			if err != nil || troot != root || (root == x.outer && x.top != "" && x.top != ".") || !extracted[target] {
 				return invalidf("tar entry %q: hard link target %q is not a file earlier in the archive", hdr.Name, hdr.Linkname)
 			}
 			if err := replaceable(root, name); err != nil {
@@ -164,6 +183,93 @@ func Extract(r io.Reader, dir string, opt Options) error {
 	}
 }
 
+// extraction maps entry names to the root they are created in. Without a
+// Top (or with "."), that is the target directory's root. With a Top, the
+// top entry itself is created in the target directory and everything
+// under it in a root opened on Top, so that no name, symlink or hard link
+// can reach beside Top.
+type extraction struct {
+	outer *os.Root
+	top   string
+	inner *os.Root // opened on top at the first entry under it
+}
+
+func (x *extraction) close() {
+	if x.inner != nil {
+		x.inner.Close()
+	}
+}
+
+// resolve checks an entry name as the archive has it (before any
+// renaming) and returns the root to create it in and its name there.
+func (x *extraction) resolve(raw string) (*os.Root, string, error) {
+	if raw == "" || strings.IndexByte(raw, 0) >= 0 {
+		return nil, "", invalidf("tar entry with an empty or invalid name")
+	}
+	if strings.HasPrefix(raw, "/") {
+		return nil, "", invalidf("tar entry %q: absolute names are not allowed", raw)
+	}
+	for _, el := range strings.Split(raw, "/") {
+		if el == ".." {
+			return nil, "", invalidf("tar entry %q: the name leaves the target directory (\"..\" is not allowed in names)", raw)
+		}
+	}
+	if x.top == "" {
+		return x.outer, path.Clean(raw), nil
+	}
+	_, rest, _ := strings.Cut(raw, "/")
+	rest = path.Clean("./" + rest)
+	if x.top == "." {
+		return x.outer, rest, nil
+	}
+	if rest == "." {
+		return x.outer, x.top, nil // the top entry itself
+	}
+	inner, err := x.openInner(raw)
+	if err != nil {
+		return nil, "", err
+	}
+	return inner, rest, nil
+}
+
+// openInner opens the root under which every entry below the top goes,
+// creating the top directory if the archive did not start with it. A top
+// that is a symlink (made by the archive or already there) is refused:
+// nothing is written through it.
+func (x *extraction) openInner(entry string) (*os.Root, error) {
+	if x.inner != nil {
+		return x.inner, nil
+	}
+	fi, err := x.outer.Lstat(x.top)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if err := x.outer.Mkdir(x.top, 0o755); err != nil {
+			return nil, err
+		}
+	case err != nil:
+		return nil, err
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return nil, invalidf("tar entry %q: %s is a symlink: nothing is written through it", entry, x.top)
+	case !fi.IsDir():
+		return nil, invalidf("tar entry %q: %s is not a directory", entry, x.top)
+	}
+	inner, err := x.outer.OpenRoot(x.top)
+	if err != nil {
+		return nil, err
+	}
+	// The directory opened must be the one at top, not one a symlink swapped in leads to.
+	ifi, err := inner.Stat(".")
+	if err == nil {
+		fi, err = x.outer.Lstat(x.top)
+	}
+	if err != nil || !fi.IsDir() || !os.SameFile(fi, ifi) {
+		inner.Close()
+		return nil, invalidf("tar entry %q: %s changed while it was opened", entry, x.top)
+	}
+	x.inner = inner
+	return inner, nil
+}
+
 func isSparse(hdr *tar.Header) bool {
 	for k := range hdr.PAXRecords {
 		if strings.HasPrefix(k, "GNU.sparse.") {
@@ -171,27 +277,6 @@ func isSparse(hdr *tar.Header) bool {
 		}
 	}
 	return false
-}
-
-// entryName turns a tar entry name into a path relative to the target
-// directory, replacing its first component with top if set.
-func entryName(raw, top string) (string, error) {
-	if raw == "" || strings.IndexByte(raw, 0) >= 0 {
-		return "", invalidf("tar entry with an empty or invalid name")
-	}
-	if strings.HasPrefix(raw, "/") {
-		return "", invalidf("tar entry %q: absolute names are not allowed", raw)
-	}
-	name := raw
-	if top != "" {
-		_, rest, _ := strings.Cut(strings.TrimLeft(name, "/"), "/")
-		name = top + "/" + rest
-	}
-	name = path.Clean(name)
-	if !filepath.IsLocal(name) {
-		return "", invalidf("tar entry %q: the name leaves the target directory", raw)
-	}
-	return name, nil
 }
 
 func fileMode(m int64, noSetID bool) os.FileMode {

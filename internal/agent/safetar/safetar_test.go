@@ -238,28 +238,54 @@ func (f *failingReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// FuzzExtract: whatever the archive, nothing is created or changed
-// outside the target directory, and Extract does not panic.
+// FuzzExtract: whatever the archive, Extract does not panic, and after
+// an extraction into a directory D inside a parent P nothing in P but D
+// was created or changed: with no Top and with "." (D is the target
+// directory), and with Top "D" (P is the target directory, as for `nook
+// cp SANDBOX:/path DEST`; D already there or not).
 func FuzzExtract(f *testing.F) {
 	f.Add(mkTar(f, entry{name: "a/b", typ: tar.TypeReg, body: "x"}))
 	f.Add(mkTar(f, entry{name: "link", link: "..", typ: tar.TypeSymlink}, entry{name: "link/x", typ: tar.TypeReg, body: "x"}))
 	f.Add(mkTar(f, entry{name: "link", link: "/", typ: tar.TypeSymlink}, entry{name: "link/x/", typ: tar.TypeDir}))
 	f.Add(mkTar(f, entry{name: "h", link: "../secret", typ: tar.TypeLink}))
 	f.Add(mkTar(f, entry{name: "d/", typ: tar.TypeDir, mode: 0o000}, entry{name: "d/f", typ: tar.TypeReg, body: "x"}))
+	f.Add(mkTar(f, entry{name: "x/", typ: tar.TypeDir}, entry{name: "x/../.bashrc", typ: tar.TypeReg, body: "x"}))
+	f.Add(mkTar(f, entry{name: "x", link: ".", typ: tar.TypeSymlink}, entry{name: "x/.bashrc", typ: tar.TypeReg, body: "x"}))
+	f.Add(mkTar(f, entry{name: "x/up", link: "..", typ: tar.TypeSymlink}, entry{name: "x/up/.bashrc", typ: tar.TypeReg, body: "x"}))
+	f.Add(mkTar(f, entry{name: "x/f", typ: tar.TypeReg, body: "x"}, entry{name: "x/g", link: "x/f", typ: tar.TypeLink}))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		parent, dir := sandbox(t)
-		for _, top := range []string{"", "x"} {
-			err := Extract(bytes.NewReader(data), dir, Options{Top: top})
-			if extra := outside(t, parent); len(extra) > 0 {
-				t.Fatalf("top %q: extraction escaped (%v): %v", top, err, extra)
+		for _, tc := range []struct {
+			top    string
+			inD    bool // extract into D (else into P with Top D)
+			makeD  bool
+			dsName string
+		}{
+			{"", true, true, "target"},
+			{".", true, true, "target"},
+			{"target", false, true, "target"},
+			{"new", false, false, "new"},
+		} {
+			parent := t.TempDir()
+			os.WriteFile(filepath.Join(parent, "secret"), []byte("host secret"), 0o600)
+			d := filepath.Join(parent, tc.dsName)
+			if tc.makeD {
+				os.Mkdir(d, 0o755)
 			}
+			dir := parent
+			if tc.inD {
+				dir = d
+			}
+			err := Extract(bytes.NewReader(data), dir, Options{Top: tc.top, NoSetID: true})
+			if extra := beside(t, parent, tc.dsName); len(extra) > 0 {
+				t.Fatalf("top %q: extraction escaped (%v): %v", tc.top, err, extra)
+			}
+			filepath.Walk(parent, func(p string, fi os.FileInfo, err error) error {
+				if err == nil && fi.IsDir() {
+					os.Chmod(p, 0o755) // let TempDir's cleanup remove it
+				}
+				return nil
+			})
 		}
-		filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-			if err == nil && fi.IsDir() {
-				os.Chmod(p, 0o755) // let TempDir's cleanup remove it
-			}
-			return nil
-		})
 	})
 }
 
@@ -283,4 +309,109 @@ func TestExtractRefusesLinksToExistingFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestEscapeTarDotDot: `nook cp SANDBOX:/path DEST` extracts what the
+// sandbox sends with Top set to DEST's name, in DEST's parent. No entry
+// may land beside DEST: not through "..", not through a symlink the
+// archive made (DEST itself or one inside it), not through one already
+// there.
+func TestEscapeTarDotDot(t *testing.T) {
+	cases := map[string]struct {
+		top      string
+		existing func(parent string) // host state before the copy
+		entries  []entry
+	}{
+		"dotdot after the top": {top: "dest", entries: []entry{
+			{name: "x/", typ: tar.TypeDir},
+			{name: "x/../.bashrc", typ: tar.TypeReg, body: "pwned"},
+		}},
+		"dotdot deeper": {top: "dest", entries: []entry{
+			{name: "x/a/../../.ssh/authorized_keys", typ: tar.TypeReg, body: "pwned"},
+		}},
+		"dotdot as a directory": {top: "dest", entries: []entry{
+			{name: "x/../.git/", typ: tar.TypeDir},
+		}},
+		"dotdot symlink": {top: "dest", entries: []entry{
+			{name: "x/../.bashrc", link: "/tmp/x", typ: tar.TypeSymlink},
+		}},
+		"dotdot into the contents": {top: ".", entries: []entry{
+			{name: "x/../../.bashrc", typ: tar.TypeReg, body: "pwned"},
+		}},
+		"dotdot without a top": {top: "", entries: []entry{
+			{name: "a/../../.bashrc", typ: tar.TypeReg, body: "pwned"},
+		}},
+		"absolute": {top: "dest", entries: []entry{
+			{name: "/x/.bashrc", typ: tar.TypeReg, body: "pwned"},
+		}},
+		"the top is a symlink to its parent": {top: "dest", entries: []entry{
+			{name: "x", link: ".", typ: tar.TypeSymlink},
+			{name: "x/.bashrc", typ: tar.TypeReg, body: "pwned"},
+		}},
+		"the top is a symlink, then a directory through it": {top: "dest", entries: []entry{
+			{name: "x", link: ".", typ: tar.TypeSymlink},
+			{name: "x/.ssh/", typ: tar.TypeDir},
+		}},
+		"a symlink inside the top to its parent": {top: "dest", entries: []entry{
+			{name: "x/", typ: tar.TypeDir},
+			{name: "x/up", link: "..", typ: tar.TypeSymlink},
+			{name: "x/up/.bashrc", typ: tar.TypeReg, body: "pwned"},
+		}},
+		"a symlink inside the top, then a symlink through it": {top: "dest", entries: []entry{
+			{name: "x/up", link: "..", typ: tar.TypeSymlink},
+			{name: "x/up/.bashrc", link: "/tmp/x", typ: tar.TypeSymlink},
+		}},
+		"a hard link through a symlink inside the top": {top: "dest", entries: []entry{
+			{name: "x/f", typ: tar.TypeReg, body: "x"},
+			{name: "x/up", link: "..", typ: tar.TypeSymlink},
+			{name: "x/up/.bashrc", link: "x/f", typ: tar.TypeLink},
+		}},
+		"a hard link beside the top": {top: "dest", entries: []entry{
+			{name: "x/f", typ: tar.TypeReg, body: "x"},
+			{name: "x/../.bashrc", link: "x/f", typ: tar.TypeLink},
+		}},
+		"the destination is already a symlink to its parent": {top: "dest",
+			existing: func(parent string) { os.Symlink(".", filepath.Join(parent, "dest")) },
+			entries:  []entry{{name: "x/.bashrc", typ: tar.TypeReg, body: "pwned"}},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			parent := t.TempDir()
+			os.WriteFile(filepath.Join(parent, "secret"), []byte("host secret"), 0o600)
+			dir := parent
+			if tc.top == "" || tc.top == "." {
+				// The contents go into DEST itself.
+				dir = filepath.Join(parent, "dest")
+				os.Mkdir(dir, 0o755)
+			}
+			if tc.existing != nil {
+				tc.existing(parent)
+			}
+			err := Extract(bytes.NewReader(mkTar(t, tc.entries...)), dir, Options{Top: tc.top, NoSetID: true})
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %v, want ErrInvalid", err)
+			}
+			if extra := beside(t, parent, "dest"); len(extra) > 0 {
+				t.Errorf("written beside the destination: %v (error %v)", extra, err)
+			}
+		})
+	}
+}
+
+// beside lists what is in parent besides dest and an unchanged secret.
+func beside(t testing.TB, parent, dest string) []string {
+	var extra []string
+	entries, _ := os.ReadDir(parent)
+	for _, e := range entries {
+		if e.Name() != dest && e.Name() != "secret" {
+			extra = append(extra, e.Name())
+		}
+	}
+	if fi, err := os.Lstat(filepath.Join(parent, "secret")); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {
+		extra = append(extra, "secret was replaced")
+	} else if b, _ := os.ReadFile(filepath.Join(parent, "secret")); string(b) != "host secret" {
+		extra = append(extra, "secret was modified")
+	}
+	return extra
 }
