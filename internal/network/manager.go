@@ -57,8 +57,10 @@ type Config struct {
 	HostNetns netns.NsHandle
 	// LogGroup is the NFLOG group denied packets are logged to (100).
 	LogGroup uint16
-	// LogRate caps kernel log messages per deny reason, across all
-	// sandboxes, per second (50); OnDenied is further limited per sandbox.
+	// LogRate caps kernel log messages per second, per sandbox and deny
+	// reason, with a burst of twice as many (10): one sandbox's flood of
+	// denials cannot crowd out another's. OnDenied is further limited per
+	// sandbox (EventRate).
 	LogRate uint64
 	// OnDenied, if set, is called for denied packets, at most EventRate per
 	// second and sandbox. It must not block for long.
@@ -68,6 +70,12 @@ type Config struct {
 	// TapOwner and TapGroup own VM tap devices, so a QEMU running as that
 	// user can open the tap by name (0: root).
 	TapOwner, TapGroup uint32
+	// ConntrackLimit caps the connections one sandbox may have tracked
+	// at once (4096), TCP in states before TIME_WAIT, UDP and ICMP flows
+	// until they time out, its resolver's included: a new connection over
+	// the limit is refused (ReasonConntrack), so no sandbox fills the
+	// host's conntrack table (nf_conntrack_max) for everyone.
+	ConntrackLimit int
 	// ExposeAddr is the host address exposed ports listen on (127.0.0.1).
 	ExposeAddr netip.Addr
 	// Log receives the manager's logs (slog.Default()).
@@ -85,7 +93,10 @@ func (c *Config) setDefaults() {
 		c.LogGroup = 100
 	}
 	if c.LogRate == 0 {
-		c.LogRate = 50
+		c.LogRate = 10
+	}
+	if c.ConntrackLimit <= 0 {
+		c.ConntrackLimit = 4096
 	}
 	if c.EventRate == 0 {
 		c.EventRate = 10
@@ -166,7 +177,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg:       cfg,
 		pool:      pool,
-		lay:       newLayout(pool.Prefix(), cfg.LogGroup, cfg.LogRate),
+		lay:       newLayout(pool.Prefix(), cfg.LogGroup, cfg.LogRate, uint32(cfg.ConntrackLimit)),
 		log:       cfg.Log,
 		sandboxes: map[string]*sandbox{},
 		byIndex:   map[int]string{},
@@ -197,7 +208,11 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	c := m.nft()
-	if err := m.lay.installBase(c); err != nil {
+	existing, err := c.GetSets(m.lay.table)
+	if err != nil {
+		existing = nil // no table yet
+	}
+	if err := m.lay.installBase(c, existing); err != nil {
 		return nil, err
 	}
 	if err := c.Flush(); err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	nflog "github.com/florianl/go-nflog/v2"
+	"golang.org/x/sys/unix"
 )
 
 // Event is one denied packet.
@@ -46,9 +47,25 @@ func (m *Manager) startLog(ctx context.Context) error {
 		m.handleLog(a)
 		return 0
 	}
+	// A larger socket buffer rides out bursts from many sandboxes at once
+	// (best effort: the default is about 200 KiB, some 1000 messages).
+	if err := nf.Con.SetReadBuffer(logReadBuffer); err != nil {
+		m.log.Debug("network: denied-packet log buffer", "err", err)
+	}
+	var lastOverflow time.Time
 	errFn := func(err error) int {
 		if ctx.Err() != nil {
 			return 1
+		}
+		if errors.Is(err, unix.ENOBUFS) {
+			// The kernel dropped messages the reader was too slow for;
+			// which sandboxes they were from is unknown. Say so at most
+			// once a minute.
+			if time.Since(lastOverflow) > time.Minute {
+				lastOverflow = time.Now()
+				m.log.Warn("network: denied-packet log overflowed: some denials were not logged")
+			}
+			return 0
 		}
 		m.log.Warn("network: reading denied-packet log", "err", err)
 		return 0
@@ -65,6 +82,9 @@ func (m *Manager) startLog(ctx context.Context) error {
 	}()
 	return nil
 }
+
+// logReadBuffer is the NFLOG socket's receive buffer.
+const logReadBuffer = 4 << 20
 
 type nopLogger struct{}
 

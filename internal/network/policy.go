@@ -261,16 +261,19 @@ type learnedEntry struct {
 
 // Deny reasons, as reported in Event.Reason and in the kernel log prefix.
 const (
-	ReasonSandbox  = "sandbox"  // another sandbox (the address pool)
-	ReasonBlocked  = "blocked"  // always blocked: loopback, link-local and metadata, multicast, reserved
-	ReasonDNS      = "dns"      // DNS or DNS over TLS to anything but the sandbox's resolver
-	ReasonDenied   = "denied"   // a deny rule
-	ReasonPrivate  = "private"  // a private range no allow rule names
-	ReasonPolicy   = "policy"   // not allowed by the policy
-	ReasonHost     = "host"     // the host itself
-	ReasonInbound  = "inbound"  // a new connection into a sandbox from outside
-	ReasonNotIPv4  = "not-ipv4" // IPv6 or another non-IPv4 protocol
-	reasonAccepted = ""
+	ReasonSandbox = "sandbox"  // another sandbox (the address pool)
+	ReasonBlocked = "blocked"  // always blocked: loopback, link-local and metadata, multicast, reserved
+	ReasonDNS     = "dns"      // DNS or DNS over TLS to anything but the sandbox's resolver
+	ReasonDenied  = "denied"   // a deny rule
+	ReasonPrivate = "private"  // a private range no allow rule names
+	ReasonPolicy  = "policy"   // not allowed by the policy
+	ReasonHost    = "host"     // the host itself
+	ReasonInbound = "inbound"  // a new connection into a sandbox from outside
+	ReasonNotIPv4 = "not-ipv4" // IPv6 or another non-IPv4 protocol
+	// ReasonConntrack: the sandbox already has Config.ConntrackLimit
+	// connections tracked; a new one must wait for one to end.
+	ReasonConntrack = "conntrack-limit"
+	reasonAccepted  = ""
 )
 
 // verdict mirrors the kernel's per-sandbox forward chain in userspace. It
