@@ -44,6 +44,8 @@ type env struct {
 	m      *Manager
 	dir    string
 	events chan deniedEvent
+	// resolver pretends to be every sandbox's resolver (TCP port 53).
+	resolver *nettest.Server
 }
 
 type deniedEvent struct {
@@ -68,7 +70,7 @@ func newEnv(t testing.TB, opts ...func(*Config)) *env {
 	// Host services: one on every address, one pretending to be the
 	// resolver on port 53 of every address.
 	nettest.Serve(t, topo.Host, "0.0.0.0:8080", "host")
-	nettest.Serve(t, topo.Host, "0.0.0.0:53", "resolver")
+	e.resolver = nettest.Serve(t, topo.Host, "0.0.0.0:53", "resolver")
 	cfg := Config{
 		NetnsDir:  e.dir,
 		HostNetns: topo.Host,

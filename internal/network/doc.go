@@ -96,9 +96,9 @@
 //   - Conntrack: a sandbox may have Config.ConntrackLimit connections
 //     tracked at once (4096; its resolver's count too). The count is
 //     nf_conncount's (`ct count`), kept in the sandbox's element of
-//     conn-<limit>; it leaves out TCP in TIME_WAIT or CLOSE, whose entries
-//     the kernel reclaims first. A new connection over the limit is
-//     refused like any other denial, with reason "conntrack-limit". The
+//     conn-<limit>; TCP in TIME_WAIT or CLOSE is not counted. A new
+//     connection over the limit is refused like any other denial, with
+//     reason "conntrack-limit". The
 //     limit is in the set's name because an element keeps the limit it
 //     was made with: a restart with another limit replaces the set.
 //   - NFLOG: each sandbox has its own log rate limit per reason
@@ -107,6 +107,11 @@
 //     reader keeps no queue: it hands each message to OnDenied at once,
 //     at most EventRate a second per sandbox, and counts the rest in the
 //     next event's Suppressed. A socket overflow (ENOBUFS) is logged.
+//   - Learned addresses: a sandbox holds at most Config.LearnedLimit
+//     learned set elements (4096; an address for every port is one, one
+//     for some ports two per port); a new one that does not fit evicts the
+//     least recently learned, in the same transaction. The manager's own
+//     record of them is bounded the same way.
 //
 // # The host's other firewalls
 //

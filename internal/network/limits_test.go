@@ -3,6 +3,7 @@ package network
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -12,7 +13,12 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	mdns "github.com/miekg/dns"
+
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/network/dns"
 	"github.com/nookhq/nook/internal/network/nettest"
+	"github.com/nookhq/nook/internal/network/policy"
 )
 
 // A sandbox cannot hold more than ConntrackLimit connections at once (so it
@@ -170,5 +176,150 @@ func TestConntrackLimitChange(t *testing.T) {
 	restart(16)
 	if got := connSets(); !slices.Equal(got, []string{"conn-16"}) {
 		t.Fatalf("after a restart with limit 16: sets %v, want [conn-16]\n%s", got, e.ruleset())
+	}
+}
+
+// A sandbox resolving ever new names under a wildcard rule (each answered
+// with another address) cannot grow its learned set, or the manager's
+// record of it, past LearnedLimit: the least recently learned go, the
+// newest stay reachable.
+func TestEscapeLearnedAddressCap(t *testing.T) {
+	const limit, names = 16, 40
+	e := newEnv(t, func(c *Config) { c.LearnedLimit = limit })
+	ctx := context.Background()
+	id := "sb-learncap"
+	ns, subnet := e.sandbox(id)
+	e.setPolicy(id, Policy{})
+
+	// The zone: n<i>.zone.test has 198.51.100.<100+i>. The upstream
+	// listens on the test's own loopback.
+	zoneAddr := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 51, 100, byte(100 + i)}) }
+	first, last := zoneAddr(0), zoneAddr(names-1)
+	for _, a := range []netip.Addr{first, last} {
+		e.topo.AddWorldAddr(t, a)
+		nettest.Serve(t, e.topo.World, a.String()+":80", "world:"+a.String())
+	}
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(w mdns.ResponseWriter, req *mdns.Msg) {
+		resp := new(mdns.Msg)
+		resp.SetReply(req)
+		var i int
+		if _, err := fmt.Sscanf(req.Question[0].Name, "n%d.zone.test.", &i); err == nil && req.Question[0].Qtype == mdns.TypeA {
+			resp.Answer = append(resp.Answer, &mdns.A{
+				Hdr: mdns.RR_Header{Name: req.Question[0].Name, Rrtype: mdns.TypeA, Class: mdns.ClassINET, Ttl: 300},
+				A:   zoneAddr(i).AsSlice(),
+			})
+		} else {
+			resp.Rcode = mdns.RcodeNameError
+		}
+		w.WriteMsg(resp)
+	})}
+	started := make(chan struct{})
+	up.NotifyStartedFunc = func() { close(started) }
+	go up.ActivateAndServe()
+	<-started
+	t.Cleanup(func() { up.Shutdown() })
+
+	// The sandbox's resolver, on its gateway in the simulated host, wired
+	// to the manager as the daemon wires it.
+	srv, err := dns.New(dns.Config{
+		Upstreams: []netip.AddrPort{pc.LocalAddr().(*net.UDPAddr).AddrPort()},
+		QPS:       1000, Burst: 1000, NamesPerZone: 1000,
+		Logger: e.m.log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close(context.Background()) })
+	pol, err := policy.Parse("allowlist", []string{"*.zone.test"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.resolver.Close() // the pretend resolver holds TCP port 53
+	gw := netip.AddrPortFrom(Gateway(subnet), 53)
+	if err := nettest.Do(e.topo.Host, func() error {
+		_, err := srv.Add(id, gw, pol, dns.Hooks{OnResolved: func(ctx context.Context, id string, r dns.Resolved) error {
+			for _, a := range r.Addrs {
+				if err := e.m.AllowLearned(ctx, id, a, nil, r.TTL); err != nil {
+					return err
+				}
+			}
+			return nil
+		}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	for i := 0; i < names; i++ {
+		q := new(mdns.Msg)
+		q.SetQuestion(fmt.Sprintf("n%d.zone.test.", i), mdns.TypeA)
+		var r *mdns.Msg
+		err := nettest.Do(ns, func() error {
+			var err error
+			r, _, err = (&mdns.Client{Timeout: 2 * time.Second}).Exchange(q, gw.String())
+			return err
+		})
+		if err != nil {
+			t.Fatalf("query %d: %v", i, err)
+		}
+		if r.Rcode != mdns.RcodeSuccess || len(r.Answer) != 1 {
+			t.Fatalf("query %d: %s with %d answers", i, mdns.RcodeToString[r.Rcode], len(r.Answer))
+		}
+	}
+
+	c, err := nftables.New(nftables.WithNetNSFd(int(e.topo.Host)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	elems, err := c.GetSetElements(e.m.lay.sandboxSets(IfaceName(id))[sfxLearn])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(elems) > limit || len(elems) == 0 {
+		t.Errorf("learned set holds %d elements after %d names, want 1..%d", len(elems), names, limit)
+	}
+	e.m.mu.Lock()
+	kept := len(e.m.sandboxes[id].learned)
+	e.m.mu.Unlock()
+	if kept > limit {
+		t.Errorf("the manager remembers %d learned addresses, want at most %d", kept, limit)
+	}
+	e.reach(ns, last.String()+":80", "world:")
+	e.refused(ns, first.String()+":80")
+
+	// An address for some ports costs two elements a port and counts the
+	// same; one that alone needs more than the limit is refused.
+	if err := e.m.AllowLearned(ctx, id, learnIP, []PortRange{Port(80), Port(443)}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	portElems, err := c.GetSetElements(e.m.lay.sandboxSets(IfaceName(id))[sfxLearnPorts])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if elems, _ = c.GetSetElements(e.m.lay.sandboxSets(IfaceName(id))[sfxLearn]); len(elems)+len(portElems) > limit || len(portElems) != 4 {
+		t.Errorf("after a ported address: %d + %d elements, want 4 ported and at most %d in all", len(elems), len(portElems), limit)
+	}
+	e.reach(ns, learnIP.String()+":443", "world:")
+	err = e.m.AllowLearned(ctx, id, webA, []PortRange{{First: 1000, Last: 1000 + limit}}, time.Minute)
+	if !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Errorf("an address needing more than the limit: got %v, want resource exhausted", err)
+	}
+}
+
+func TestMergePortsAndElems(t *testing.T) {
+	got := mergePorts([]PortRange{Port(443), {First: 80, Last: 81}, Port(82), {First: 440, Last: 450}, Port(65535)})
+	want := []PortRange{{First: 80, Last: 82}, {First: 440, Last: 450}, Port(65535)}
+	if !slices.Equal(got, want) {
+		t.Errorf("mergePorts: %v, want %v", got, want)
+	}
+	if mergePorts(nil) != nil {
+		t.Error("mergePorts(nil) is not nil")
+	}
+	if n := (learnedEntry{kall: true, kports: want}).elems(); n != 1+2*(3+11+1) {
+		t.Errorf("elems: %d", n)
 	}
 }

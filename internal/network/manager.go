@@ -76,6 +76,12 @@ type Config struct {
 	// the limit is refused (ReasonConntrack), so no sandbox fills the
 	// host's conntrack table (nf_conntrack_max) for everyone.
 	ConntrackLimit int
+	// LearnedLimit caps the DNS-learned set elements of one sandbox
+	// (4096), and so the kernel's and the manager's memory for them: an
+	// address learned for every port is one element, one learned for some
+	// ports two per port (TCP and UDP). When a new one does not fit, the
+	// least recently learned addresses are evicted.
+	LearnedLimit int
 	// ExposeAddr is the host address exposed ports listen on (127.0.0.1).
 	ExposeAddr netip.Addr
 	// Log receives the manager's logs (slog.Default()).
@@ -97,6 +103,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ConntrackLimit <= 0 {
 		c.ConntrackLimit = 4096
+	}
+	if c.LearnedLimit <= 0 {
+		c.LearnedLimit = 4096
 	}
 	if c.EventRate == 0 {
 		c.EventRate = 10
@@ -155,6 +164,7 @@ type sandbox struct {
 	// SetPolicy has no connections to judge.
 	mayHaveFlows bool
 	learned      map[netip.Addr]learnedEntry
+	learnedFull  bool // the learned-address limit was reached (logged once)
 	exposes      map[uint16]*forwarder
 	events       tokenBucket
 }
@@ -867,6 +877,12 @@ const maxLearnedPorts = 1024
 // never opens a private range (only an allow rule can), the always-blocked
 // ranges or the pool: DNS rebinding cannot reach them. IPv6 addresses are
 // refused with an invalid-argument error (sandboxes have no IPv6).
+//
+// A sandbox holds at most Config.LearnedLimit learned set elements: when
+// addr does not fit, the least recently learned addresses are evicted in
+// the same transaction (new connections to them are refused until they
+// are learned again). An address that alone needs more than the limit is
+// refused (errdefs.ErrResourceExhausted).
 func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, ports []PortRange, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -878,33 +894,63 @@ func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, 
 	if ttl < time.Millisecond {
 		return errdefs.Invalid("learned address %v: ttl %v too short", addr, ttl)
 	}
-	n := 0
 	for _, pr := range ports {
 		if pr.First == 0 || pr.Last < pr.First {
 			return errdefs.Invalid("learned address %v: bad port range %v", addr, pr)
 		}
-		n += int(pr.Last-pr.First) + 1
 	}
-	if n > maxLearnedPorts {
+	ports = mergePorts(ports)
+	if n := countPorts(ports); n > maxLearnedPorts {
 		return errdefs.Invalid("learned address %v: %d ports, at most %d", addr, n, maxLearnedPorts)
 	}
+	// One at a time per sandbox, so that the count below stays true
+	// between the choice of what to evict and the commit.
+	unlock := m.lock(id)
+	defer unlock()
 	sb, err := m.get(id)
 	if err != nil {
 		return err
 	}
+	tmo := ttl.Truncate(time.Millisecond)
+	now := time.Now()
+	m.mu.Lock()
+	old, had := sb.learned[addr]
 	// A new address is only added. One the kernel may already hold gets
 	// its new timeout by delete and add, which costs the commit an RCU
 	// grace period (milliseconds), so not again within learnSlack: a
 	// sandbox resolving one name in a burst pays it once.
-	m.mu.Lock()
-	old, had := sb.learned[addr]
-	now := time.Now()
-	m.mu.Unlock()
-	tmo := ttl.Truncate(time.Millisecond)
 	if had && slices.Equal(old.ports, ports) && !old.expires.Before(now.Add(tmo-learnSlack)) {
+		m.mu.Unlock()
 		return nil
 	}
+	e := learnedEntry{ports: ports, expires: now.Add(tmo), learned: now, kall: len(ports) == 0}
+	if !e.kall {
+		e.kports = ports
+	}
+	if had && now.Before(old.expires) {
+		// The kernel holds both entries; remember their union.
+		if len(old.ports) == 0 || len(ports) == 0 {
+			e.ports = nil
+		} else {
+			e.ports = mergePorts(append(slices.Clone(old.ports), ports...))
+		}
+		e.kall = e.kall || old.kall
+		e.kports = mergePorts(append(slices.Clone(old.kports), e.kports...))
+		if old.expires.After(e.expires) {
+			e.expires = old.expires
+		}
+	}
+	victims, err := m.evictions(sb, addr, e, now)
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	c := m.nft()
+	for _, v := range victims {
+		if err := m.lay.forget(c, sb.iface, v.addr, v.entry); err != nil {
+			return err
+		}
+	}
 	if err := m.lay.learn(c, sb.iface, addr, ports, tmo, had); err != nil {
 		return err
 	}
@@ -912,26 +958,61 @@ func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, 
 		return fmt.Errorf("learn %v for %s: %w", addr, id, err)
 	}
 	m.mu.Lock()
-	e := learnedEntry{ports: ports, expires: now.Add(tmo)}
-	if old, ok := sb.learned[addr]; ok && now.Before(old.expires) {
-		// The kernel holds both entries; remember their union.
-		if len(old.ports) == 0 || len(ports) == 0 {
-			e.ports = nil
-		} else {
-			e.ports = append(slices.Clone(old.ports), ports...)
-		}
-		if old.expires.After(e.expires) {
-			e.expires = old.expires
-		}
+	for _, v := range victims {
+		delete(sb.learned, v.addr)
 	}
 	sb.learned[addr] = e
-	for a, e := range sb.learned {
-		if now.After(e.expires) {
-			delete(sb.learned, a)
-		}
-	}
+	warn := len(victims) > 0 && !sb.learnedFull
+	sb.learnedFull = sb.learnedFull || len(victims) > 0
 	m.mu.Unlock()
+	if warn {
+		m.log.WarnContext(ctx, "network: sandbox reached its limit of learned addresses; evicting the least recently learned",
+			"sandbox", id, "limit", m.cfg.LearnedLimit)
+	}
 	return nil
+}
+
+type learnedVictim struct {
+	addr  netip.Addr
+	entry learnedEntry
+}
+
+// evictions forgets the sandbox's expired learned addresses and returns
+// the least recently learned ones that must go for e (the entry addr will
+// have) to fit in Config.LearnedLimit elements. The caller holds m.mu.
+func (m *Manager) evictions(sb *sandbox, addr netip.Addr, e learnedEntry, now time.Time) ([]learnedVictim, error) {
+	limit := m.cfg.LearnedLimit
+	need := e.elems()
+	if need > limit {
+		return nil, errdefs.Exhausted("learned address %v on %d ports needs %d set elements, more than the sandbox's limit of %d: allow fewer ports for the name",
+			addr, countPorts(e.kports), need, limit)
+	}
+	total := 0
+	var all []learnedVictim
+	for a, le := range sb.learned {
+		if a == addr {
+			continue
+		}
+		if !now.Before(le.expires) {
+			delete(sb.learned, a) // the kernel lets it expire by itself
+			continue
+		}
+		total += le.elems()
+		all = append(all, learnedVictim{a, le})
+	}
+	if total+need <= limit {
+		return nil, nil
+	}
+	slices.SortFunc(all, func(a, b learnedVictim) int { return a.entry.learned.Compare(b.entry.learned) })
+	var out []learnedVictim
+	for _, v := range all {
+		if total+need <= limit {
+			break
+		}
+		out = append(out, v)
+		total -= v.entry.elems()
+	}
+	return out, nil
 }
 
 // flushConntrack deletes the conntrack entries match selects. Errors are

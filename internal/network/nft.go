@@ -390,28 +390,31 @@ func (l *layout) applyPolicy(c *nftables.Conn, iface string, p *compiled, resetL
 	return nil
 }
 
+// learnKeys returns the set and keys that let a sandbox reach addr on
+// ports (every port when empty).
+func (l *layout) learnKeys(iface string, addr netip.Addr, ports []PortRange) (*nftables.Set, [][]byte) {
+	sets := l.sandboxSets(iface)
+	if len(ports) == 0 {
+		return sets[sfxLearn], [][]byte{addrKey(addr)}
+	}
+	var keys [][]byte
+	for _, pr := range ports {
+		for p := uint32(pr.First); p <= uint32(pr.Last); p++ {
+			for _, proto := range []uint8{protoTCP, protoUDP} {
+				keys = append(keys, cat(addrKey(addr), protoKey(proto), portKey(uint16(p))))
+			}
+		}
+	}
+	return sets[sfxLearnPorts], keys
+}
+
 // learn queues a DNS-learned address with a timeout. With refresh, the
 // element is added, deleted and added again so that an existing element
 // gets the new timeout and a missing one does not fail the delete; that
 // costs the commit an RCU grace period (milliseconds), so a new element
 // is only added.
 func (l *layout) learn(c *nftables.Conn, iface string, addr netip.Addr, ports []PortRange, ttl time.Duration, refresh bool) error {
-	sets := l.sandboxSets(iface)
-	var s *nftables.Set
-	var keys [][]byte
-	if len(ports) == 0 {
-		s = sets[sfxLearn]
-		keys = [][]byte{addrKey(addr)}
-	} else {
-		s = sets[sfxLearnPorts]
-		for _, pr := range ports {
-			for p := uint32(pr.First); p <= uint32(pr.Last); p++ {
-				for _, proto := range []uint8{protoTCP, protoUDP} {
-					keys = append(keys, cat(addrKey(addr), protoKey(proto), portKey(uint16(p))))
-				}
-			}
-		}
-	}
+	s, keys := l.learnKeys(iface, addr, ports)
 	add := make([]nftables.SetElement, len(keys))
 	del := make([]nftables.SetElement, len(keys))
 	for i, k := range keys {
@@ -428,6 +431,35 @@ func (l *layout) learn(c *nftables.Conn, iface string, addr netip.Addr, ports []
 		return err
 	}
 	return c.SetAddElements(s, add)
+}
+
+// forget queues the removal of what the kernel may hold for a learned
+// address: each element is added (a no-op if it is there) and deleted,
+// so one the kernel has already expired does not fail the batch.
+func (l *layout) forget(c *nftables.Conn, iface string, addr netip.Addr, e learnedEntry) error {
+	var groups [][]PortRange
+	if e.kall {
+		groups = append(groups, nil)
+	}
+	if len(e.kports) > 0 {
+		groups = append(groups, e.kports)
+	}
+	for _, ports := range groups {
+		s, keys := l.learnKeys(iface, addr, ports)
+		add := make([]nftables.SetElement, len(keys))
+		del := make([]nftables.SetElement, len(keys))
+		for i, k := range keys {
+			add[i] = nftables.SetElement{Key: k, Timeout: time.Second}
+			del[i] = nftables.SetElement{Key: k}
+		}
+		if err := c.SetAddElements(s, add); err != nil {
+			return err
+		}
+		if err := c.SetDeleteElements(s, del); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // removeSandbox queues the removal of a sandbox's chain and sets. Objects
