@@ -96,17 +96,20 @@
 //   - Conntrack: a sandbox may have Config.ConntrackLimit connections
 //     tracked at once (4096; its resolver's count too). The count is
 //     nf_conncount's (`ct count`), kept in the sandbox's element of
-//     conn-<limit>; TCP in TIME_WAIT or CLOSE is not counted. A new
-//     connection over the limit is refused like any other denial, with
-//     reason "conntrack-limit". The
-//     limit is in the set's name because an element keeps the limit it
-//     was made with: a restart with another limit replaces the set.
-//   - NFLOG: each sandbox has its own log rate limit per reason
+//     conn-<limit>, which the kernel drops when the count is 0. TCP in
+//     TIME_WAIT or CLOSE is not counted (those connections have ended, and
+//     the kernel's conntrack gc drops such entries first when the table is
+//     nearly full). A new connection over the limit is refused like any
+//     other denial, with reason "conntrack-limit". The limit is in the
+//     set's name because an element keeps the limit it was made with: a
+//     restart with another limit replaces the set.
+//   - NFLOG: each sandbox has its own kernel log rate limit per reason
 //     (Config.LogRate a second, burst twice that), so one sandbox's flood
-//     hides neither another's denials nor its own of another kind. The
-//     reader keeps no queue: it hands each message to OnDenied at once,
-//     at most EventRate a second per sandbox, and counts the rest in the
-//     next event's Suppressed. A socket overflow (ENOBUFS) is logged.
+//     cannot crowd out another's denials. The reader keeps no queue: it
+//     hands each message to OnDenied at once, at most EventRate a second
+//     per sandbox, and counts the rest in the next event's Suppressed
+//     (what the kernel's limit dropped is not counted). A socket overflow
+//     (ENOBUFS) is logged.
 //   - Learned addresses: a sandbox holds at most Config.LearnedLimit
 //     learned set elements (4096; an address for every port is one, one
 //     for some ports two per port); a new one that does not fit evicts the

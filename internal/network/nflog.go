@@ -19,8 +19,10 @@ type Event struct {
 	Dst   netip.AddrPort // port 0 for protocols without ports
 	// Reason is one of the Reason* constants.
 	Reason string
-	// Suppressed counts the events of this sandbox dropped by the rate
-	// limit since the previous one that was delivered.
+	// Suppressed counts the events of this sandbox dropped by the
+	// userspace rate limit (EventRate) since the previous one that was
+	// delivered; those the kernel's limit (LogRate) dropped are not
+	// counted.
 	Suppressed int
 }
 
