@@ -275,12 +275,31 @@ func TestEscapeLearnedAddressCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	elems, err := c.GetSetElements(e.m.lay.sandboxSets(IfaceName(id))[sfxLearn])
-	if err != nil {
-		t.Fatal(err)
+	// count returns the live elements of a learned set, and all it holds
+	// (evicted ones may wait for the kernel's gc).
+	count := func(sfx string) (live, all int) {
+		t.Helper()
+		elems, err := c.GetSetElements(e.m.lay.sandboxSets(IfaceName(id))[sfx])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, el := range elems {
+			if el.Expires > 0 {
+				live++
+			}
+		}
+		return live, len(elems)
 	}
-	if len(elems) > limit || len(elems) == 0 {
-		t.Errorf("learned set holds %d elements after %d names, want 1..%d", len(elems), names, limit)
+	// An evicted element may live on for a jiffy and wait for the
+	// kernel's gc a little longer.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		live, all := count(sfxLearn)
+		if live > 0 && live <= limit && all <= limit {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("learned set holds %d elements, %d live, after %d names, want 1..%d", all, live, names, limit)
+		}
 	}
 	e.m.mu.Lock()
 	kept := len(e.m.sandboxes[id].learned)
@@ -296,12 +315,15 @@ func TestEscapeLearnedAddressCap(t *testing.T) {
 	if err := e.m.AllowLearned(ctx, id, learnIP, []PortRange{Port(80), Port(443)}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	portElems, err := c.GetSetElements(e.m.lay.sandboxSets(IfaceName(id))[sfxLearnPorts])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if elems, _ = c.GetSetElements(e.m.lay.sandboxSets(IfaceName(id))[sfxLearn]); len(elems)+len(portElems) > limit || len(portElems) != 4 {
-		t.Errorf("after a ported address: %d + %d elements, want 4 ported and at most %d in all", len(elems), len(portElems), limit)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		live, _ := count(sfxLearn)
+		livePorts, _ := count(sfxLearnPorts)
+		if live+livePorts <= limit && livePorts == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a ported address: %d + %d live elements, want 4 ported and at most %d in all", live, livePorts, limit)
+		}
 	}
 	e.reach(ns, learnIP.String()+":443", "world:")
 	err = e.m.AllowLearned(ctx, id, webA, []PortRange{{First: 1000, Last: 1000 + limit}}, time.Minute)
@@ -321,5 +343,72 @@ func TestMergePortsAndElems(t *testing.T) {
 	}
 	if n := (learnedEntry{kall: true, kports: want}).elems(); n != 1+2*(3+11+1) {
 		t.Errorf("elems: %d", n)
+	}
+}
+
+// Refreshing a learned address gives the kernel's element the new timeout,
+// and evicting one makes it unreachable, both on a kernel that updates an
+// element's timeout when it is added again (eviction by a timeout of 1 ms)
+// and, as on older kernels, by delete.
+func TestLearnedRefreshAndEvict(t *testing.T) {
+	for _, update := range []bool{true, false} {
+		t.Run(fmt.Sprintf("updatesTimeout=%v", update), func(t *testing.T) {
+			e := newEnv(t, func(c *Config) { c.LearnedLimit = 2 })
+			if update && !e.m.lay.updatesTimeout {
+				t.Skip("this kernel does not update the timeout of an element added again")
+			}
+			e.m.lay.updatesTimeout = update
+			ctx := context.Background()
+			id := "sb-refresh"
+			ns, _ := e.sandbox(id)
+			e.setPolicy(id, Policy{})
+			c, err := nftables.New(nftables.WithNetNSFd(int(e.topo.Host)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			learnSet := e.m.lay.sandboxSets(IfaceName(id))[sfxLearn]
+			live := func() map[netip.Addr]time.Duration {
+				t.Helper()
+				elems, err := c.GetSetElements(learnSet)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out := map[netip.Addr]time.Duration{}
+				for _, el := range elems {
+					if el.Expires > 0 {
+						out[netip.AddrFrom4([4]byte(el.Key))] = el.Timeout
+					}
+				}
+				return out
+			}
+			for _, ttl := range []time.Duration{10 * time.Second, time.Minute} {
+				if err := e.m.AllowLearned(ctx, id, learnIP, nil, ttl); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := live(); len(got) != 1 || got[learnIP] != time.Minute {
+				t.Fatalf("after a refresh to 1m: elements %v", got)
+			}
+			e.reach(ns, learnIP.String()+":80", "world:")
+			for _, a := range []netip.Addr{webA, webB} {
+				if err := e.m.AllowLearned(ctx, id, a, nil, time.Minute); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// An evicted element may live on for a jiffy (its timeout is
+			// the shortest the kernel has).
+			for deadline := time.Now().Add(time.Second); ; time.Sleep(5 * time.Millisecond) {
+				got := live()
+				if len(got) == 2 && got[learnIP] == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("after learning two more with a limit of 2: elements %v, want webA and webB", got)
+				}
+			}
+			e.refused(ns, learnIP.String()+":80")
+			e.reach(ns, webA.String()+":80", "world:")
+			e.reach(ns, webB.String()+":80", "world:")
+		})
 	}
 }

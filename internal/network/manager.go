@@ -2,6 +2,7 @@ package network
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -164,6 +165,10 @@ type sandbox struct {
 	// SetPolicy has no connections to judge.
 	mayHaveFlows bool
 	learned      map[netip.Addr]learnedEntry
+	// learnedLRU orders learned by when they were last learned, most
+	// recent first; learnedElems counts their kernel set elements.
+	learnedLRU   *list.List
+	learnedElems int
 	learnedFull  bool // the learned-address limit was reached (logged once)
 	exposes      map[uint16]*forwarder
 	events       tokenBucket
@@ -227,6 +232,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	if err := c.Flush(); err != nil {
 		return nil, fmt.Errorf("install nftables table inet %s: %w", tableName, err)
+	}
+	if m.lay.updatesTimeout, err = m.lay.probeTimeoutUpdate(m.nft); err != nil {
+		return nil, err
 	}
 	m.warnForwardDrop()
 	if err := os.MkdirAll(cfg.NetnsDir, 0o755); err != nil {
@@ -580,6 +588,7 @@ func (m *Manager) finishSetup(id, iface string, kind Kind, subnet netip.Prefix, 
 		id: id, iface: iface, kind: kind, subnet: subnet, netns: path, ifindex: ifindex,
 		mayHaveFlows: adopted,
 		learned:      map[netip.Addr]learnedEntry{},
+		learnedLRU:   list.New(),
 		exposes:      map[uint16]*forwarder{},
 		events:       tokenBucket{rate: float64(m.cfg.EventRate), burst: float64(2 * m.cfg.EventRate)},
 	}
@@ -835,6 +844,8 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 	sb.mayHaveFlows = true
 	if p.ResetLearned {
 		sb.learned = map[netip.Addr]learnedEntry{}
+		sb.learnedLRU = list.New()
+		sb.learnedElems = 0
 	}
 	learned := make(map[netip.Addr]learnedEntry, len(sb.learned))
 	for k, v := range sb.learned {
@@ -920,10 +931,11 @@ func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, 
 	// grace period (milliseconds), so not again within learnSlack: a
 	// sandbox resolving one name in a burst pays it once.
 	if had && slices.Equal(old.ports, ports) && !old.expires.Before(now.Add(tmo-learnSlack)) {
+		sb.learnedLRU.MoveToFront(old.lru)
 		m.mu.Unlock()
 		return nil
 	}
-	e := learnedEntry{ports: ports, expires: now.Add(tmo), learned: now, kall: len(ports) == 0}
+	e := learnedEntry{ports: ports, expires: now.Add(tmo), kall: len(ports) == 0}
 	if !e.kall {
 		e.kports = ports
 	}
@@ -947,6 +959,9 @@ func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, 
 	}
 	c := m.nft()
 	for _, v := range victims {
+		if !now.Before(v.entry.expires) {
+			continue // the kernel has let it expire
+		}
 		if err := m.lay.forget(c, sb.iface, v.addr, v.entry); err != nil {
 			return err
 		}
@@ -959,8 +974,18 @@ func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, 
 	}
 	m.mu.Lock()
 	for _, v := range victims {
+		sb.learnedLRU.Remove(v.entry.lru)
+		sb.learnedElems -= v.entry.elems()
 		delete(sb.learned, v.addr)
 	}
+	if old, ok := sb.learned[addr]; ok {
+		sb.learnedElems -= old.elems()
+		e.lru = old.lru
+		sb.learnedLRU.MoveToFront(e.lru)
+	} else {
+		e.lru = sb.learnedLRU.PushFront(addr)
+	}
+	sb.learnedElems += e.elems()
 	sb.learned[addr] = e
 	warn := len(victims) > 0 && !sb.learnedFull
 	sb.learnedFull = sb.learnedFull || len(victims) > 0
@@ -977,9 +1002,9 @@ type learnedVictim struct {
 	entry learnedEntry
 }
 
-// evictions forgets the sandbox's expired learned addresses and returns
-// the least recently learned ones that must go for e (the entry addr will
-// have) to fit in Config.LearnedLimit elements. The caller holds m.mu.
+// evictions returns the least recently learned addresses that must go
+// for e, what addr will hold, to fit in Config.LearnedLimit elements.
+// The caller holds m.mu and the sandbox's lock.
 func (m *Manager) evictions(sb *sandbox, addr netip.Addr, e learnedEntry, now time.Time) ([]learnedVictim, error) {
 	limit := m.cfg.LearnedLimit
 	need := e.elems()
@@ -987,30 +1012,19 @@ func (m *Manager) evictions(sb *sandbox, addr netip.Addr, e learnedEntry, now ti
 		return nil, errdefs.Exhausted("learned address %v on %d ports needs %d set elements, more than the sandbox's limit of %d: allow fewer ports for the name",
 			addr, countPorts(e.kports), need, limit)
 	}
-	total := 0
-	var all []learnedVictim
-	for a, le := range sb.learned {
+	used := sb.learnedElems
+	if old, ok := sb.learned[addr]; ok {
+		used -= old.elems()
+	}
+	var out []learnedVictim
+	for el := sb.learnedLRU.Back(); el != nil && used+need > limit; el = el.Prev() {
+		a := el.Value.(netip.Addr)
 		if a == addr {
 			continue
 		}
-		if !now.Before(le.expires) {
-			delete(sb.learned, a) // the kernel lets it expire by itself
-			continue
-		}
-		total += le.elems()
-		all = append(all, learnedVictim{a, le})
-	}
-	if total+need <= limit {
-		return nil, nil
-	}
-	slices.SortFunc(all, func(a, b learnedVictim) int { return a.entry.learned.Compare(b.entry.learned) })
-	var out []learnedVictim
-	for _, v := range all {
-		if total+need <= limit {
-			break
-		}
+		v := learnedVictim{a, sb.learned[a]}
 		out = append(out, v)
-		total -= v.entry.elems()
+		used -= v.entry.elems()
 	}
 	return out, nil
 }

@@ -88,6 +88,9 @@ type layout struct {
 	// each sandbox's log messages, per deny reason.
 	connSet *nftables.Set
 	logSets map[string]*nftables.Set
+	// updatesTimeout: the kernel gives an element added again with
+	// another timeout that timeout, counted from now (probeTimeoutUpdate).
+	updatesTimeout bool
 }
 
 func newLayout(pool netip.Prefix, logGroup uint16, logRate uint64, connLimit uint32) *layout {
@@ -408,18 +411,19 @@ func (l *layout) learnKeys(iface string, addr netip.Addr, ports []PortRange) (*n
 	return sets[sfxLearnPorts], keys
 }
 
-// learn queues a DNS-learned address with a timeout. With refresh, the
-// element is added, deleted and added again so that an existing element
-// gets the new timeout and a missing one does not fail the delete; that
-// costs the commit an RCU grace period (milliseconds), so a new element
-// is only added.
+// learn queues a DNS-learned address with a timeout. With refresh (the
+// kernel may hold it already) the element is added, deleted and added
+// again so that an existing element gets the new timeout and a missing
+// one does not fail the delete; that costs the commit an RCU grace period
+// (milliseconds), so a new element is only added. (A kernel that updates
+// timeouts, see probeTimeoutUpdate, renews an element's expiry only when
+// its timeout changes, or when told the expiry, which google/nftables
+// cannot send.)
 func (l *layout) learn(c *nftables.Conn, iface string, addr netip.Addr, ports []PortRange, ttl time.Duration, refresh bool) error {
 	s, keys := l.learnKeys(iface, addr, ports)
 	add := make([]nftables.SetElement, len(keys))
-	del := make([]nftables.SetElement, len(keys))
 	for i, k := range keys {
 		add[i] = nftables.SetElement{Key: k, Timeout: ttl}
-		del[i] = nftables.SetElement{Key: k}
 	}
 	if err := c.SetAddElements(s, add); err != nil {
 		return err
@@ -427,15 +431,19 @@ func (l *layout) learn(c *nftables.Conn, iface string, addr netip.Addr, ports []
 	if !refresh {
 		return nil
 	}
-	if err := c.SetDeleteElements(s, del); err != nil {
+	if err := c.SetDeleteElements(s, keysOnly(keys)); err != nil {
 		return err
 	}
 	return c.SetAddElements(s, add)
 }
 
 // forget queues the removal of what the kernel may hold for a learned
-// address: each element is added (a no-op if it is there) and deleted,
-// so one the kernel has already expired does not fail the batch.
+// address. A kernel that updates timeouts gets each element again with a
+// timeout of a millisecond: it expires within a jiffy and the kernel's gc
+// frees it later, without the RCU grace period a delete costs the
+// commit. An
+// older one gets each element added (a no-op if it is there) and deleted,
+// so one it has already expired does not fail the batch.
 func (l *layout) forget(c *nftables.Conn, iface string, addr netip.Addr, e learnedEntry) error {
 	var groups [][]PortRange
 	if e.kall {
@@ -447,19 +455,58 @@ func (l *layout) forget(c *nftables.Conn, iface string, addr netip.Addr, e learn
 	for _, ports := range groups {
 		s, keys := l.learnKeys(iface, addr, ports)
 		add := make([]nftables.SetElement, len(keys))
-		del := make([]nftables.SetElement, len(keys))
 		for i, k := range keys {
-			add[i] = nftables.SetElement{Key: k, Timeout: time.Second}
-			del[i] = nftables.SetElement{Key: k}
+			add[i] = nftables.SetElement{Key: k, Timeout: time.Millisecond}
 		}
 		if err := c.SetAddElements(s, add); err != nil {
 			return err
 		}
-		if err := c.SetDeleteElements(s, del); err != nil {
+		if l.updatesTimeout {
+			continue
+		}
+		if err := c.SetDeleteElements(s, keysOnly(keys)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+func keysOnly(keys [][]byte) []nftables.SetElement {
+	out := make([]nftables.SetElement, len(keys))
+	for i, k := range keys {
+		out[i] = nftables.SetElement{Key: k}
+	}
+	return out
+}
+
+// probeTimeoutUpdate reports whether the kernel updates the timeout of a
+// set element that is added again with another one (Linux 6.10 and
+// later), on a scratch set it removes again.
+func (l *layout) probeTimeoutUpdate(newConn func() *nftables.Conn) (bool, error) {
+	s := &nftables.Set{Table: l.table, Name: "probe-timeout", KeyType: nftables.TypeIPAddr, HasTimeout: true}
+	key := []byte{192, 0, 2, 1}
+	defer func() {
+		c := newConn()
+		c.DelSet(s)
+		c.Flush()
+	}()
+	for _, tmo := range []time.Duration{time.Hour, time.Minute} {
+		c := newConn()
+		if err := c.AddSet(s, nil); err != nil {
+			return false, err
+		}
+		if err := c.SetAddElements(s, []nftables.SetElement{{Key: key, Timeout: tmo}}); err != nil {
+			return false, err
+		}
+		if err := c.Flush(); err != nil {
+			return false, fmt.Errorf("probe set element timeouts: %w", err)
+		}
+	}
+	elems, err := newConn().GetSetElements(s)
+	if err != nil {
+		return false, fmt.Errorf("probe set element timeouts: %w", err)
+	}
+	return len(elems) == 1 && elems[0].Timeout == time.Minute, nil
 }
 
 // removeSandbox queues the removal of a sandbox's chain and sets. Objects

@@ -1,6 +1,7 @@
 package network
 
 import (
+	"container/list"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -258,7 +259,7 @@ func inPrefixes(s []netip.Prefix, a netip.Addr) bool {
 type learnedEntry struct {
 	ports   []PortRange // nil: every port
 	expires time.Time
-	learned time.Time // last learned or refreshed, for eviction
+	lru     *list.Element // in sandbox.learnedLRU
 	// What the kernel's sets hold for the address: an element in the
 	// learn set (kall), and TCP and UDP elements in the learnp set for
 	// every port of kports. Both may be held at once.
