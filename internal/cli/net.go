@@ -16,24 +16,35 @@ import (
 	"github.com/nookhq/nook/sdk"
 )
 
-// serveNetFlags are serve's networking flags; all but --network are
-// hidden test switches.
+// serveNetFlags are serve's networking flags; --net-pool and
+// --dns-upstream are hidden test switches.
 type serveNetFlags struct {
-	enabled   bool
-	pool      string
-	upstreams []string
+	enabled        bool
+	pool           string
+	upstreams      []string
+	conntrackLimit int
+	learnedLimit   int
 }
 
 func (f *serveNetFlags) add(c *cobra.Command) {
 	c.Flags().BoolVar(&f.enabled, "network", true, "give every sandbox its own network with an egress policy (false: loopback only)")
 	c.Flags().StringVar(&f.pool, "net-pool", "", "IPv4 prefix sandbox subnets come from (default 10.89.0.0/16)")
 	c.Flags().StringArrayVar(&f.upstreams, "dns-upstream", nil, "resolver ADDR:PORT for allowed DNS queries (default: /etc/resolv.conf)")
+	c.Flags().IntVar(&f.conntrackLimit, "net-conntrack-limit", 4096, "connections one sandbox may have open (tracked) at once; more are refused")
+	c.Flags().IntVar(&f.learnedLimit, "net-learned-limit", 4096, "addresses one sandbox may have learned through DNS at once (an address for some ports counts 2 per port); the least recently learned make room")
 	c.Flags().MarkHidden("net-pool")
 	c.Flags().MarkHidden("dns-upstream")
 }
 
 func (f *serveNetFlags) apply(cfg *daemon.NetConfig) error {
 	cfg.Enabled = f.enabled
+	if f.conntrackLimit < 1 {
+		return fmt.Errorf("--net-conntrack-limit %d: want at least 1", f.conntrackLimit)
+	}
+	if f.learnedLimit < 1 {
+		return fmt.Errorf("--net-learned-limit %d: want at least 1", f.learnedLimit)
+	}
+	cfg.ConntrackLimit, cfg.LearnedLimit = f.conntrackLimit, f.learnedLimit
 	if f.pool != "" {
 		p, err := netip.ParsePrefix(f.pool)
 		if err != nil || !p.Addr().Is4() {

@@ -37,10 +37,24 @@ type NetConfig struct {
 	// DNSUpstreams are the resolvers allowed queries go to; default the
 	// nameservers of /etc/resolv.conf.
 	DNSUpstreams []netip.AddrPort
+	// ConntrackLimit caps each sandbox's tracked connections (0: the
+	// network package's default, 4096); see network.Config.
+	ConntrackLimit int
+	// LearnedLimit caps each sandbox's DNS-learned set elements (0: the
+	// network package's default, 4096); see network.Config.
+	LearnedLimit int
 }
 
 // netLogKeep is how many entries a sandbox's network log keeps.
 const netLogKeep = 1000
+
+// netLogQueue is the size of the queue of log entries waiting for the
+// database, and netLogQueueEach how many of them one sandbox may hold: a
+// sandbox's burst cannot fill the queue for the others.
+const (
+	netLogQueue     = 4096
+	netLogQueueEach = 256
+)
 
 // netState is what the daemon knows of one sandbox's network; it mirrors
 // the sandbox_net record.
@@ -66,10 +80,16 @@ type sandboxNets struct {
 	mu    sync.Mutex
 	state map[string]*netState // sandboxes with a record, by ID
 
-	logc   chan store.NetLogEntry
-	flushc chan chan struct{}
-	stop   chan struct{}
-	done   chan struct{}
+	logc chan store.NetLogEntry
+	// qmu guards queued (entries of each sandbox in logc) and dropped
+	// (entries of each sandbox not queued since its last queued one,
+	// which that one's Suppressed then counts).
+	qmu     sync.Mutex
+	queued  map[string]int
+	dropped map[string]int
+	flushc  chan chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 var _ core.NetHooks = (*sandboxNets)(nil)
@@ -77,11 +97,13 @@ var _ core.NetHooks = (*sandboxNets)(nil)
 func newSandboxNets(ctx context.Context, cfg Config, st *store.Store) (*sandboxNets, error) {
 	n := &sandboxNets{
 		store: st, log: cfg.Log, state: map[string]*netState{},
-		logc: make(chan store.NetLogEntry, 4096), flushc: make(chan chan struct{}),
+		logc: make(chan store.NetLogEntry, netLogQueue), flushc: make(chan chan struct{}),
+		queued: map[string]int{}, dropped: map[string]int{},
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	mgr, err := network.New(ctx, network.Config{
 		Pool: cfg.Net.Pool, NetnsDir: filepath.Join(cfg.RunDir, "netns"), Log: cfg.Log, OnDenied: n.packetDenied,
+		ConntrackLimit: cfg.Net.ConntrackLimit, LearnedLimit: cfg.Net.LearnedLimit,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox networking: %w", err)
@@ -144,6 +166,9 @@ func (n *sandboxNets) Detach(ctx context.Context, id string) error {
 	n.mu.Lock()
 	delete(n.state, id)
 	n.mu.Unlock()
+	n.qmu.Lock()
+	delete(n.dropped, id)
+	n.qmu.Unlock()
 	return n.mgr.Teardown(ctx, id)
 }
 
@@ -331,24 +356,47 @@ func (n *sandboxNets) packetDenied(id string, ev network.Event) {
 }
 
 var denyDetail = map[string]string{
-	network.ReasonSandbox: "another sandbox",
-	network.ReasonBlocked: "always blocked (loopback, link-local and metadata, multicast, reserved)",
-	network.ReasonDNS:     "DNS goes only to the sandbox's own resolver",
-	network.ReasonDenied:  "a deny rule",
-	network.ReasonPrivate: "a private range no allow rule names",
-	network.ReasonPolicy:  "not allowed by the policy (a domain is reachable only after resolving it through nook)",
-	network.ReasonHost:    "the host itself",
-	network.ReasonInbound: "a connection into the sandbox",
-	network.ReasonNotIPv4: "sandboxes have IPv4 only",
+	network.ReasonSandbox:   "another sandbox",
+	network.ReasonBlocked:   "always blocked (loopback, link-local and metadata, multicast, reserved)",
+	network.ReasonDNS:       "DNS goes only to the sandbox's own resolver",
+	network.ReasonDenied:    "a deny rule",
+	network.ReasonPrivate:   "a private range no allow rule names",
+	network.ReasonPolicy:    "not allowed by the policy (a domain is reachable only after resolving it through nook)",
+	network.ReasonHost:      "the host itself",
+	network.ReasonInbound:   "a connection into the sandbox",
+	network.ReasonNotIPv4:   "sandboxes have IPv4 only",
+	network.ReasonConntrack: "conntrack limit: the sandbox has as many connections open as it may (they free up as connections end)",
 }
 
-// record queues a log entry; when the queue is full the entry is dropped
-// rather than slowing down the dataplane.
+// record queues a log entry. When the queue is full, or holds as many of
+// the sandbox's entries as one sandbox may, the entry is dropped rather
+// than slowing down the dataplane, and counted in the Suppressed of the
+// sandbox's next entry that is queued.
 func (n *sandboxNets) record(e store.NetLogEntry) {
-	select {
-	case n.logc <- e:
-	default:
+	id := e.SandboxID
+	n.qmu.Lock()
+	defer n.qmu.Unlock()
+	if n.queued[id] < netLogQueueEach {
+		e.Suppressed += n.dropped[id]
+		select {
+		case n.logc <- e:
+			n.queued[id]++
+			delete(n.dropped, id)
+			return
+		default:
+		}
+		e.Suppressed -= n.dropped[id]
 	}
+	n.dropped[id] += 1 + e.Suppressed
+}
+
+// dequeued counts an entry taken from the queue.
+func (n *sandboxNets) dequeued(e store.NetLogEntry) {
+	n.qmu.Lock()
+	if n.queued[e.SandboxID]--; n.queued[e.SandboxID] <= 0 {
+		delete(n.queued, e.SandboxID)
+	}
+	n.qmu.Unlock()
 }
 
 // writeLog writes queued log entries in batches, one transaction each.
@@ -359,6 +407,7 @@ func (n *sandboxNets) writeLog() {
 		for {
 			select {
 			case e := <-n.logc:
+				n.dequeued(e)
 				batch = append(batch, e)
 				if len(batch) < 512 {
 					continue
@@ -377,6 +426,7 @@ func (n *sandboxNets) writeLog() {
 	for {
 		select {
 		case e := <-n.logc:
+			n.dequeued(e)
 			batch = append(batch, e)
 			drain()
 		case ch := <-n.flushc:

@@ -84,3 +84,24 @@ func BenchmarkAllowLearnedNew(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAllowLearnedAtLimit measures learning new addresses when the
+// sandbox is at its LearnedLimit: each evicts the least recently learned.
+func BenchmarkAllowLearnedAtLimit(b *testing.B) {
+	const limit = 256
+	e := newEnv(b, func(c *Config) { c.LearnedLimit = limit })
+	e.m.log = slog.New(slog.DiscardHandler)
+	ctx := context.Background()
+	e.sandbox("bench-learn")
+	for i := 0; i < limit; i++ {
+		if err := e.m.AllowLearned(ctx, "bench-learn", netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), nil, time.Minute); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := 0; b.Loop(); i++ {
+		a := netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)})
+		if err := e.m.AllowLearned(ctx, "bench-learn", a, nil, time.Minute); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

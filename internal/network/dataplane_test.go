@@ -44,6 +44,8 @@ type env struct {
 	m      *Manager
 	dir    string
 	events chan deniedEvent
+	// resolver pretends to be every sandbox's resolver (TCP port 53).
+	resolver *nettest.Server
 }
 
 type deniedEvent struct {
@@ -51,7 +53,9 @@ type deniedEvent struct {
 	ev Event
 }
 
-func newEnv(t testing.TB) *env {
+// newEnv makes the simulated host and world and a Manager on it; opts
+// change the Manager's configuration.
+func newEnv(t testing.TB, opts ...func(*Config)) *env {
 	t.Helper()
 	nettest.RequireRoot(t)
 	topo := nettest.New(t)
@@ -66,8 +70,8 @@ func newEnv(t testing.TB) *env {
 	// Host services: one on every address, one pretending to be the
 	// resolver on port 53 of every address.
 	nettest.Serve(t, topo.Host, "0.0.0.0:8080", "host")
-	nettest.Serve(t, topo.Host, "0.0.0.0:53", "resolver")
-	m, err := New(context.Background(), Config{
+	e.resolver = nettest.Serve(t, topo.Host, "0.0.0.0:53", "resolver")
+	cfg := Config{
 		NetnsDir:  e.dir,
 		HostNetns: topo.Host,
 		Log:       slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -77,7 +81,11 @@ func newEnv(t testing.TB) *env {
 			default:
 			}
 		},
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	m, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,10 @@
 // 127/8, 169.254/16, 224/4, 240/4), private (10/8, 100.64/10, 172.16/12,
 // 192.168/16), dnsports (tcp/udp 53 and 853), ifaces (every sandbox
 // interface), fwd (interface → goto its chain) and dns (interface .
-// gateway . proto . 53: each sandbox's own resolver).
+// gateway . proto . 53: each sandbox's own resolver). Dynamic sets the
+// kernel fills itself, one element per sandbox interface, so setting up a
+// sandbox never rewrites them: conn-<limit> (a connection count per
+// sandbox) and log-<reason> (a log rate limiter per sandbox and reason).
 //
 //	chain forward (filter, policy accept)
 //	  ct state established,related accept
@@ -38,29 +41,35 @@
 //
 //	chain sb-<iface> (one per sandbox, fixed after setup)
 //	  meta nfproto != ipv4           goto deny-not-ipv4
+//	  ip saddr != <sandbox address>  drop
 //	  ip daddr @pool                 goto deny-sandbox
 //	  ip daddr @blocked              goto deny-blocked
 //	  l4proto . th dport @dnsports   goto deny-dns
 //	  ip daddr @<iface>-deny         goto deny-denied
 //	  ip daddr . l4proto . th dport @<iface>-denyp  goto deny-denied
-//	  ip daddr @<iface>-allow        accept    static CIDRs, any port
-//	  ip daddr . l4proto . th dport @<iface>-allowp accept  CIDR x port ranges
+//	  ip daddr @<iface>-allow        goto admit    static CIDRs, any port
+//	  ip daddr . l4proto . th dport @<iface>-allowp goto admit  CIDR x port ranges
 //	  ip daddr @private              goto deny-private
-//	  ip daddr @<iface>-learn        accept    DNS-learned, with timeouts
-//	  ip daddr . l4proto . th dport @<iface>-learnp accept
-//	  ip daddr @<iface>-public       accept    0.0.0.0/0 when Policy.Public
+//	  ip daddr @<iface>-learn        goto admit    DNS-learned, with timeouts
+//	  ip daddr . l4proto . th dport @<iface>-learnp goto admit
+//	  ip daddr @<iface>-public       goto admit    0.0.0.0/0 when Policy.Public
 //	  goto deny-policy
 //
 //	chain input (filter, policy accept)
 //	  ct state established,related accept      replies to what the host opened (Expose)
-//	  iifname . ip daddr . l4proto . th dport @dns accept
+//	  iifname . ip daddr . l4proto . th dport @dns goto admit
 //	  iifname @ifaces goto deny-host           every host address and port
+//
+//	chain admit (every new connection a sandbox may open)
+//	  add @conn-<limit> { iifname ct count over <limit> } goto deny-conntrack-limit
+//	  accept
 //
 //	chain postrouting (nat)
 //	  ip saddr <pool> oifname != @ifaces masquerade
 //
 //	chain deny-<reason>
-//	  limit rate 50/second log group 100 prefix "nook:<reason>" queue-threshold 1
+//	  update @log-<reason> { iifname timeout 1m limit rate <LogRate>/second burst <2*LogRate> packets }
+//	      log group 100 prefix "nook:<reason>" queue-threshold 1   (oifname for deny-inbound)
 //	  meta l4proto tcp reject with tcp reset
 //	  reject with icmpx admin-prohibited
 //
@@ -78,8 +87,40 @@
 //
 // Refused TCP gets a reset and everything else ICMP "administratively
 // prohibited", so refused connections fail at once. Refusals are logged to
-// NFLOG (Config.LogGroup), rate limited per reason in the kernel and per
-// sandbox in userspace, and delivered to Config.OnDenied.
+// NFLOG (Config.LogGroup) and delivered to Config.OnDenied.
+//
+// # Per-sandbox limits on shared kernel tables
+//
+// No sandbox can use up what the host's sandboxes share:
+//
+//   - Conntrack: a sandbox may have Config.ConntrackLimit connections
+//     tracked at once (4096; its resolver's count too). The count is
+//     nf_conncount's (`ct count`), kept in the sandbox's element of
+//     conn-<limit>, which the kernel drops when the count is 0. TCP in
+//     TIME_WAIT or CLOSE is not counted (those connections have ended, and
+//     the kernel's conntrack gc drops such entries first when the table is
+//     nearly full). A new connection over the limit is refused like any
+//     other denial, with reason "conntrack-limit". The limit is in the
+//     set's name because an element keeps the limit it was made with: a
+//     restart with another limit replaces the set.
+//   - NFLOG: each sandbox has its own kernel log rate limit per reason
+//     (Config.LogRate a second, burst twice that), so one sandbox's flood
+//     cannot crowd out another's denials. The reader keeps no queue: it
+//     hands each message to OnDenied at once, at most EventRate a second
+//     per sandbox, and counts the rest in the next event's Suppressed
+//     (what the kernel's limit dropped is not counted). A socket overflow
+//     (ENOBUFS) is logged.
+//   - Learned addresses: a sandbox holds at most Config.LearnedLimit
+//     learned set elements (4096; an address for every port is one, one
+//     for some ports two per port); a new one that does not fit evicts the
+//     least recently learned (an LRU list, so O(1) per address), in the
+//     same transaction. Where the kernel updates an element's timeout when
+//     it is added again (Linux 6.10 and later, probed by New), an evicted
+//     element gets a timeout of 1 ms, so it expires within a jiffy and the
+//     kernel's gc frees it, without the RCU grace period a delete costs
+//     the commit (on the development machine: 0.13 ms per evicting learn
+//     against 16 ms); older kernels delete it. The
+//     manager's own record of learned addresses is bounded the same way.
 //
 // # The host's other firewalls
 //

@@ -2,6 +2,7 @@ package network
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -57,8 +58,10 @@ type Config struct {
 	HostNetns netns.NsHandle
 	// LogGroup is the NFLOG group denied packets are logged to (100).
 	LogGroup uint16
-	// LogRate caps kernel log messages per deny reason, across all
-	// sandboxes, per second (50); OnDenied is further limited per sandbox.
+	// LogRate caps kernel log messages per second, per sandbox and deny
+	// reason, with a burst of twice as many (10): one sandbox's flood of
+	// denials cannot crowd out another's. OnDenied is further limited per
+	// sandbox (EventRate).
 	LogRate uint64
 	// OnDenied, if set, is called for denied packets, at most EventRate per
 	// second and sandbox. It must not block for long.
@@ -68,6 +71,18 @@ type Config struct {
 	// TapOwner and TapGroup own VM tap devices, so a QEMU running as that
 	// user can open the tap by name (0: root).
 	TapOwner, TapGroup uint32
+	// ConntrackLimit caps the connections one sandbox may have tracked
+	// at once (4096), TCP in states before TIME_WAIT, UDP and ICMP flows
+	// until they time out, its resolver's included: a new connection over
+	// the limit is refused (ReasonConntrack), so no sandbox fills the
+	// host's conntrack table (nf_conntrack_max) for everyone.
+	ConntrackLimit int
+	// LearnedLimit caps the DNS-learned set elements of one sandbox
+	// (4096), and so the kernel's and the manager's memory for them: an
+	// address learned for every port is one element, one learned for some
+	// ports two per port (TCP and UDP). When a new one does not fit, the
+	// least recently learned addresses are evicted.
+	LearnedLimit int
 	// ExposeAddr is the host address exposed ports listen on (127.0.0.1).
 	ExposeAddr netip.Addr
 	// Log receives the manager's logs (slog.Default()).
@@ -85,7 +100,13 @@ func (c *Config) setDefaults() {
 		c.LogGroup = 100
 	}
 	if c.LogRate == 0 {
-		c.LogRate = 50
+		c.LogRate = 10
+	}
+	if c.ConntrackLimit <= 0 {
+		c.ConntrackLimit = 4096
+	}
+	if c.LearnedLimit <= 0 {
+		c.LearnedLimit = 4096
 	}
 	if c.EventRate == 0 {
 		c.EventRate = 10
@@ -144,6 +165,11 @@ type sandbox struct {
 	// SetPolicy has no connections to judge.
 	mayHaveFlows bool
 	learned      map[netip.Addr]learnedEntry
+	// learnedLRU orders learned by when they were last learned, most
+	// recent first; learnedElems counts their kernel set elements.
+	learnedLRU   *list.List
+	learnedElems int
+	learnedFull  bool // the learned-address limit was reached (logged once)
 	exposes      map[uint16]*forwarder
 	events       tokenBucket
 }
@@ -166,7 +192,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg:       cfg,
 		pool:      pool,
-		lay:       newLayout(pool.Prefix(), cfg.LogGroup, cfg.LogRate),
+		lay:       newLayout(pool.Prefix(), cfg.LogGroup, cfg.LogRate, uint32(cfg.ConntrackLimit)),
 		log:       cfg.Log,
 		sandboxes: map[string]*sandbox{},
 		byIndex:   map[int]string{},
@@ -197,11 +223,18 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	c := m.nft()
-	if err := m.lay.installBase(c); err != nil {
+	existing, err := c.GetSets(m.lay.table)
+	if err != nil {
+		existing = nil // no table yet
+	}
+	if err := m.lay.installBase(c, existing); err != nil {
 		return nil, err
 	}
 	if err := c.Flush(); err != nil {
 		return nil, fmt.Errorf("install nftables table inet %s: %w", tableName, err)
+	}
+	if m.lay.updatesTimeout, err = m.lay.probeTimeoutUpdate(m.nft); err != nil {
+		return nil, err
 	}
 	m.warnForwardDrop()
 	if err := os.MkdirAll(cfg.NetnsDir, 0o755); err != nil {
@@ -555,6 +588,7 @@ func (m *Manager) finishSetup(id, iface string, kind Kind, subnet netip.Prefix, 
 		id: id, iface: iface, kind: kind, subnet: subnet, netns: path, ifindex: ifindex,
 		mayHaveFlows: adopted,
 		learned:      map[netip.Addr]learnedEntry{},
+		learnedLRU:   list.New(),
 		exposes:      map[uint16]*forwarder{},
 		events:       tokenBucket{rate: float64(m.cfg.EventRate), burst: float64(2 * m.cfg.EventRate)},
 	}
@@ -810,6 +844,8 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 	sb.mayHaveFlows = true
 	if p.ResetLearned {
 		sb.learned = map[netip.Addr]learnedEntry{}
+		sb.learnedLRU = list.New()
+		sb.learnedElems = 0
 	}
 	learned := make(map[netip.Addr]learnedEntry, len(sb.learned))
 	for k, v := range sb.learned {
@@ -852,6 +888,12 @@ const maxLearnedPorts = 1024
 // never opens a private range (only an allow rule can), the always-blocked
 // ranges or the pool: DNS rebinding cannot reach them. IPv6 addresses are
 // refused with an invalid-argument error (sandboxes have no IPv6).
+//
+// A sandbox holds at most Config.LearnedLimit learned set elements: when
+// addr does not fit, the least recently learned addresses are evicted in
+// the same transaction (new connections to them are refused until they
+// are learned again). An address that alone needs more than the limit is
+// refused (errdefs.ErrResourceExhausted).
 func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, ports []PortRange, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -863,33 +905,67 @@ func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, 
 	if ttl < time.Millisecond {
 		return errdefs.Invalid("learned address %v: ttl %v too short", addr, ttl)
 	}
-	n := 0
 	for _, pr := range ports {
 		if pr.First == 0 || pr.Last < pr.First {
 			return errdefs.Invalid("learned address %v: bad port range %v", addr, pr)
 		}
-		n += int(pr.Last-pr.First) + 1
 	}
-	if n > maxLearnedPorts {
+	ports = mergePorts(ports)
+	if n := countPorts(ports); n > maxLearnedPorts {
 		return errdefs.Invalid("learned address %v: %d ports, at most %d", addr, n, maxLearnedPorts)
 	}
+	// One at a time per sandbox, so that the count below stays true
+	// between the choice of what to evict and the commit.
+	unlock := m.lock(id)
+	defer unlock()
 	sb, err := m.get(id)
 	if err != nil {
 		return err
 	}
+	tmo := ttl.Truncate(time.Millisecond)
+	now := time.Now()
+	m.mu.Lock()
+	old, had := sb.learned[addr]
 	// A new address is only added. One the kernel may already hold gets
 	// its new timeout by delete and add, which costs the commit an RCU
 	// grace period (milliseconds), so not again within learnSlack: a
 	// sandbox resolving one name in a burst pays it once.
-	m.mu.Lock()
-	old, had := sb.learned[addr]
-	now := time.Now()
-	m.mu.Unlock()
-	tmo := ttl.Truncate(time.Millisecond)
 	if had && slices.Equal(old.ports, ports) && !old.expires.Before(now.Add(tmo-learnSlack)) {
+		sb.learnedLRU.MoveToFront(old.lru)
+		m.mu.Unlock()
 		return nil
 	}
+	e := learnedEntry{ports: ports, expires: now.Add(tmo), kall: len(ports) == 0}
+	if !e.kall {
+		e.kports = ports
+	}
+	if had && now.Before(old.expires) {
+		// The kernel holds both entries; remember their union.
+		if len(old.ports) == 0 || len(ports) == 0 {
+			e.ports = nil
+		} else {
+			e.ports = mergePorts(append(slices.Clone(old.ports), ports...))
+		}
+		e.kall = e.kall || old.kall
+		e.kports = mergePorts(append(slices.Clone(old.kports), e.kports...))
+		if old.expires.After(e.expires) {
+			e.expires = old.expires
+		}
+	}
+	victims, err := m.evictions(sb, addr, e, now)
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	c := m.nft()
+	for _, v := range victims {
+		if !now.Before(v.entry.expires) {
+			continue // the kernel has let it expire
+		}
+		if err := m.lay.forget(c, sb.iface, v.addr, v.entry); err != nil {
+			return err
+		}
+	}
 	if err := m.lay.learn(c, sb.iface, addr, ports, tmo, had); err != nil {
 		return err
 	}
@@ -897,26 +973,60 @@ func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, 
 		return fmt.Errorf("learn %v for %s: %w", addr, id, err)
 	}
 	m.mu.Lock()
-	e := learnedEntry{ports: ports, expires: now.Add(tmo)}
-	if old, ok := sb.learned[addr]; ok && now.Before(old.expires) {
-		// The kernel holds both entries; remember their union.
-		if len(old.ports) == 0 || len(ports) == 0 {
-			e.ports = nil
-		} else {
-			e.ports = append(slices.Clone(old.ports), ports...)
-		}
-		if old.expires.After(e.expires) {
-			e.expires = old.expires
-		}
+	for _, v := range victims {
+		sb.learnedLRU.Remove(v.entry.lru)
+		sb.learnedElems -= v.entry.elems()
+		delete(sb.learned, v.addr)
 	}
+	if old, ok := sb.learned[addr]; ok {
+		sb.learnedElems -= old.elems()
+		e.lru = old.lru
+		sb.learnedLRU.MoveToFront(e.lru)
+	} else {
+		e.lru = sb.learnedLRU.PushFront(addr)
+	}
+	sb.learnedElems += e.elems()
 	sb.learned[addr] = e
-	for a, e := range sb.learned {
-		if now.After(e.expires) {
-			delete(sb.learned, a)
-		}
-	}
+	warn := len(victims) > 0 && !sb.learnedFull
+	sb.learnedFull = sb.learnedFull || len(victims) > 0
 	m.mu.Unlock()
+	if warn {
+		m.log.WarnContext(ctx, "network: sandbox reached its limit of learned addresses; evicting the least recently learned",
+			"sandbox", id, "limit", m.cfg.LearnedLimit)
+	}
 	return nil
+}
+
+type learnedVictim struct {
+	addr  netip.Addr
+	entry learnedEntry
+}
+
+// evictions returns the least recently learned addresses that must go
+// for e, what addr will hold, to fit in Config.LearnedLimit elements.
+// The caller holds m.mu and the sandbox's lock.
+func (m *Manager) evictions(sb *sandbox, addr netip.Addr, e learnedEntry, now time.Time) ([]learnedVictim, error) {
+	limit := m.cfg.LearnedLimit
+	need := e.elems()
+	if need > limit {
+		return nil, errdefs.Exhausted("learned address %v on %d ports needs %d set elements, more than the sandbox's limit of %d: allow fewer ports for the name",
+			addr, countPorts(e.kports), need, limit)
+	}
+	used := sb.learnedElems
+	if old, ok := sb.learned[addr]; ok {
+		used -= old.elems()
+	}
+	var out []learnedVictim
+	for el := sb.learnedLRU.Back(); el != nil && used+need > limit; el = el.Prev() {
+		a := el.Value.(netip.Addr)
+		if a == addr {
+			continue
+		}
+		v := learnedVictim{a, sb.learned[a]}
+		out = append(out, v)
+		used -= v.entry.elems()
+	}
+	return out, nil
 }
 
 // flushConntrack deletes the conntrack entries match selects. Errors are

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	nflog "github.com/florianl/go-nflog/v2"
+	"golang.org/x/sys/unix"
 )
 
 // Event is one denied packet.
@@ -18,8 +19,10 @@ type Event struct {
 	Dst   netip.AddrPort // port 0 for protocols without ports
 	// Reason is one of the Reason* constants.
 	Reason string
-	// Suppressed counts the events of this sandbox dropped by the rate
-	// limit since the previous one that was delivered.
+	// Suppressed counts the events of this sandbox dropped by the
+	// userspace rate limit (EventRate) since the previous one that was
+	// delivered; those the kernel's limit (LogRate) dropped are not
+	// counted.
 	Suppressed int
 }
 
@@ -46,9 +49,25 @@ func (m *Manager) startLog(ctx context.Context) error {
 		m.handleLog(a)
 		return 0
 	}
+	// A larger socket buffer rides out bursts from many sandboxes at once
+	// (best effort: the default is about 200 KiB, some 1000 messages).
+	if err := nf.Con.SetReadBuffer(logReadBuffer); err != nil {
+		m.log.Debug("network: denied-packet log buffer", "err", err)
+	}
+	var lastOverflow time.Time
 	errFn := func(err error) int {
 		if ctx.Err() != nil {
 			return 1
+		}
+		if errors.Is(err, unix.ENOBUFS) {
+			// The kernel dropped messages the reader was too slow for;
+			// which sandboxes they were from is unknown. Say so at most
+			// once a minute.
+			if time.Since(lastOverflow) > time.Minute {
+				lastOverflow = time.Now()
+				m.log.Warn("network: denied-packet log overflowed: some denials were not logged")
+			}
+			return 0
 		}
 		m.log.Warn("network: reading denied-packet log", "err", err)
 		return 0
@@ -65,6 +84,9 @@ func (m *Manager) startLog(ctx context.Context) error {
 	}()
 	return nil
 }
+
+// logReadBuffer is the NFLOG socket's receive buffer.
+const logReadBuffer = 4 << 20
 
 type nopLogger struct{}
 

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/google/nftables"
@@ -20,6 +21,7 @@ const (
 	chainForward     = "forward"
 	chainInput       = "input"
 	chainPostrouting = "postrouting"
+	chainAdmit       = "admit" // every accepted new connection: the conntrack limit
 	denyChainPrefix  = "deny-"
 	sandboxChainPfx  = "sb-"
 
@@ -30,6 +32,17 @@ const (
 	setIfaces   = "ifaces"   // ifname: every sandbox interface
 	setFwd      = "fwd"      // ifname : verdict, goto the sandbox chain
 	setDNS      = "dns"      // ifname . ipv4_addr . inet_proto . inet_service: own resolver
+
+	// Dynamic sets the kernel fills itself, one element per sandbox
+	// interface, so setting up a sandbox writes nothing to them.
+	setConnPrefix = "conn-" // ifname, ct count: "conn-<limit>"
+	setLogPrefix  = "log-"  // ifname, limit rate: "log-<reason>"
+	// dynSetSize bounds the dynamic sets; more interfaces than the pool
+	// can hold sandboxes (16384 for a /16) never reach them.
+	dynSetSize = 65535
+	// logIdle is how long a sandbox's log rate limiter lives after its
+	// last denial.
+	logIdle = time.Minute
 
 	// Per-sandbox set suffixes; the set name is the interface name plus one.
 	sfxAllow      = "-allow"  // ipv4_addr interval
@@ -49,7 +62,7 @@ var (
 	typeAddrProtoPort = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
 	typeIfDNS         = nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
 
-	denyReasons = []string{ReasonSandbox, ReasonBlocked, ReasonDNS, ReasonDenied, ReasonPrivate, ReasonPolicy, ReasonHost, ReasonInbound, ReasonNotIPv4}
+	denyReasons = []string{ReasonSandbox, ReasonBlocked, ReasonDNS, ReasonDenied, ReasonPrivate, ReasonPolicy, ReasonHost, ReasonInbound, ReasonNotIPv4, ReasonConntrack}
 )
 
 // Register numbers: 1 is the 16-byte register that also holds the 32-bit
@@ -68,13 +81,30 @@ type layout struct {
 	table      *nftables.Table
 	logGroup   uint16
 	logRate    uint64
+	connLimit  uint32
 	pool       netip.Prefix
 	sharedSets map[string]*nftables.Set
+	// connSet counts each sandbox's tracked connections; logSets limit
+	// each sandbox's log messages, per deny reason.
+	connSet *nftables.Set
+	logSets map[string]*nftables.Set
+	// updatesTimeout: the kernel gives an element added again with
+	// another timeout that timeout, counted from now (probeTimeoutUpdate).
+	updatesTimeout bool
 }
 
-func newLayout(pool netip.Prefix, logGroup uint16, logRate uint64) *layout {
+func newLayout(pool netip.Prefix, logGroup uint16, logRate uint64, connLimit uint32) *layout {
 	t := &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}
-	l := &layout{table: t, logGroup: logGroup, logRate: logRate, pool: pool}
+	l := &layout{table: t, logGroup: logGroup, logRate: logRate, connLimit: connLimit, pool: pool}
+	// The limit is in the name: an element keeps the limit it was made
+	// with, so a new limit needs a new set (installBase removes the old).
+	l.connSet = &nftables.Set{Table: t, Name: fmt.Sprintf("%s%d", setConnPrefix, connLimit), KeyType: nftables.TypeIFName,
+		KeyByteOrder: binaryutil.NativeEndian, Dynamic: true, Size: dynSetSize}
+	l.logSets = map[string]*nftables.Set{}
+	for _, r := range denyReasons {
+		l.logSets[r] = &nftables.Set{Table: t, Name: setLogPrefix + r, KeyType: nftables.TypeIFName,
+			KeyByteOrder: binaryutil.NativeEndian, Dynamic: true, HasTimeout: true, Size: dynSetSize}
+	}
 	l.sharedSets = map[string]*nftables.Set{
 		setPool:     {Table: t, Name: setPool, KeyType: nftables.TypeIPAddr, Interval: true},
 		setBlocked:  {Table: t, Name: setBlocked, KeyType: nftables.TypeIPAddr, Interval: true},
@@ -115,8 +145,9 @@ var sandboxSetOrder = []string{sfxAllow, sfxAllowPorts, sfxDeny, sfxDenyPorts, s
 
 // installBase queues the table, base chains, deny chains and shared sets.
 // It is idempotent: existing objects are kept, base chains are flushed and
-// refilled, and the per-sandbox sets and chains are left alone.
-func (l *layout) installBase(c *nftables.Conn) error {
+// refilled, and the per-sandbox sets and chains are left alone. existing
+// are the table's sets now: connection-count sets of another limit go.
+func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set) error {
 	c.AddTable(l.table)
 	fwd := c.AddChain(l.baseChain(chainForward, nftables.ChainHookForward, nftables.ChainPriorityFilter, nftables.ChainTypeFilter))
 	in := c.AddChain(l.baseChain(chainInput, nftables.ChainHookInput, nftables.ChainPriorityFilter, nftables.ChainTypeFilter))
@@ -149,8 +180,24 @@ func (l *layout) installBase(c *nftables.Conn) error {
 	for _, r := range denyReasons {
 		ch := c.AddChain(l.chain(denyChainPrefix + r))
 		c.FlushChain(ch)
+		// Log at most logRate a second per sandbox and reason: the limit
+		// lives in an element of the reason's set keyed by the sandbox's
+		// interface, which the kernel makes on the sandbox's first denial
+		// and drops logIdle after its last. One sandbox's flood uses up
+		// only its own limit.
+		ls := l.logSets[r]
+		if err := c.AddSet(ls, nil); err != nil {
+			return fmt.Errorf("add set %s: %w", ls.Name, err)
+		}
+		c.FlushSet(ls)
+		key := expr.MetaKeyIIFNAME
+		if r == ReasonInbound {
+			key = expr.MetaKeyOIFNAME // the sandbox is where it was going
+		}
 		c.AddRule(&nftables.Rule{Table: l.table, Chain: ch, Exprs: []expr.Any{
-			&expr.Limit{Type: expr.LimitTypePkts, Rate: l.logRate, Unit: expr.LimitTimeSecond, Burst: uint32(2 * l.logRate)},
+			&expr.Meta{Key: key, Register: reg1},
+			&expr.Dynset{SrcRegKey: reg1, SetName: ls.Name, SetID: ls.ID, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: logIdle,
+				Exprs: []expr.Any{&expr.Limit{Type: expr.LimitTypePkts, Rate: l.logRate, Unit: expr.LimitTimeSecond, Burst: uint32(2 * l.logRate)}}},
 			&expr.Log{
 				Key:     1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_SNAPLEN | 1<<unix.NFTA_LOG_QTHRESHOLD,
 				Group:   l.logGroup,
@@ -172,6 +219,28 @@ func (l *layout) installBase(c *nftables.Conn) error {
 		c.AddRule(&nftables.Rule{Table: l.table, Chain: ch, Exprs: []expr.Any{
 			&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED},
 		}})
+	}
+
+	// admit: every new connection a sandbox may open passes here, and is
+	// refused when the sandbox already has connLimit tracked connections.
+	// The count lives in an element of connSet keyed by the sandbox's
+	// interface (the kernel makes it, and drops it when the count is 0).
+	if err := c.AddSet(l.connSet, nil); err != nil {
+		return fmt.Errorf("add set %s: %w", l.connSet.Name, err)
+	}
+	admit := c.AddChain(l.chain(chainAdmit))
+	c.FlushChain(admit)
+	c.AddRule(&nftables.Rule{Table: l.table, Chain: admit, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+		&expr.Dynset{SrcRegKey: reg1, SetName: l.connSet.Name, SetID: l.connSet.ID, Operation: unix.NFT_DYNSET_OP_ADD,
+			Exprs: []expr.Any{&expr.Connlimit{Count: l.connLimit, Flags: expr.NFT_CONNLIMIT_F_INV}}},
+		gotoChain(denyChainPrefix + ReasonConntrack),
+	}})
+	c.AddRule(&nftables.Rule{Table: l.table, Chain: admit, Exprs: accept()})
+	for _, s := range existing {
+		if strings.HasPrefix(s.Name, setConnPrefix) && s.Name != l.connSet.Name {
+			c.DelSet(s) // its only rule went with the flush of admit
+		}
 	}
 
 	ifaces, fwdMap, dns := l.sharedSets[setIfaces], l.sharedSets[setFwd], l.sharedSets[setDNS]
@@ -197,7 +266,7 @@ func (l *layout) installBase(c *nftables.Conn) error {
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32_5},
 			dport(reg32_6),
 			&expr.Lookup{SourceRegister: reg1, SetName: dns.Name, SetID: dns.ID},
-		}, accept())},
+		}, admitted())},
 		{in, cat(metaIn(expr.MetaKeyIIFNAME, ifaces), denyTo(ReasonHost))},
 		// postrouting: masquerade the pool when it leaves by a non-sandbox
 		// interface.
@@ -282,12 +351,12 @@ func (l *layout) sandboxRules(ch *nftables.Chain, sets map[string]*nftables.Set,
 		},
 		cat(lookupAddr(sets[sfxDeny]), denyTo(ReasonDenied)),
 		cat(lookupAddrPort(sets[sfxDenyPorts]), denyTo(ReasonDenied)),
-		cat(lookupAddr(sets[sfxAllow]), accept()),
-		cat(lookupAddrPort(sets[sfxAllowPorts]), accept()),
+		cat(lookupAddr(sets[sfxAllow]), admitted()),
+		cat(lookupAddrPort(sets[sfxAllowPorts]), admitted()),
 		cat(lookupAddr(l.sharedSets[setPrivate]), denyTo(ReasonPrivate)),
-		cat(lookupAddr(sets[sfxLearn]), accept()),
-		cat(lookupAddrPort(sets[sfxLearnPorts]), accept()),
-		cat(lookupAddr(sets[sfxPublic]), accept()),
+		cat(lookupAddr(sets[sfxLearn]), admitted()),
+		cat(lookupAddrPort(sets[sfxLearnPorts]), admitted()),
+		cat(lookupAddr(sets[sfxPublic]), admitted()),
 		denyTo(ReasonPolicy),
 	}
 	rules := make([]*nftables.Rule, len(exprs))
@@ -324,33 +393,37 @@ func (l *layout) applyPolicy(c *nftables.Conn, iface string, p *compiled, resetL
 	return nil
 }
 
-// learn queues a DNS-learned address with a timeout. With refresh, the
-// element is added, deleted and added again so that an existing element
-// gets the new timeout and a missing one does not fail the delete; that
-// costs the commit an RCU grace period (milliseconds), so a new element
-// is only added.
-func (l *layout) learn(c *nftables.Conn, iface string, addr netip.Addr, ports []PortRange, ttl time.Duration, refresh bool) error {
+// learnKeys returns the set and keys that let a sandbox reach addr on
+// ports (every port when empty).
+func (l *layout) learnKeys(iface string, addr netip.Addr, ports []PortRange) (*nftables.Set, [][]byte) {
 	sets := l.sandboxSets(iface)
-	var s *nftables.Set
-	var keys [][]byte
 	if len(ports) == 0 {
-		s = sets[sfxLearn]
-		keys = [][]byte{addrKey(addr)}
-	} else {
-		s = sets[sfxLearnPorts]
-		for _, pr := range ports {
-			for p := uint32(pr.First); p <= uint32(pr.Last); p++ {
-				for _, proto := range []uint8{protoTCP, protoUDP} {
-					keys = append(keys, cat(addrKey(addr), protoKey(proto), portKey(uint16(p))))
-				}
+		return sets[sfxLearn], [][]byte{addrKey(addr)}
+	}
+	var keys [][]byte
+	for _, pr := range ports {
+		for p := uint32(pr.First); p <= uint32(pr.Last); p++ {
+			for _, proto := range []uint8{protoTCP, protoUDP} {
+				keys = append(keys, cat(addrKey(addr), protoKey(proto), portKey(uint16(p))))
 			}
 		}
 	}
+	return sets[sfxLearnPorts], keys
+}
+
+// learn queues a DNS-learned address with a timeout. With refresh (the
+// kernel may hold it already) the element is added, deleted and added
+// again so that an existing element gets the new timeout and a missing
+// one does not fail the delete; that costs the commit an RCU grace period
+// (milliseconds), so a new element is only added. (A kernel that updates
+// timeouts, see probeTimeoutUpdate, renews an element's expiry only when
+// its timeout changes, or when told the expiry, which google/nftables
+// cannot send.)
+func (l *layout) learn(c *nftables.Conn, iface string, addr netip.Addr, ports []PortRange, ttl time.Duration, refresh bool) error {
+	s, keys := l.learnKeys(iface, addr, ports)
 	add := make([]nftables.SetElement, len(keys))
-	del := make([]nftables.SetElement, len(keys))
 	for i, k := range keys {
 		add[i] = nftables.SetElement{Key: k, Timeout: ttl}
-		del[i] = nftables.SetElement{Key: k}
 	}
 	if err := c.SetAddElements(s, add); err != nil {
 		return err
@@ -358,10 +431,82 @@ func (l *layout) learn(c *nftables.Conn, iface string, addr netip.Addr, ports []
 	if !refresh {
 		return nil
 	}
-	if err := c.SetDeleteElements(s, del); err != nil {
+	if err := c.SetDeleteElements(s, keysOnly(keys)); err != nil {
 		return err
 	}
 	return c.SetAddElements(s, add)
+}
+
+// forget queues the removal of what the kernel may hold for a learned
+// address. A kernel that updates timeouts gets each element again with a
+// timeout of a millisecond: it expires within a jiffy and the kernel's gc
+// frees it later, without the RCU grace period a delete costs the
+// commit. An
+// older one gets each element added (a no-op if it is there) and deleted,
+// so one it has already expired does not fail the batch.
+func (l *layout) forget(c *nftables.Conn, iface string, addr netip.Addr, e learnedEntry) error {
+	var groups [][]PortRange
+	if e.kall {
+		groups = append(groups, nil)
+	}
+	if len(e.kports) > 0 {
+		groups = append(groups, e.kports)
+	}
+	for _, ports := range groups {
+		s, keys := l.learnKeys(iface, addr, ports)
+		add := make([]nftables.SetElement, len(keys))
+		for i, k := range keys {
+			add[i] = nftables.SetElement{Key: k, Timeout: time.Millisecond}
+		}
+		if err := c.SetAddElements(s, add); err != nil {
+			return err
+		}
+		if l.updatesTimeout {
+			continue
+		}
+		if err := c.SetDeleteElements(s, keysOnly(keys)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func keysOnly(keys [][]byte) []nftables.SetElement {
+	out := make([]nftables.SetElement, len(keys))
+	for i, k := range keys {
+		out[i] = nftables.SetElement{Key: k}
+	}
+	return out
+}
+
+// probeTimeoutUpdate reports whether the kernel updates the timeout of a
+// set element that is added again with another one (Linux 6.10 and
+// later), on a scratch set it removes again.
+func (l *layout) probeTimeoutUpdate(newConn func() *nftables.Conn) (bool, error) {
+	s := &nftables.Set{Table: l.table, Name: "probe-timeout", KeyType: nftables.TypeIPAddr, HasTimeout: true}
+	key := []byte{192, 0, 2, 1}
+	defer func() {
+		c := newConn()
+		c.DelSet(s)
+		c.Flush()
+	}()
+	for _, tmo := range []time.Duration{time.Hour, time.Minute} {
+		c := newConn()
+		if err := c.AddSet(s, nil); err != nil {
+			return false, err
+		}
+		if err := c.SetAddElements(s, []nftables.SetElement{{Key: key, Timeout: tmo}}); err != nil {
+			return false, err
+		}
+		if err := c.Flush(); err != nil {
+			return false, fmt.Errorf("probe set element timeouts: %w", err)
+		}
+	}
+	elems, err := newConn().GetSetElements(s)
+	if err != nil {
+		return false, fmt.Errorf("probe set element timeouts: %w", err)
+	}
+	return len(elems) == 1 && elems[0].Timeout == time.Minute, nil
 }
 
 // removeSandbox queues the removal of a sandbox's chain and sets. Objects
@@ -394,6 +539,9 @@ func cat[T any](parts ...[]T) []T {
 
 func accept() []expr.Any { return []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}} }
 func drop() []expr.Any   { return []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}} }
+
+// admitted accepts a new connection within the sandbox's connection limit.
+func admitted() []expr.Any { return []expr.Any{gotoChain(chainAdmit)} }
 
 func denyTo(reason string) []expr.Any { return []expr.Any{gotoChain(denyChainPrefix + reason)} }
 

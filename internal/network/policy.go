@@ -1,6 +1,7 @@
 package network
 
 import (
+	"container/list"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -253,24 +254,71 @@ func inPrefixes(s []netip.Prefix, a netip.Addr) bool {
 }
 
 // learnedEntry is a DNS-learned address as the manager remembers it, to
-// judge existing connections when the policy changes.
+// judge existing connections when the policy changes and to bound what
+// the kernel holds.
 type learnedEntry struct {
-	ports   []PortRange
+	ports   []PortRange // nil: every port
 	expires time.Time
+	lru     *list.Element // in sandbox.learnedLRU
+	// What the kernel's sets hold for the address: an element in the
+	// learn set (kall), and TCP and UDP elements in the learnp set for
+	// every port of kports. Both may be held at once.
+	kall   bool
+	kports []PortRange
+}
+
+// elems is the number of kernel set elements the entry holds.
+func (e learnedEntry) elems() int {
+	n := 2 * countPorts(e.kports)
+	if e.kall {
+		n++
+	}
+	return n
+}
+
+// mergePorts sorts port ranges and merges overlapping and adjacent ones;
+// nil stays nil.
+func mergePorts(ps []PortRange) []PortRange {
+	if len(ps) == 0 {
+		return nil
+	}
+	s := slices.Clone(ps)
+	slices.SortFunc(s, func(a, b PortRange) int { return int(a.First) - int(b.First) })
+	out := []PortRange{s[0]}
+	for _, p := range s[1:] {
+		last := &out[len(out)-1]
+		if uint32(p.First) <= uint32(last.Last)+1 {
+			last.Last = max(last.Last, p.Last)
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func countPorts(ps []PortRange) int {
+	n := 0
+	for _, p := range ps {
+		n += int(p.Last-p.First) + 1
+	}
+	return n
 }
 
 // Deny reasons, as reported in Event.Reason and in the kernel log prefix.
 const (
-	ReasonSandbox  = "sandbox"  // another sandbox (the address pool)
-	ReasonBlocked  = "blocked"  // always blocked: loopback, link-local and metadata, multicast, reserved
-	ReasonDNS      = "dns"      // DNS or DNS over TLS to anything but the sandbox's resolver
-	ReasonDenied   = "denied"   // a deny rule
-	ReasonPrivate  = "private"  // a private range no allow rule names
-	ReasonPolicy   = "policy"   // not allowed by the policy
-	ReasonHost     = "host"     // the host itself
-	ReasonInbound  = "inbound"  // a new connection into a sandbox from outside
-	ReasonNotIPv4  = "not-ipv4" // IPv6 or another non-IPv4 protocol
-	reasonAccepted = ""
+	ReasonSandbox = "sandbox"  // another sandbox (the address pool)
+	ReasonBlocked = "blocked"  // always blocked: loopback, link-local and metadata, multicast, reserved
+	ReasonDNS     = "dns"      // DNS or DNS over TLS to anything but the sandbox's resolver
+	ReasonDenied  = "denied"   // a deny rule
+	ReasonPrivate = "private"  // a private range no allow rule names
+	ReasonPolicy  = "policy"   // not allowed by the policy
+	ReasonHost    = "host"     // the host itself
+	ReasonInbound = "inbound"  // a new connection into a sandbox from outside
+	ReasonNotIPv4 = "not-ipv4" // IPv6 or another non-IPv4 protocol
+	// ReasonConntrack: the sandbox already has Config.ConntrackLimit
+	// connections tracked; a new one must wait for one to end.
+	ReasonConntrack = "conntrack-limit"
+	reasonAccepted  = ""
 )
 
 // verdict mirrors the kernel's per-sandbox forward chain in userspace. It

@@ -219,11 +219,14 @@ func serve(t testing.TB, ns netns.NsHandle, addr string, handle func(net.Conn)) 
 			}()
 		}
 	}()
-	t.Cleanup(func() {
-		ln.Close()
-		s.wg.Wait()
-	})
+	t.Cleanup(s.Close)
 	return s
+}
+
+// Close stops the server and waits for its connections to end.
+func (s *Server) Close() {
+	s.ln.Close()
+	s.wg.Wait()
 }
 
 // DialNS connects to addr from namespace ns.
