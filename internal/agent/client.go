@@ -223,8 +223,12 @@ func (c *Client) requestWait(ctx context.Context, req Request, reply any, w wait
 		if ctx.Err() != nil {
 			return nil, nil, ctx.Err()
 		}
+		var na *NoAnswerError
+		if errors.As(err, &na) {
+			return nil, nil, na
+		}
 		if errors.Is(err, yamux.ErrTimeout) {
-			err = &NoAnswerError{After: c.timeout}
+			return nil, nil, &NoAnswerError{After: c.timeout}
 		}
 		return nil, nil, fmt.Errorf("sandbox agent: %w", err)
 	}
