@@ -25,7 +25,8 @@ type Dialer func(ctx context.Context) (net.Conn, error)
 // sends (see hostile.go): frames are bounded, listings stop at their cap,
 // a stream or a ping the agent opens ends the session, and every wait
 // for the agent is bounded by the answer timeout. A request's first
-// answer (and the whole answer of a quick op) must come within it; while
+// answer (and the whole answer of a quick op) must come within it (a
+// remove or a move, which may take long, get 20 times as long); while
 // a stream is open, a quiet stream (a command that prints nothing) is
 // fine as long as the agent answers the session's pings within it. An
 // agent that does not (its PID 1 stopped or traced) fails every waiting
@@ -186,9 +187,12 @@ const (
 	// quick: the answer is due within the answer timeout.
 	quick wait = iota
 	// patient: the op may take long (a recursive remove, a move that
-	// copies); it waits as long as the agent answers the session's pings.
+	// copies); it waits patientFactor answer timeouts (10 minutes by
+	// default), and only as long as the agent answers the session's pings.
 	patient
 )
+
+const patientFactor = 20
 
 // request opens a stream, sends req and reads the first reply frame into reply.
 func (c *Client) request(ctx context.Context, req Request, reply any) (net.Conn, *api.FrameReader, error) {
@@ -206,9 +210,11 @@ func (c *Client) requestWait(ctx context.Context, req Request, reply any, w wait
 	// The request itself must get through in time (a wedged agent
 	// leaves its window shut), and a quick op's answer too.
 	st.SetWriteDeadline(time.Now().Add(c.timeout))
-	if w == quick {
-		st.SetReadDeadline(time.Now().Add(c.timeout))
+	answerBy := c.timeout
+	if w == patient {
+		answerBy *= patientFactor
 	}
+	st.SetReadDeadline(time.Now().Add(answerBy))
 	err = api.WriteFrame(st, api.FrameJSON, b)
 	var kind byte
 	var p []byte
@@ -228,7 +234,7 @@ func (c *Client) requestWait(ctx context.Context, req Request, reply any, w wait
 			return nil, nil, na
 		}
 		if errors.Is(err, yamux.ErrTimeout) {
-			return nil, nil, &NoAnswerError{After: c.timeout}
+			return nil, nil, &NoAnswerError{After: answerBy}
 		}
 		return nil, nil, fmt.Errorf("sandbox agent: %w", err)
 	}

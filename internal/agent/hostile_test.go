@@ -641,12 +641,18 @@ func TestEscapeAgentWedgedNoAnswer(t *testing.T) {
 			t.Fatalf("%s: failed before the timeout: %v", what, err)
 		}
 	}
-	// A remove may take long: it waits while the agent answers pings,
-	// until ctx ends.
+	// A remove may take long: it waits 20 timeouts (while the agent
+	// answers pings), or until ctx ends.
 	cctx, cancel := context.WithTimeout(ctx, 3*wedgeTimeout)
 	defer cancel()
 	if err := c.Remove(cctx, "/big", true); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("remove: %v", err)
+	}
+	start := time.Now()
+	err := c.Remove(ctx, "/big", true)
+	var na *NoAnswerError
+	if took := time.Since(start); !errors.As(err, &na) || na.After != patientFactor*wedgeTimeout || took < na.After || took > na.After+5*time.Second {
+		t.Fatalf("remove after %s: %v", took, err)
 	}
 }
 
