@@ -45,6 +45,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 20s ./internal/agent
 	$(GO) test -run '^$$' -fuzz FuzzFileRequest -fuzztime 10s ./internal/agent
 	$(GO) test -run '^$$' -fuzz FuzzExtract -fuzztime 30s -fuzzminimizetime 3s ./internal/agent/safetar
+	$(GO) test -run '^$$' -fuzz FuzzAgentFrameGuard -fuzztime 10s ./internal/agent
+	$(GO) test -run '^$$' -fuzz FuzzAgentReplies -fuzztime 10s ./internal/agent
+	$(GO) test -run '^$$' -fuzz FuzzExtract -fuzztime 30s ./internal/agent/safetar
 	$(GO) test -run '^$$' -fuzz FuzzParseSize -fuzztime 10s ./internal/core
 	$(GO) test -run '^$$' -fuzz FuzzParseDuration -fuzztime 10s ./internal/core
 	$(GO) test -run '^$$' -fuzz FuzzParseQMP -fuzztime 10s ./internal/backend/vm

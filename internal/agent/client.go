@@ -20,19 +20,46 @@ type Dialer func(ctx context.Context) (net.Conn, error)
 // Client is the daemon side of the protocol for one sandbox. It keeps one
 // yamux session and dials again when the session is gone (the agent
 // restarted, or the daemon did).
+//
+// The agent runs inside the sandbox, so the client trusts nothing it
+// sends (see hostile.go): frames are bounded, listings stop at their cap,
+// a stream or a ping the agent opens ends the session, and every wait
+// for the agent is bounded by the answer timeout. A request's first
+// answer (and the whole answer of a quick op) must come within it (a
+// remove or a move, which may take long, get 20 times as long); while
+// a stream is open, a quiet stream (a command that prints nothing) is
+// fine as long as the agent answers the session's pings within it. An
+// agent that does not (its PID 1 stopped or traced) fails every waiting
+// call with a *NoAnswerError and its session is closed.
 type Client struct {
-	dial Dialer
+	dial    Dialer
+	timeout time.Duration // the answer timeout; see SetAnswerTimeout
 
 	mu   sync.Mutex
-	sess *yamux.Session
+	sess *clientSession
 	hold chan struct{} // closed when a Quiesce is released; new requests wait for it
 	// opening counts streams being opened (not yet in NumStreams), which
 	// a Quiesce must not cut off either.
 	opening int
 }
 
+// DefaultAnswerTimeout is how long the agent may take to answer a
+// request or a ping before the call fails with a *NoAnswerError.
+const DefaultAnswerTimeout = 30 * time.Second
+
 // NewClient returns a Client that dials with d on first use.
-func NewClient(d Dialer) *Client { return &Client{dial: d} }
+func NewClient(d Dialer) *Client { return &Client{dial: d, timeout: DefaultAnswerTimeout} }
+
+// SetAnswerTimeout sets how long the agent may take to answer (see
+// Client); d <= 0 restores DefaultAnswerTimeout. Call it before the
+// first request.
+func (c *Client) SetAnswerTimeout(d time.Duration) *Client {
+	if d <= 0 {
+		d = DefaultAnswerTimeout
+	}
+	c.timeout = d
+	return c
+}
 
 // Close closes the session; running execs are cut off.
 func (c *Client) Close() error {
@@ -92,6 +119,22 @@ type AgentError struct {
 
 func (e *AgentError) Error() string { return e.Message }
 
+// NoAnswerError reports an agent that did not answer in time: a request
+// it left unanswered, or a session that stopped answering pings.
+type NoAnswerError struct {
+	After time.Duration
+}
+
+func (e *NoAnswerError) Error() string {
+	return fmt.Sprintf("the sandbox agent did not answer within %s (is the sandbox's PID 1 stopped or traced?)", e.After)
+}
+
+// Timeout reports true: a NoAnswerError is a timeout (net.Error).
+func (e *NoAnswerError) Timeout() bool { return true }
+
+// Temporary reports true: the agent may answer again (net.Error).
+func (e *NoAnswerError) Temporary() bool { return true }
+
 func (c *Client) open(ctx context.Context) (net.Conn, error) {
 	for attempt := 0; attempt < 2; attempt++ {
 		c.mu.Lock()
@@ -111,7 +154,7 @@ func (c *Client) open(ctx context.Context) (net.Conn, error) {
 				c.mu.Unlock()
 				return nil, fmt.Errorf("connect to sandbox agent: %w", err)
 			}
-			sess, err := yamux.Client(conn, yamuxConfig())
+			sess, err := newSession(conn, c.timeout)
 			if err != nil {
 				conn.Close()
 				c.mu.Unlock()
@@ -127,15 +170,36 @@ func (c *Client) open(ctx context.Context) (net.Conn, error) {
 		c.opening--
 		c.mu.Unlock()
 		if err == nil {
-			return st, nil
+			return &stream{Stream: st, sess: sess}, nil
 		}
 		sess.Close()
+		if ferr := sess.failure(); ferr != nil {
+			return nil, ferr // wedged: dialing again would not help now
+		}
 	}
 	return nil, errors.New("connect to sandbox agent: session keeps closing")
 }
 
+// How long a request waits for its first answer.
+type wait int
+
+const (
+	// quick: the answer is due within the answer timeout.
+	quick wait = iota
+	// patient: the op may take long (a recursive remove, a move that
+	// copies); it waits patientFactor answer timeouts (10 minutes by
+	// default), and only as long as the agent answers the session's pings.
+	patient
+)
+
+const patientFactor = 20
+
 // request opens a stream, sends req and reads the first reply frame into reply.
 func (c *Client) request(ctx context.Context, req Request, reply any) (net.Conn, *api.FrameReader, error) {
+	return c.requestWait(ctx, req, reply, quick)
+}
+
+func (c *Client) requestWait(ctx context.Context, req Request, reply any, w wait) (net.Conn, *api.FrameReader, error) {
 	st, err := c.open(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -143,6 +207,14 @@ func (c *Client) request(ctx context.Context, req Request, reply any) (net.Conn,
 	stop := context.AfterFunc(ctx, func() { abort(st) })
 	b, _ := json.Marshal(req)
 	fr := api.NewFrameReader(st)
+	// The request itself must get through in time (a wedged agent
+	// leaves its window shut), and a quick op's answer too.
+	st.SetWriteDeadline(time.Now().Add(c.timeout))
+	answerBy := c.timeout
+	if w == patient {
+		answerBy *= patientFactor
+	}
+	st.SetReadDeadline(time.Now().Add(answerBy))
 	err = api.WriteFrame(st, api.FrameJSON, b)
 	var kind byte
 	var p []byte
@@ -153,12 +225,20 @@ func (c *Client) request(ctx context.Context, req Request, reply any) (net.Conn,
 		err = ctx.Err() // canceled after the reply arrived: the stream is aborted
 	}
 	if err != nil {
-		st.Close()
+		abort(st)
 		if ctx.Err() != nil {
 			return nil, nil, ctx.Err()
 		}
+		var na *NoAnswerError
+		if errors.As(err, &na) {
+			return nil, nil, na
+		}
+		if errors.Is(err, yamux.ErrTimeout) {
+			return nil, nil, &NoAnswerError{After: answerBy}
+		}
 		return nil, nil, fmt.Errorf("sandbox agent: %w", err)
 	}
+	st.SetDeadline(time.Time{})
 	switch kind {
 	case api.FrameJSON:
 		if err := json.Unmarshal(p, reply); err != nil {
@@ -168,11 +248,7 @@ func (c *Client) request(ctx context.Context, req Request, reply any) (net.Conn,
 		return st, fr, nil
 	case api.FrameError:
 		st.Close()
-		var e api.Error
-		if err := json.Unmarshal(p, &e); err != nil {
-			return nil, nil, fmt.Errorf("sandbox agent: bad error reply: %w", err)
-		}
-		return nil, nil, &AgentError{Code: e.Code, Message: e.Message}
+		return nil, nil, decodeAgentError(p)
 	default:
 		st.Close()
 		return nil, nil, fmt.Errorf("sandbox agent: unexpected frame %d", kind)
@@ -215,7 +291,7 @@ func (c *Client) Start(ctx context.Context, req *ExecRequest) (int, error) {
 
 // Processes lists the sessions started through nook (running and recently finished).
 func (c *Client) Processes(ctx context.Context) ([]ProcessInfo, error) {
-	var out []ProcessInfo
+	var out processList
 	st, _, err := c.request(ctx, Request{Op: OpProcesses}, &out)
 	if err != nil {
 		return nil, err

@@ -18,7 +18,11 @@ import (
 // fileCall runs a file op that answers one FileReply.
 func (c *Client) fileCall(ctx context.Context, op string, req *FileRequest) (*FileReply, error) {
 	var r FileReply
-	st, _, err := c.request(ctx, Request{Op: op, Files: req}, &r)
+	w := quick
+	if op == OpRemove || op == OpMove {
+		w = patient // a recursive remove, or a move that copies, may take long
+	}
+	st, _, err := c.requestWait(ctx, Request{Op: op, Files: req}, &r, w)
 	if err != nil {
 		return nil, err
 	}
@@ -122,14 +126,6 @@ func (d *dataReader) Read(p []byte) (int, error) {
 	n := copy(p, d.buf)
 	d.buf = d.buf[n:]
 	return n, nil
-}
-
-func decodeAgentError(b []byte) error {
-	var e api.Error
-	if err := json.Unmarshal(b, &e); err != nil {
-		return fmt.Errorf("sandbox agent: bad error reply: %w", err)
-	}
-	return &AgentError{Code: e.Code, Message: e.Message}
 }
 
 // ReadFile opens a regular file for reading from offset, length bytes (0:
@@ -251,16 +247,27 @@ func (c *Client) UploadTar(ctx context.Context, dir string, parents bool, src io
 }
 
 // FileListing is a listing in progress: Next returns batches of entries
-// until io.EOF, after which Truncated says whether the cap cut it.
+// until io.EOF, after which Truncated says whether the cap cut it. The
+// cap holds whatever the agent sends: entries beyond it are dropped and
+// the listing ends truncated.
 type FileListing struct {
 	Root      api.FileInfo
 	Truncated bool
 	agentStream
-	done bool
+	done  bool
+	max   int // entries asked for
+	count int // entries returned
 }
 
-// ListFiles lists a directory (req.Recursive: the whole tree) or a single file.
+// ListFiles lists a directory (req.Recursive: the whole tree) or a single
+// file, at most req.MaxEntries entries (0: DefaultListEntries; at most
+// MaxListEntries).
 func (c *Client) ListFiles(ctx context.Context, req *FileRequest) (*FileListing, error) {
+	max := req.MaxEntries
+	if max <= 0 {
+		max = DefaultListEntries
+	}
+	max = min(max, MaxListEntries)
 	r, st, fr, stop, err := c.openStream(ctx, OpList, req)
 	if err != nil {
 		return nil, err
@@ -270,7 +277,7 @@ func (c *Client) ListFiles(ctx context.Context, req *FileRequest) (*FileListing,
 		st.Close()
 		return nil, errors.New("sandbox agent: reply without file")
 	}
-	return &FileListing{Root: *r.File, agentStream: agentStream{st, fr, stop}}, nil
+	return &FileListing{Root: *r.File, agentStream: agentStream{st, fr, stop}, max: max}, nil
 }
 
 // Next returns the next batch of entries, or io.EOF at the end.
@@ -287,15 +294,28 @@ func (l *FileListing) Next() ([]api.FileInfo, error) {
 	}
 	switch kind {
 	case api.FrameJSON:
-		var r FileReply
-		if err := json.Unmarshal(b, &r); err != nil {
+		left := l.max - l.count
+		r, err := decodeListBatch(b, min(left, maxListBatch))
+		if err != nil {
 			return nil, fmt.Errorf("sandbox agent: bad listing: %w", err)
 		}
 		if r.Done {
 			l.done, l.Truncated = true, r.Truncated
 			return nil, io.EOF
 		}
-		return r.Entries, nil
+		if r.Entries.more {
+			if left > maxListBatch {
+				return nil, fmt.Errorf("sandbox agent: bad listing: a batch of more than %d entries", maxListBatch)
+			}
+			// More than asked for: keep the cap, stop the agent.
+			l.done, l.Truncated = true, true
+			l.Close()
+		}
+		l.count += len(r.Entries.entries)
+		if len(r.Entries.entries) == 0 && l.done {
+			return nil, io.EOF
+		}
+		return r.Entries.entries, nil
 	case api.FrameError:
 		return nil, decodeAgentError(b)
 	}

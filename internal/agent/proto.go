@@ -8,6 +8,15 @@
 // daemon (and takes FrameStdin/FrameEOF/FrameSignal from it) until a final
 // FrameExit.
 //
+// The daemon's side (Client) treats the agent as hostile, since whoever
+// controls the sandbox controls it (hostile.go): what it decodes is
+// bounded, listings stop at their cap, a stream or ping the agent opens
+// ends the session, and every wait has a deadline: a request's first
+// answer within the answer timeout (30 s by default; 20 times that for a
+// remove or a move), and while streams are open the agent must answer
+// pings within it, so a quiet command runs on but a stopped or traced
+// agent fails calls with a NoAnswerError.
+//
 // This package must never import the daemon: the agent binary is built
 // from it alone (a test enforces it).
 package agent

@@ -58,7 +58,11 @@ type Config struct {
 	Net            NetConfig     // sandbox networking (network.go); zero: off, loopback only
 	IdlePause      time.Duration // idle pause of sandboxes created without one; default 0: never
 	MinIdlePause   time.Duration // the shortest idle pause accepted; default core.MinIdlePause (tests lower it)
-	Log            *slog.Logger
+	// AgentTimeout bounds how long a sandbox's agent may take to answer a
+	// request (or, while a stream is open, a ping) before the call fails
+	// as unavailable; default agent.DefaultAnswerTimeout (30s).
+	AgentTimeout time.Duration
+	Log          *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
@@ -307,7 +311,7 @@ func (m *Manager) agentFor(sb *core.Sandbox) (*agent.Client, error) {
 	c := m.agents[sb.ID]
 	if c == nil {
 		sbCopy := *sb
-		c = agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, &sbCopy) })
+		c = agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, &sbCopy) }).SetAnswerTimeout(m.cfg.AgentTimeout)
 		m.agents[sb.ID] = c
 	}
 	return c, nil
@@ -886,7 +890,15 @@ func (m *Manager) runningAgent(ctx context.Context, name string) (*core.Sandbox,
 // makes the manager check whether the sandbox died.
 func (m *Manager) agentError(ctx context.Context, sb *core.Sandbox, err error) error {
 	var ae *agent.AgentError
+	var na *agent.NoAnswerError
 	switch {
+	case ctx.Err() == nil && errors.As(err, &na):
+		// The session stays (a request the agent left unanswered) or is
+		// already closed (no answer to pings): nothing to drop.
+		if !m.checkHealth(context.WithoutCancel(ctx), sb) {
+			return m.stoppedError(sb)
+		}
+		return errdefs.Unavailable("the agent of sandbox %s did not answer within %s: is the sandbox's PID 1 stopped or traced (e.g. by a debugger in the sandbox)? Try again once it runs, or remove the sandbox with `nook rm %s`", sb.Name, na.After, sb.Name)
 	case errors.As(err, &ae):
 		switch ae.Code {
 		case agent.CodeNotFound:
@@ -909,12 +921,16 @@ func (m *Manager) agentError(ctx context.Context, sb *core.Sandbox, err error) e
 		if m.checkHealth(context.WithoutCancel(ctx), sb) {
 			return errdefs.Unavailable("sandbox %s did not answer: %v; try again", sb.Name, err)
 		}
-		reason := sb.Reason
-		if reason == "" {
-			reason = "it is no longer running"
-		}
-		return errdefs.Precondition("sandbox %s has stopped (%s): remove it with `nook rm %s`", sb.Name, reason, sb.Name)
+		return m.stoppedError(sb)
 	}
+}
+
+func (m *Manager) stoppedError(sb *core.Sandbox) error {
+	reason := sb.Reason
+	if reason == "" {
+		reason = "it is no longer running"
+	}
+	return errdefs.Precondition("sandbox %s has stopped (%s): remove it with `nook rm %s`", sb.Name, reason, sb.Name)
 }
 
 // checkHealth compares a running sandbox with the host and marks it failed

@@ -18,6 +18,12 @@ func TestMain(m *testing.M) { testutil.Main(m) }
 
 func newManager(t *testing.T) (*Manager, testutil.HostResources) {
 	t.Helper()
+	return newManagerWith(t, nil)
+}
+
+// newManagerWith is newManager with the config changed by mod first.
+func newManagerWith(t *testing.T, mod func(*Config)) (*Manager, testutil.HostResources) {
+	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequireCommand(t, "runc", "runc")
 	testutil.BaseTemplate(t)
@@ -27,6 +33,9 @@ func newManager(t *testing.T) (*Manager, testutil.HostResources) {
 		AgentBinary: testutil.AgentBinary(t), CgroupParent: testutil.RandomName("nook-mgr-"), Log: slog.New(slog.DiscardHandler),
 	}
 	testutil.CleanupCgroupParent(t, cfg.CgroupParent)
+	if mod != nil {
+		mod(&cfg)
+	}
 	m, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

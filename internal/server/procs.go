@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -182,7 +183,7 @@ func (s *Server) relayWebSocket(ctx context.Context, c *websocket.Conn, p *agent
 		kind, payload, err := p.Next()
 		if err != nil {
 			if ctx.Err() == nil {
-				b, _ := json.Marshal(api.Error{Code: api.CodeUnavailable, Message: "the connection to the sandbox was lost before the command finished"})
+				b, _ := json.Marshal(api.Error{Code: api.CodeUnavailable, Message: streamLost(err)})
 				buf.b = buf.b[:0]
 				api.WriteFrame(&buf, api.FrameError, b)
 				c.Write(ctx, websocket.MessageBinary, buf.b)
@@ -201,6 +202,15 @@ func (s *Server) relayWebSocket(ctx context.Context, c *websocket.Conn, p *agent
 	}
 }
 
+// streamLost says why a process's stream ended before its exit.
+func streamLost(err error) string {
+	var na *agent.NoAnswerError
+	if errors.As(err, &na) {
+		return fmt.Sprintf("the sandbox's agent stopped answering before the command finished (no answer within %s: is the sandbox's PID 1 stopped or traced?)", na.After)
+	}
+	return "the connection to the sandbox was lost before the command finished"
+}
+
 // relayStream writes a process's frames as an HTTP exec stream.
 func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, p *agent.Process) {
 	defer p.Close()
@@ -214,7 +224,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, p *agent.Pr
 		kind, payload, err := p.Next()
 		if err != nil {
 			if r.Context().Err() == nil && !errors.Is(err, context.Canceled) {
-				b, _ := json.Marshal(api.Error{Code: api.CodeUnavailable, Message: "the connection to the sandbox was lost before the command finished"})
+				b, _ := json.Marshal(api.Error{Code: api.CodeUnavailable, Message: streamLost(err)})
 				api.WriteFrame(w, api.FrameError, b)
 			}
 			return
