@@ -572,7 +572,15 @@ func (m *Manager) configureAgent(ctx context.Context, sb *core.Sandbox, wake boo
 		rand.Read(req.Seed)
 		req.TimeUnixNano = time.Now().UnixNano()
 	}
-	if err := c.Configure(ctx, req); err != nil {
+	err = c.Configure(ctx, req)
+	// The clock it sets is as old as the request was slow to arrive (a
+	// guest just woken under load took seconds): a slow one is followed by
+	// clock-only ones until one arrives at once.
+	for tries := 0; err == nil && req.TimeUnixNano != 0 && tries < 3 && time.Since(time.Unix(0, req.TimeUnixNano)) > clockSlack; tries++ {
+		req = &agent.ConfigureRequest{WakeOnly: true, TimeUnixNano: time.Now().UnixNano()}
+		err = c.Configure(ctx, req)
+	}
+	if err != nil {
 		msg := ""
 		if cl, ok := m.backends[sb.Isolation].(core.ConsoleLogger); ok {
 			msg = cl.ConsoleTail(sb.ID)
@@ -581,6 +589,10 @@ func (m *Manager) configureAgent(ctx context.Context, sb *core.Sandbox, wake boo
 	}
 	return nil
 }
+
+// clockSlack is how late a vm's clock may be set by a configure that
+// was slow to arrive.
+const clockSlack = 250 * time.Millisecond
 
 // Get returns a sandbox by name.
 func (m *Manager) Get(ctx context.Context, name string) (*core.Sandbox, error) {
