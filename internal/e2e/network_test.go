@@ -500,7 +500,9 @@ func TestNetworkBadInput(t *testing.T) {
 
 func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	// A bound, not a speed check: python's first start in a TCG vm on a
+	// loaded host takes well over 15 s.
+	deadline := time.Now().Add(90 * time.Second)
 	for !ok() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
