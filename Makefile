@@ -43,6 +43,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseSize -fuzztime 10s ./internal/core
 	$(GO) test -run '^$$' -fuzz FuzzParseDuration -fuzztime 10s ./internal/core
 	$(GO) test -run '^$$' -fuzz FuzzParseQMP -fuzztime 10s ./internal/backend/vm
+	$(GO) test -run '^$$' -fuzz FuzzParseVersion -fuzztime 10s ./internal/runcbin
 
 bench: deps build
 	$(GO) run ./cmd/nook-bench
