@@ -19,7 +19,7 @@ func TestMain(m *testing.M) { testutil.Main(m) }
 func newManager(t *testing.T) (*Manager, testutil.HostResources) {
 	t.Helper()
 	testutil.RequireRoot(t)
-	testutil.RequireCommand(t, "runc", "runc")
+	testutil.RequireRunc(t)
 	testutil.BaseTemplate(t)
 	root := filepath.Join(testutil.TempRoot(t), testutil.RandomName("m"))
 	cfg := Config{
