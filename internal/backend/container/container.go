@@ -1,6 +1,8 @@
 // Package container is the container isolation backend: Linux namespaces,
 // cgroups and seccomp through an OCI runtime (runc, driven through its
-// CLI), with the root filesystem an overlay over a read-only template.
+// CLI; the one runcbin.Find picks, CRIU reaching it through PATH: see
+// runcenv.go), with the root filesystem an overlay over a read-only
+// template.
 package container
 
 import (
