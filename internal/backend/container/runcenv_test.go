@@ -1,11 +1,32 @@
 package container
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nookhq/nook/internal/runcbin"
 )
+
+// TestEscapeRuncAdvisories: where make deps built a fixed runc
+// (scripts/runc.sh), the backend runs that one, not a runc lacking the
+// fixes for known container escapes (bookworm's 1.1.5: CVE-2025-31133,
+// CVE-2025-52565, CVE-2025-52881).
+func TestEscapeRuncAdvisories(t *testing.T) {
+	if _, err := os.Stat(runcbin.DefaultPath); err != nil {
+		t.Skipf("no runc built by scripts/runc.sh (make deps): %v", err)
+	}
+	b := New(Config{StateDir: filepath.Join(t.TempDir(), "sandboxes")})
+	info := runcbin.Probe(context.Background(), b.cfg.Runc)
+	if info.Error != "" {
+		t.Fatalf("runc %s: %s", b.cfg.Runc, info.Error)
+	}
+	if open := runcbin.Affected(info); len(open) > 0 {
+		t.Fatalf("the backend runs %s (runc %s), which lacks the fixes for %v", info.Path, info.Version, open)
+	}
+}
 
 // pathOf is the PATH in env.
 func pathOf(env []string) string {
