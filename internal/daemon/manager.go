@@ -1119,7 +1119,7 @@ func (m *Manager) Info(ctx context.Context) api.Info {
 func (m *Manager) warnRunc(ctx context.Context) {
 	info := runcbin.Probe(ctx, m.cfg.Runc)
 	if info.Error != "" {
-		m.log.Warn("runc", "path", info.Path, "err", info.Error)
+		m.log.Warn("could not tell which runc container sandboxes run (nook info shows it)", "path", info.Path, "err", info.Error)
 		return
 	}
 	if ids := runcbin.Affected(info); len(ids) > 0 {
