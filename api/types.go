@@ -243,6 +243,43 @@ type Info struct {
 	// TLSFingerprint is the TCP listener's certificate's SHA-256
 	// fingerprint ("sha256:" and hex), for clients to pin.
 	TLSFingerprint string `json:"tls_fingerprint,omitempty"`
+	// Runc is the runc the container backend runs, and the known security
+	// advisories against it.
+	Runc *RuncInfo `json:"runc,omitempty"`
+}
+
+// RuncInfo describes a runc binary: what `runc --version` says, and each
+// known security advisory with whether this runc has its fix.
+type RuncInfo struct {
+	Path       string `json:"path"`
+	Version    string `json:"version,omitempty"`
+	Commit     string `json:"commit,omitempty"`
+	Spec       string `json:"spec,omitempty"`
+	Libseccomp string `json:"libseccomp,omitempty"`
+	// Error says why the version could not be read (then every advisory's
+	// status is unknown).
+	Error      string         `json:"error,omitempty"`
+	Advisories []RuncAdvisory `json:"advisories"`
+}
+
+// Statuses of a RuncAdvisory.
+const (
+	AdvisoryAffected = "affected" // this runc lacks the fix
+	AdvisoryFixed    = "fixed"    // its version has the fix, or its distribution's changelog names the CVE
+	AdvisoryUnknown  = "unknown"  // its version could not be read
+)
+
+// RuncAdvisory is one known security advisory against runc.
+type RuncAdvisory struct {
+	ID       string   `json:"id"`   // CVE ID
+	GHSA     string   `json:"ghsa"` // GitHub advisory ID (github.com/opencontainers/runc/security/advisories/...)
+	Severity string   `json:"severity"`
+	Summary  string   `json:"summary"`
+	FixedIn  []string `json:"fixed_in"` // the first fixed release of each maintained minor line
+	Status   string   `json:"status"`   // affected, fixed or unknown
+	// Why says how the status was decided (e.g. "Debian's changelog for
+	// 1.1.5+ds1-1+deb12u2 names it").
+	Why string `json:"why,omitempty"`
 }
 
 // Error codes. They are stable: clients may switch on them.

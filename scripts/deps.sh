@@ -45,6 +45,16 @@ if ! have go && [ ! -x /usr/local/go/bin/go ]; then
 	echo "Go is not installed: nook needs Go >= 1.24 to build" >&2
 	exit 1
 fi
+# runc >= 1.5.2 built from its Go module (bookworm's 1.1.5 lacks the fixes for
+# the November 2025 container escapes); a failed build keeps Debian's runc,
+# and `nook info` shows the advisories against it.
+if ! "$(dirname "$0")/runc.sh"; then
+	if [ "${CI:-}" = true ]; then
+		echo "runc could not be built: under CI=true that is an error (the tests would run Debian's runc, which lacks the advisories' fixes)" >&2
+		exit 1
+	fi
+	echo "warning: runc could not be built: nook keeps Debian's runc, and nook info lists the advisories against it" >&2
+fi
 # The MCP Inspector (a real MCP client nobody here wrote) for the MCP tests, from npm.
 INSPECTOR_VERSION=2.12.0
 dir="$(dirname "$0")/../.cache/mcp-inspector"

@@ -24,6 +24,7 @@ import (
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/daemon"
+	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/internal/server"
 	"github.com/nookhq/nook/internal/template"
 	"github.com/nookhq/nook/sdk"
@@ -290,7 +291,7 @@ func measurePause(ctx context.Context, cl *sdk.Client, root string, res *results
 	}
 	runc := func(verb string) (time.Duration, error) {
 		t := time.Now()
-		out, err := exec.CommandContext(ctx, "runc", "--root", filepath.Join(root, "run", "runc"), verb, sb.ID).CombinedOutput()
+		out, err := exec.CommandContext(ctx, runcbin.Find(), "--root", filepath.Join(root, "run", "runc"), verb, sb.ID).CombinedOutput()
 		if err != nil {
 			return 0, fmt.Errorf("runc %s: %v: %s", verb, err, out)
 		}
@@ -449,7 +450,7 @@ func bareRunc(ctx context.Context, root, rootfs string, n int) ([]time.Duration,
 	defer removeCgroups("nook-bench-bare")
 	var out []time.Duration
 	for i := 0; i < n; i++ {
-		cmd := exec.CommandContext(ctx, "runc", "--root", filepath.Join(root, "runc-bare"), "run", "--bundle", bundle, fmt.Sprintf("bare-%d", i))
+		cmd := exec.CommandContext(ctx, runcbin.Find(), "--root", filepath.Join(root, "runc-bare"), "run", "--bundle", bundle, fmt.Sprintf("bare-%d", i))
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
 			return nil, err
@@ -479,7 +480,7 @@ func bareBundle(ctx context.Context, dir, rootfs, cgroupsPath string, args ...st
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	if out, err := exec.CommandContext(ctx, "runc", "spec", "--bundle", dir).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, runcbin.Find(), "spec", "--bundle", dir).CombinedOutput(); err != nil {
 		return fmt.Errorf("runc spec: %v: %s", err, out)
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "config.json"))

@@ -15,6 +15,7 @@ import (
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/backend/container"
 	"github.com/nookhq/nook/internal/cgroups"
+	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/sdk"
 )
 
@@ -195,7 +196,8 @@ func bareCheckpoint(ctx context.Context, root, rootfs string, n int) (ck, re []t
 	log := filepath.Join(root, "bare-ckpt.log")
 	runc := func(args ...string) error {
 		// No stdio: a detached container would hold a pipe open.
-		cmd := exec.CommandContext(ctx, "runc", append([]string{"--root", runcRoot, "--criu", container.DefaultCRIU, "--log", log}, args...)...)
+		cmd := exec.CommandContext(ctx, runcbin.Find(), append([]string{"--root", runcRoot, "--log", log}, args...)...)
+		cmd.Env = runcbin.EnvWithCRIU(filepath.Dir(container.DefaultCRIU))
 		if err := cmd.Run(); err != nil {
 			msg, _ := os.ReadFile(log)
 			return fmt.Errorf("runc %s: %v: %s", strings.Join(args, " "), err, msg)

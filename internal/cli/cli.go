@@ -28,6 +28,7 @@ import (
 	"github.com/nookhq/nook/internal/cli/termsafe"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/daemon"
+	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/internal/server"
 	"github.com/nookhq/nook/sdk"
 )
@@ -209,6 +210,7 @@ func serveCmd() *cobra.Command {
 	c.Flags().IntVar(&cfg.Daemon.WarmPool, "warm-pool", 2, "started sandboxes kept ready per template (and vm shape) in use (negative: none)")
 	c.Flags().StringVar(&cfg.Daemon.Accel, "accel", "", "vm accelerator: kvm or tcg (default: kvm where a stock guest kernel runs under it, else tcg)")
 	c.Flags().StringVar(&cfg.Daemon.ContainerPause, "container-pause", "", "what pausing a container does: checkpoint (to disk with CRIU, no RAM held) or freeze (in RAM) (default: checkpoint where CRIU >= 4 is installed)")
+	c.Flags().StringVar(&cfg.Daemon.Runc, "runc", "", "runc binary for container sandboxes (default: "+runcbin.DefaultPath+", which make deps builds, else runc in PATH)")
 	c.Flags().StringVar(&cfg.Daemon.CRIU, "criu", "", "CRIU >= 4 binary for container checkpoints (default: "+daemon.DefaultCRIU+", else criu in PATH)")
 	c.Flags().StringVar(&cfg.Daemon.KernelRoot, "kernel", "", "an unpacked Debian linux-image package for vm guests (default: fetched with apt on first use)")
 	c.Flags().StringVar(&cfg.Daemon.VMCacheDir, "vm-cache-dir", "", "guest kernels, vm template images and snapshots (default DATA-DIR/vm)")
@@ -583,11 +585,46 @@ func infoCmd() *cobra.Command {
 			if info.TLSFingerprint != "" {
 				fmt.Fprintf(w, "tls fingerprint: %s (clients: NOOK_TLS_FINGERPRINT=%s)\n", tsafe(info.TLSFingerprint), tsafe(info.TLSFingerprint))
 			}
+			if info.Runc != nil {
+				printRunc(w, info.Runc)
+			}
 			return nil
 		}),
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+// printRunc prints the runc in use and the advisories it lacks the fixes for.
+func printRunc(w io.Writer, r *api.RuncInfo) {
+	fmt.Fprintf(w, "runc: %s", r.Path)
+	if r.Version != "" {
+		var parts []string
+		for _, kv := range [][2]string{{"commit", r.Commit}, {"spec", r.Spec}, {"libseccomp", r.Libseccomp}} {
+			if kv[1] != "" {
+				parts = append(parts, kv[0]+" "+kv[1])
+			}
+		}
+		fmt.Fprintf(w, " %s (%s)", r.Version, strings.Join(parts, ", "))
+	}
+	fmt.Fprintln(w)
+	if r.Error != "" {
+		fmt.Fprintf(w, "  error: %s\n", r.Error)
+	}
+	open := 0
+	for _, a := range r.Advisories {
+		if a.Status == api.AdvisoryFixed {
+			continue
+		}
+		open++
+		fmt.Fprintf(w, "  %s %s (%s, %s): %s; %s\n", strings.ToUpper(a.Status), a.ID, a.Severity, a.GHSA, a.Summary, a.Why)
+	}
+	switch {
+	case open > 0:
+		fmt.Fprintf(w, "  make deps builds a fixed runc into %s (scripts/runc.sh)\n", runcbin.DefaultPath)
+	case len(r.Advisories) > 0:
+		fmt.Fprintf(w, "  known advisories: none open (%d checked)\n", len(r.Advisories))
+	}
 }
 
 func tokenCmd() *cobra.Command {

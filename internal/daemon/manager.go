@@ -30,6 +30,7 @@ import (
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/keylock"
+	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/internal/store"
 	"github.com/nookhq/nook/internal/template"
 )
@@ -52,6 +53,7 @@ type Config struct {
 	// freezer), or "" (checkpoint where CRIU >= 4 is found, else freeze).
 	ContainerPause string
 	CRIU           string        // the CRIU binary; default: DefaultCRIU, else criu in PATH
+	Runc           string        // the runc binary; default: runcbin.Find (scripts/runc.sh's build, else runc in PATH)
 	VMCacheDir     string        // guest kernels, vm template images and snapshots; default DataDir/vm
 	KernelRoot     string        // an unpacked Debian linux-image package for vm guests; default: fetched with apt
 	VMColdBoot     bool          // boot vm sandboxes instead of restoring their template's snapshot (benchmarks)
@@ -86,6 +88,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CgroupParent == "" {
 		c.CgroupParent = "nook"
+	}
+	if c.Runc == "" {
+		c.Runc = runcbin.Find()
 	}
 	if c.VMCacheDir == "" {
 		c.VMCacheDir = filepath.Join(c.DataDir, "vm")
@@ -226,8 +231,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		st.Close()
 		return nil, err
 	}
+	m.warnRunc(ctx)
 	ctr := container.New(container.Config{
-		RuncRoot: filepath.Join(cfg.RunDir, "runc"), StateDir: filepath.Join(cfg.DataDir, "sandboxes"),
+		Runc: cfg.Runc, RuncRoot: filepath.Join(cfg.RunDir, "runc"), StateDir: filepath.Join(cfg.DataDir, "sandboxes"),
 		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, Log: cfg.Log,
 		WarmPool: max(cfg.WarmPool, 0), Net: hooks, CRIU: criu,
 	})
@@ -1137,7 +1143,22 @@ func (m *Manager) Info(ctx context.Context) api.Info {
 		info.Sandboxes = len(sbs)
 	}
 	info.SnapshotsBytes = m.SnapshotsUsage(ctx, "")
+	runc := runcbin.Probe(ctx, m.cfg.Runc)
+	info.Runc = &runc
 	return info
+}
+
+// warnRunc logs the known advisories the runc in use lacks the fixes for.
+func (m *Manager) warnRunc(ctx context.Context) {
+	info := runcbin.Probe(ctx, m.cfg.Runc)
+	if info.Error != "" {
+		m.log.Warn("could not tell which runc container sandboxes run (nook info shows it)", "path", info.Path, "err", info.Error)
+		return
+	}
+	if ids := runcbin.Affected(info); len(ids) > 0 {
+		m.log.Warn("the runc in use has known security advisories against it; make deps builds a fixed one (scripts/runc.sh), or pass --runc",
+			"path", info.Path, "version", info.Version, "advisories", strings.Join(ids, ","))
+	}
 }
 
 func utsRelease(u syscall.Utsname) string {

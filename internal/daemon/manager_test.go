@@ -25,7 +25,7 @@ func newManager(t *testing.T) (*Manager, testutil.HostResources) {
 func newManagerWith(t *testing.T, mod func(*Config)) (*Manager, testutil.HostResources) {
 	t.Helper()
 	testutil.RequireRoot(t)
-	testutil.RequireCommand(t, "runc", "runc")
+	testutil.RequireRunc(t)
 	testutil.BaseTemplate(t)
 	root := filepath.Join(testutil.TempRoot(t), testutil.RandomName("m"))
 	cfg := Config{

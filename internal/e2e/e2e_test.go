@@ -66,7 +66,7 @@ func newDaemon(t *testing.T, extra ...string) *daemon {
 func newDaemonIn(t *testing.T, netnsPath string, extra ...string) *daemon {
 	t.Helper()
 	testutil.RequireRoot(t)
-	testutil.RequireCommand(t, "runc", "runc")
+	testutil.RequireRunc(t)
 	testutil.BaseTemplate(t)
 	root := filepath.Join(testutil.TempRoot(t), testutil.RandomName("d"))
 	d := &daemon{t: t, bin: binaries(t), data: filepath.Join(root, "data"), run: filepath.Join(root, "run"), cgroup: testutil.RandomName("nook-e2e-"), netns: netnsPath, args: extra}

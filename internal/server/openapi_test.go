@@ -182,6 +182,8 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"Backend":               api.Backend{},
 		"Capabilities":          api.Capabilities{},
 		"Info":                  api.Info{},
+		"RuncInfo":              api.RuncInfo{},
+		"RuncAdvisory":          api.RuncAdvisory{},
 		"Error":                 api.Error{},
 		"ErrorBody":             api.ErrorBody{},
 		"FileInfo":              api.FileInfo{},

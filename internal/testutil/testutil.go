@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nookhq/nook/internal/cgroups"
+	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/internal/template"
 )
 
@@ -58,6 +59,17 @@ func RequireRoot(t testing.TB) {
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: needs root (namespaces, mounts, cgroups); make test runs it as root")
 	}
+}
+
+// RequireRunc skips a test when there is no runc, and returns the one
+// nook runs (runcbin.Find: scripts/runc.sh's build, else runc in PATH).
+func RequireRunc(t testing.TB) string {
+	t.Helper()
+	path := runcbin.Find()
+	if _, err := exec.LookPath(path); err != nil {
+		Missing(t, "runc is not installed (make deps builds it, or apt-get install runc): %v", err)
+	}
+	return path
 }
 
 // RequireCommand skips a test when a host tool is missing (under CI=true

@@ -1,8 +1,9 @@
 // Package container is the container isolation backend: Linux namespaces,
 // cgroups and seccomp through an OCI runtime (runc, driven through its
-// CLI), with the root filesystem an overlay over a read-only template
-// whose writable layer lives on the sandbox's own loop-mounted ext4
-// image, so that its size (--disk) and inodes are limited (disk.go).
+// CLI; the one runcbin.Find picks, CRIU reaching it through PATH: see
+// runcenv.go), with the root filesystem an overlay over a read-only
+// template whose writable layer lives on the sandbox's own loop-mounted
+// ext4 image, so that its size (--disk) and inodes are limited (disk.go).
 package container
 
 import (
@@ -31,12 +32,13 @@ import (
 	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/keylock"
 	"github.com/nookhq/nook/internal/procfs"
+	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/internal/warmpool"
 )
 
 // Config configures the backend.
 type Config struct {
-	Runc         string // runc binary; default: found in PATH
+	Runc         string // runc binary; default: runcbin.Find (scripts/runc.sh's build, else runc in PATH)
 	RuncRoot     string // runc's state directory (tmpfs, e.g. /run/nook/runc)
 	StateDir     string // per-sandbox directories (e.g. /var/lib/nook/sandboxes)
 	SnapshotDir  string // snapshot layers (e.g. /var/lib/nook/container-snapshots); default: beside StateDir
@@ -73,7 +75,7 @@ var _ core.Backend = (*Backend)(nil)
 // New returns a container backend.
 func New(cfg Config) *Backend {
 	if cfg.Runc == "" {
-		cfg.Runc = "runc"
+		cfg.Runc = runcbin.Find()
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "nook"
@@ -347,10 +349,8 @@ func (b *Backend) runc(ctx context.Context, id string, args ...string) error {
 func (b *Backend) runcFiles(ctx context.Context, id string, files []*os.File, args ...string) error {
 	log := filepath.Join(b.dir(id), "runc.log")
 	full := append([]string{"--root", b.cfg.RuncRoot, "--log", log, "--log-format", "text"}, args...)
-	if b.cfg.CRIU != "" {
-		full = append([]string{"--criu", b.cfg.CRIU}, full...)
-	}
 	cmd := exec.CommandContext(ctx, b.cfg.Runc, full...)
+	cmd.Env = b.runcEnv() // CRIU's directory first in PATH
 	cmd.ExtraFiles = files
 	// Its own process group: a Ctrl-C aimed at the daemon's terminal must not reach sandboxes.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -29,7 +29,7 @@ func newTestBackend(t *testing.T) (*Backend, conformance.Harness) {
 func newTestBackendPool(t *testing.T, warm int) (*Backend, conformance.Harness) {
 	t.Helper()
 	testutil.RequireRoot(t)
-	testutil.RequireCommand(t, "runc", "runc")
+	testutil.RequireRunc(t)
 	tpls, tplID := testutil.BaseTemplate(t)
 	root := filepath.Join(testutil.TempRoot(t), testutil.RandomName("c"))
 	res := testutil.HostResources{

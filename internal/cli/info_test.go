@@ -1,0 +1,34 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/runcbin"
+)
+
+// nook info names the runc in use and every advisory it lacks the fix for.
+func TestPrintRunc(t *testing.T) {
+	var b strings.Builder
+	old := &api.RuncInfo{Path: "/usr/sbin/runc", Version: "1.1.5+ds1", Commit: "1.1.5+ds1-1+deb12u1", Spec: "1.0.2-dev", Libseccomp: "2.5.4",
+		Advisories: runcbin.Check("1.1.5+ds1", nil, "")}
+	printRunc(&b, old)
+	out := b.String()
+	for _, want := range []string{"runc: /usr/sbin/runc 1.1.5+ds1 (commit 1.1.5+ds1-1+deb12u1, spec 1.0.2-dev, libseccomp 2.5.4)",
+		"AFFECTED CVE-2025-31133 (high, GHSA-9493-h29p-rfm2)", "AFFECTED CVE-2025-52565", "AFFECTED CVE-2025-52881", "make deps builds a fixed runc"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+	b.Reset()
+	printRunc(&b, &api.RuncInfo{Path: runcbin.DefaultPath, Version: "1.5.2", Advisories: runcbin.Check("1.5.2", nil, "")})
+	if out := b.String(); strings.Contains(out, "AFFECTED") || !strings.Contains(out, "none open") {
+		t.Errorf("a fixed runc:\n%s", out)
+	}
+	b.Reset()
+	printRunc(&b, &api.RuncInfo{Path: "runc", Error: "runc not found", Advisories: runcbin.Check("", nil, "")})
+	if out := b.String(); !strings.Contains(out, "error: runc not found") || !strings.Contains(out, "UNKNOWN CVE-2025-31133") {
+		t.Errorf("no runc:\n%s", out)
+	}
+}
