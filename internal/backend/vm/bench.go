@@ -23,7 +23,9 @@ func (b *Backend) BareBoot(ctx context.Context, cpus int, memMiB int64) (time.Du
 	}
 	l := launch{machine: machine{Accel: b.accel, CPUs: cpus, MemoryMiB: memMiB, Kernel: k, TSCKHz: tscKHz()},
 		ExtraCmdline: guestinit.UpAndOffArg}
-	cmd := exec.CommandContext(ctx, b.cfg.QEMU, l.args()...)
+	var fds fdTable
+	cmd := exec.CommandContext(ctx, b.cfg.QEMU, l.args(&fds)...)
+	cmd.ExtraFiles = fds.files
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()
 	if err != nil {

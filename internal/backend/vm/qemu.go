@@ -24,8 +24,11 @@ type machine struct {
 // launch is one QEMU process's paths.
 type launch struct {
 	machine
-	MemPath    string // guest RAM file; empty: anonymous memory
-	MemShared  bool   // share=on: guest writes go to the file (a template boot); off: private copy-on-write
+	MemPath   string // guest RAM file; empty: anonymous memory (or MemFile)
+	MemShared bool   // share=on: guest writes go to the file (a template boot); off: private copy-on-write
+	// MemFile is guest RAM QEMU maps copy-on-write from an inherited
+	// descriptor (a template snapshot's sealed memfd, see templateRAM).
+	MemFile    *os.File
 	Disk       string // qcow2 root disk
 	AgentSock  string // virtio-serial chardev socket (QEMU listens)
 	QMPSock    string
@@ -52,10 +55,21 @@ func (m machine) cmdline() string {
 	return strings.Join(args, " ")
 }
 
+// fdTable is the descriptors a QEMU inherits (exec.Cmd.ExtraFiles): the
+// child sees ExtraFiles[i] as descriptor 3+i.
+type fdTable struct{ files []*os.File }
+
+// add passes f to QEMU and returns its descriptor number there.
+func (t *fdTable) add(f *os.File) int {
+	t.files = append(t.files, f)
+	return 2 + len(t.files)
+}
+
 // args is the QEMU command line: a microvm with no default devices, the
 // root disk, the agent's virtio-serial port, a serial console into a log
-// file, QMP, and QEMU's own seccomp sandbox.
-func (l launch) args() []string {
+// file, QMP, and QEMU's own seccomp sandbox. Files QEMU gets as open
+// descriptors go into fds.
+func (l launch) args(fds *fdTable) []string {
 	share := "off"
 	if l.MemShared {
 		share = "on"
@@ -69,7 +83,14 @@ func (l launch) args() []string {
 		accel, cpu = "kvm", "host"
 	}
 	memBackend := fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", l.MemoryMiB, l.MemPath, share)
-	if l.MemPath == "" {
+	switch {
+	case l.MemFile != nil:
+		// QEMU 7.2 opens a memory-backend-file read-write (its readonly=on
+		// makes the guest's RAM a ROM), so the template's RAM comes as a
+		// memfd sealed against writes: QEMU reopens it, maps it private
+		// (copy-on-write), and can never change what other vms map.
+		memBackend = fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=/proc/self/fd/%d,share=off", l.MemoryMiB, fds.add(l.MemFile))
+	case l.MemPath == "":
 		memBackend = fmt.Sprintf("memory-backend-ram,id=mem,size=%dM", l.MemoryMiB)
 	}
 	a := []string{

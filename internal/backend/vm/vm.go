@@ -85,6 +85,9 @@ type Backend struct {
 	smu   sync.Mutex
 	slock map[string]*sync.Mutex // per template snapshot, in this process (flock across processes)
 
+	ramMu sync.Mutex
+	rams  map[string]*sealedRAM // template snapshots' RAM, by file path (templateRAM)
+
 	pool *warmpool.Pool[state]
 	ops  keylock.Map  // per sandbox ID, see operate
 	gcMu sync.RWMutex // GC (write) against snapshot, rollback and fork (read)
@@ -127,7 +130,7 @@ func New(cfg Config) *Backend {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	b := &Backend{cfg: cfg, slock: map[string]*sync.Mutex{}}
+	b := &Backend{cfg: cfg, slock: map[string]*sync.Mutex{}, rams: map[string]*sealedRAM{}}
 	b.accel, b.why = DetectAccel(cfg.Accel)
 	b.pool = newPool(b, cfg.WarmPool)
 	return b
@@ -336,7 +339,10 @@ func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
 		if err := copyFile(snap.child, l.Disk); err != nil {
 			return err
 		}
-		l.MemPath, l.Incoming, st.Boot = snap.mem, true, "snapshot"
+		if l.MemFile, err = b.templateRAM(snap); err != nil {
+			return err
+		}
+		l.Incoming, st.Boot = true, "snapshot"
 		l.Chain = snap.chain
 	} else {
 		base, err := b.ensureImage(ctx, sb.TemplateID)
@@ -427,7 +433,9 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch) (*qemuP
 	}
 	defer logFile.Close()
 	l.RunAs = b.cfg.RunAs
-	cmd := exec.Command(b.cfg.QEMU, l.args()...)
+	var fds fdTable
+	cmd := exec.Command(b.cfg.QEMU, l.args(&fds)...)
+	cmd.ExtraFiles = fds.files
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Dir = dir
 	// Its own process group: signals aimed at the daemon's terminal must not reach sandboxes.

@@ -1,0 +1,183 @@
+package vm
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/core/conformance"
+)
+
+// TestEscapeTemplateRAMReadOnly: a QEMU restored from a template snapshot
+// (which a guest may have taken over) cannot change the template's RAM,
+// which every later vm of the template and its running siblings' unwritten
+// pages read: none of its descriptors on it can write (a read-write one
+// must be on a memfd sealed against writes, and a write through it fails),
+// none of its mappings of it is shared and writable, and its user cannot
+// open the snapshot's file for writing.
+func TestEscapeTemplateRAMReadOnly(t *testing.T) {
+	b, h := newTestBackend(t, testConfig{})
+	s := conformance.Create(t, h, "vm-ram")
+	st, live := b.readRun(s.ID)
+	if !live || st.Boot != "snapshot" {
+		t.Fatalf("run.json %+v (live %v): want a vm restored from the template snapshot", st, live)
+	}
+	k, err := b.ensureKernel(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := b.ensureSnapshot(context.Background(), h.TemplateID, b.machineFor(s.Sandbox, k))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The RAM's inodes: the snapshot's file and the copy vms are given.
+	ram := map[[2]uint64]string{}
+	addInode := func(path string) {
+		var fst unix.Stat_t
+		if err := unix.Stat(path, &fst); err != nil {
+			t.Fatal(err)
+		}
+		ram[[2]uint64{fst.Dev, fst.Ino}] = path
+	}
+	addInode(snap.mem)
+	b.ramMu.Lock()
+	for _, r := range b.rams {
+		addInode(fmt.Sprintf("/proc/self/fd/%d", r.f.Fd()))
+	}
+	b.ramMu.Unlock()
+
+	pid := st.PID
+	fds := mustGlob(t, fmt.Sprintf("/proc/%d/fd/*", pid))
+	found := 0
+	for _, fd := range fds {
+		var fst unix.Stat_t
+		if unix.Stat(fd, &fst) != nil {
+			continue
+		}
+		what, ok := ram[[2]uint64{fst.Dev, fst.Ino}]
+		if !ok {
+			continue
+		}
+		found++
+		flags := fdFlags(t, pid, filepath.Base(fd))
+		if flags&unix.O_ACCMODE == unix.O_RDONLY {
+			continue
+		}
+		// Writable: only a memfd sealed against writes will do, and a
+		// write through it (as QEMU's own descriptor would) must fail.
+		f, err := os.OpenFile(fd, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatalf("QEMU's descriptor %s on the template RAM (%s) is open for writing (flags %o), and reopening it: %v", fd, what, flags, err)
+		}
+		seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+		if err != nil || seals&unix.F_SEAL_WRITE == 0 {
+			f.Close()
+			t.Fatalf("QEMU's descriptor %s on the template RAM (%s) is open for writing (flags %o) and not sealed (seals %#x, %v)", fd, what, flags, seals, err)
+		}
+		if _, err := f.WriteAt([]byte{1}, 4096); err == nil {
+			f.Close()
+			t.Fatalf("wrote into the template RAM through QEMU's descriptor %s", fd)
+		}
+		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 4096); err == nil {
+			f.Close()
+			t.Fatalf("punched a hole into the template RAM through QEMU's descriptor %s", fd)
+		}
+		f.Close()
+	}
+	// Its mappings of the RAM: private, or read-only.
+	maps, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer maps.Close()
+	mapped := 0
+	sc := bufio.NewScanner(maps)
+	for sc.Scan() {
+		// address perms offset dev inode path
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		ino, _ := strconv.ParseUint(fields[4], 10, 64)
+		if ino == 0 {
+			continue
+		}
+		for key, what := range ram {
+			if key[1] != ino || !sameDev(fields[3], key[0]) {
+				continue
+			}
+			mapped++
+			if perms := fields[1]; perms[1] == 'w' && perms[3] == 's' {
+				t.Fatalf("QEMU maps the template RAM (%s) shared and writable: %s", what, sc.Text())
+			}
+		}
+	}
+	if found == 0 || mapped == 0 {
+		t.Fatalf("QEMU %d has %d descriptors and %d mappings on the template RAM: the test looks in the wrong place", pid, found, mapped)
+	}
+	// QEMU's user cannot open the snapshot's file for writing.
+	uid, gid := procIDs(t, pid)
+	cmd := exec.Command("/bin/sh", "-c", `exec 3<>"$1"`, "sh", snap.mem)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}}
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "Permission denied") {
+		t.Fatalf("as QEMU's user (%d) opening %s read-write: %v: %s", uid, snap.mem, err, out)
+	}
+}
+
+// fdFlags reads a descriptor's open flags from /proc/PID/fdinfo (octal).
+func fdFlags(t *testing.T, pid int, fd string) int {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(l, "flags:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 8, 64)
+			if err != nil {
+				t.Fatalf("fdinfo flags %q: %v", v, err)
+			}
+			return int(n)
+		}
+	}
+	t.Fatalf("no flags in fdinfo of %d/%s", pid, fd)
+	return 0
+}
+
+// sameDev compares a maps "major:minor" (hex) with a stat st_dev.
+func sameDev(field string, dev uint64) bool {
+	maj, min, ok := strings.Cut(field, ":")
+	a, err1 := strconv.ParseUint(maj, 16, 32)
+	c, err2 := strconv.ParseUint(min, 16, 32)
+	return ok && err1 == nil && err2 == nil && unix.Mkdev(uint32(a), uint32(c)) == dev
+}
+
+// procIDs returns a process's effective uid and gid.
+func procIDs(t *testing.T, pid int) (uint32, uint32) {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var uid, gid uint64
+	for _, l := range strings.Split(string(data), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 3 && f[0] == "Uid:" {
+			uid, _ = strconv.ParseUint(f[2], 10, 32)
+		}
+		if len(f) >= 3 && f[0] == "Gid:" {
+			gid, _ = strconv.ParseUint(f[2], 10, 32)
+		}
+	}
+	return uint32(uid), uint32(gid)
+}
