@@ -58,8 +58,47 @@ func (b *Backend) templateRAM(s *snapshot) (*os.File, error) {
 	return f, nil
 }
 
-// sealedCopy copies a file into a memfd, keeping it sparse (holes and
-// zero pages are not copied: the guest never touched them), and seals it.
+// newRAM is an empty memfd of size bytes for a template boot's RAM.
+func newRAM(size int64) (*os.File, error) {
+	fd, err := unix.MemfdCreate("nook-template-boot-ram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "memfd:nook-template-boot-ram")
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// writeRAM writes a template boot's RAM to the snapshot's file (root's,
+// read-only), synced.
+func writeRAM(ram *os.File, path string) error {
+	fi, err := ram.Stat()
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o400)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(fi.Size()); err != nil {
+		f.Close()
+		return err
+	}
+	if err := copySparse(f, ram, fi.Size()); err != nil {
+		f.Close()
+		return fmt.Errorf("write the template RAM: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// sealedCopy copies a file into a memfd and seals it.
 func sealedCopy(path string) (_ *os.File, err error) {
 	src, err := os.Open(path)
 	if err != nil {
@@ -70,7 +109,6 @@ func sealedCopy(path string) (_ *os.File, err error) {
 	if err != nil {
 		return nil, err
 	}
-	size := fi.Size()
 	fd, err := unix.MemfdCreate("nook-template-ram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
@@ -81,9 +119,24 @@ func sealedCopy(path string) (_ *os.File, err error) {
 			f.Close()
 		}
 	}()
-	if err := f.Truncate(size); err != nil {
+	if err := f.Truncate(fi.Size()); err != nil {
 		return nil, err
 	}
+	if err := copySparse(f, src, fi.Size()); err != nil {
+		return nil, err
+	}
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, ramSeals); err != nil {
+		return nil, fmt.Errorf("seal the template RAM: %w", err)
+	}
+	// The copy is what vms use: the file's pages need not stay cached too.
+	unix.Fadvise(int(src.Fd()), 0, 0, unix.FADV_DONTNEED)
+	return f, nil
+}
+
+// copySparse copies the first size bytes of src into dst (as long, and
+// empty), keeping it sparse: holes and zero blocks (memory the guest
+// never touched) are not written.
+func copySparse(dst, src *os.File, size int64) error {
 	buf := make([]byte, 1<<20)
 	sfd := int(src.Fd())
 	for off := int64(0); off < size; {
@@ -92,32 +145,28 @@ func sealedCopy(path string) (_ *os.File, err error) {
 			break // only a hole is left
 		}
 		if err != nil {
-			return nil, fmt.Errorf("seek data in %s: %w", path, err)
+			return fmt.Errorf("seek data in %s: %w", src.Name(), err)
 		}
 		hole, err := unix.Seek(sfd, data, unix.SEEK_HOLE)
 		if err != nil {
-			return nil, fmt.Errorf("seek hole in %s: %w", path, err)
+			return fmt.Errorf("seek hole in %s: %w", src.Name(), err)
 		}
+		hole = min(hole, size)
 		for p := data; p < hole; {
 			n, err := src.ReadAt(buf[:min(int64(len(buf)), hole-p)], p)
 			if n == 0 && err != nil {
-				return nil, fmt.Errorf("read %s: %w", path, err)
+				return fmt.Errorf("read %s: %w", src.Name(), err)
 			}
 			if !bytes.Equal(buf[:n], zeroPage[:n]) {
-				if _, err := f.WriteAt(buf[:n], p); err != nil {
-					return nil, err
+				if _, err := dst.WriteAt(buf[:n], p); err != nil {
+					return err
 				}
 			}
 			p += int64(n)
 		}
 		off = hole
 	}
-	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, ramSeals); err != nil {
-		return nil, fmt.Errorf("seal the template RAM: %w", err)
-	}
-	// The copy is what vms use: the file's pages need not stay cached too.
-	unix.Fadvise(sfd, 0, 0, unix.FADV_DONTNEED)
-	return f, nil
+	return nil
 }
 
 var zeroPage = make([]byte, 1<<20)
