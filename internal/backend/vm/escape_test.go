@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,8 +13,11 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/core/conformance"
 )
 
@@ -180,4 +184,115 @@ func procIDs(t *testing.T, pid int) (uint32, uint32) {
 		}
 	}
 	return uint32(uid), uint32(gid)
+}
+
+// TestEscapeQEMUNamespace: a guest that escapes into its QEMU finds
+// itself in an empty network namespace (no host address, service or
+// metadata endpoint to reach: only a loopback that is down), as a user of
+// its own (not root, not another vm's QEMU's, no supplementary groups),
+// which a restarted daemon finds again and a destroyed vm gives back.
+func TestEscapeQEMUNamespace(t *testing.T) {
+	b, h := newTestBackend(t, testConfig{})
+	a := conformance.Create(t, h, "vm-ns-a")
+	c := conformance.Create(t, h, "vm-ns-b")
+	hostNS := nsInode(t, "/proc/self/ns/net")
+	uids := map[uint32]string{}
+	for _, s := range []*conformance.Sandbox{a, c} {
+		st, live := b.readRun(s.ID)
+		if !live {
+			t.Fatalf("%s: QEMU not running", s.Name)
+		}
+		pid := st.PID
+		if ns := nsInode(t, fmt.Sprintf("/proc/%d/ns/net", pid)); ns == hostNS {
+			t.Fatalf("%s: QEMU %d runs in the host's network namespace", s.Name, pid)
+		}
+		ns, err := netns.GetFromPath(fmt.Sprintf("/proc/%d/ns/net", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nh, err := netlink.NewHandleAt(ns)
+		ns.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		links, err := nh.LinkList()
+		nh.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range links {
+			if l.Attrs().Name != "lo" || l.Attrs().Flags&net.FlagUp != 0 {
+				t.Fatalf("%s: QEMU's network namespace has %s (flags %v); want only a loopback that is down", s.Name, l.Attrs().Name, l.Attrs().Flags)
+			}
+		}
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var uid uint32
+		for _, l := range strings.Split(string(status), "\n") {
+			f := strings.Fields(l)
+			switch {
+			case len(f) > 0 && (f[0] == "Uid:" || f[0] == "Gid:"):
+				// real, effective, saved, filesystem: one ID, not root
+				if len(f) != 5 || f[1] != f[2] || f[1] != f[3] || f[1] != f[4] || f[1] == "0" {
+					t.Fatalf("%s: QEMU's %s", s.Name, l)
+				}
+				v, _ := strconv.ParseUint(f[1], 10, 32)
+				uid = uint32(v)
+			case len(f) > 0 && f[0] == "Groups:" && len(f) > 1:
+				t.Fatalf("%s: QEMU has supplementary groups: %s", s.Name, l)
+			}
+		}
+		if other, dup := uids[uid]; dup {
+			t.Fatalf("%s and %s's QEMUs both run as %d", other, s.Name, uid)
+		}
+		uids[uid] = s.Name
+		if rec, err := New(b.cfg).vmUID(s.ID); err != nil || rec != uid {
+			t.Fatalf("%s: QEMU runs as %d; a restarted daemon finds %d (%v)", s.Name, uid, rec, err)
+		}
+	}
+	uidA, _ := b.recordedUID(a.ID)
+	a.Destroy(t)
+	d := conformance.Create(t, h, "vm-ns-c")
+	if uid, _ := b.recordedUID(d.ID); uid != uidA {
+		t.Fatalf("a destroyed vm's user %d was not given again (got %d)", uidA, uid)
+	}
+}
+
+// TestEscapeQEMUNeverRoot: no configuration and no call starts QEMU as
+// root, and a range of QEMU users holding root is refused with a clear
+// error.
+func TestEscapeQEMUNeverRoot(t *testing.T) {
+	dir := t.TempDir()
+	b := New(Config{StateDir: dir, CacheDir: dir, QEMU: "/bin/false"})
+	if b.cfg.UIDBase == 0 {
+		t.Fatal("the default QEMU users start at root")
+	}
+	_, err := b.start(context.Background(), &core.Sandbox{ID: "x"}, launch{Disk: filepath.Join(dir, "x", "disk.qcow2")}, 0)
+	if err == nil || !strings.Contains(err.Error(), "refusing to run QEMU as root") {
+		t.Fatalf("start as uid 0: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "x")); err == nil {
+		t.Fatal("a refused start left files")
+	}
+	wrap := New(Config{StateDir: dir, CacheDir: dir, UIDBase: 1<<32 - 10})
+	if _, err := wrap.vmUID("y"); err == nil || !strings.Contains(err.Error(), "must not include root") {
+		t.Fatalf("a QEMU user range that wraps to root: %v", err)
+	}
+	if _, _, err := wrap.reserveUID(); err == nil {
+		t.Fatal("a template boot got a user from a range that wraps to root")
+	}
+	if ok, why, _ := wrap.Available(context.Background()); ok || !strings.Contains(why, "root") {
+		t.Fatalf("Available with a range that wraps to root: %v %q", ok, why)
+	}
+}
+
+func nsInode(t *testing.T, path string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
 }

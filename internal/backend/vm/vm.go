@@ -4,7 +4,9 @@
 // virtio-serial, and a qcow2 copy-on-write root disk over the template's
 // read-only ext4 image. A sandbox starts by restoring a memory snapshot
 // taken once per template (guest RAM mapped copy-on-write from a file),
-// not by booting; a cold boot is the fallback.
+// not by booting; a cold boot is the fallback. Each QEMU runs as a user
+// of its own, in an empty network namespace, and opens nothing by name
+// (uid.go, qemu.go).
 package vm
 
 import (
