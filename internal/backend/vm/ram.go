@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -34,7 +35,8 @@ type sealedRAM struct {
 // ramSeals are the seals a template RAM memfd carries.
 const ramSeals = unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 
-// templateRAM returns snapshot s's RAM as a write-sealed memfd.
+// templateRAM returns snapshot s's RAM as a write-sealed memfd (a
+// descriptor of the caller's own, to close).
 func (b *Backend) templateRAM(s *snapshot) (*os.File, error) {
 	fi, err := os.Stat(s.mem)
 	if err != nil {
@@ -45,7 +47,7 @@ func (b *Backend) templateRAM(s *snapshot) (*os.File, error) {
 	defer b.ramMu.Unlock()
 	if r := b.rams[s.mem]; r != nil {
 		if r.dev == uint64(st.Dev) && r.ino == st.Ino {
-			return r.f, nil
+			return dupFile(r.f)
 		}
 		r.f.Close() // the snapshot was made again: vms started from the old copy keep theirs
 		delete(b.rams, s.mem)
@@ -55,7 +57,28 @@ func (b *Backend) templateRAM(s *snapshot) (*os.File, error) {
 		return nil, fmt.Errorf("template snapshot RAM: %w", err)
 	}
 	b.rams[s.mem] = &sealedRAM{f: f, dev: uint64(st.Dev), ino: st.Ino}
-	return f, nil
+	return dupFile(f)
+}
+
+func dupFile(f *os.File) (*os.File, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("dup %s: %w", f.Name(), err)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// dropTemplateRAM forgets the sealed copies of snapshots under dir (a
+// template being removed); running vms keep the copy they map.
+func (b *Backend) dropTemplateRAM(dir string) {
+	b.ramMu.Lock()
+	defer b.ramMu.Unlock()
+	for path, r := range b.rams {
+		if strings.HasPrefix(path, dir) {
+			r.f.Close()
+			delete(b.rams, path)
+		}
+	}
 }
 
 // newRAM is an empty memfd of size bytes for a template boot's RAM.

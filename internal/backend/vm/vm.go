@@ -67,7 +67,8 @@ type Config struct {
 	// UIDBase is the first of the user and group IDs QEMU runs as: each
 	// vm's QEMU gets one of its own, UIDBase+slot (slots up to uidSlots),
 	// which must be used by nothing else on the host (no /etc/passwd entry
-	// is needed). Default DefaultUIDBase. QEMU never runs as root.
+	// is needed; two nook daemons on one host need ranges apart).
+	// Default DefaultUIDBase. QEMU never runs as root.
 	UIDBase uint32
 	// Net gives sandboxes their network (a tap device per vm); nil: none.
 	Net core.NetHooks
@@ -353,6 +354,7 @@ func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
 		if l.MemFile, err = b.templateRAM(snap); err != nil {
 			return err
 		}
+		defer l.MemFile.Close()
 		l.Incoming, st.Boot = true, "snapshot"
 		l.Chain = snap.chain
 	} else {
@@ -673,7 +675,8 @@ func qemuPID(dir string) int {
 			continue
 		}
 		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err == nil && bytes.Contains(cmdline, []byte("opaque="+target)) {
+		if err == nil && (bytes.Contains(cmdline, []byte("opaque="+target)) ||
+			bytes.Contains(cmdline, []byte("file.filename="+target))) { // or one an older nook started
 			return pid
 		}
 	}
