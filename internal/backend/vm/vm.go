@@ -247,7 +247,7 @@ func (b *Backend) ensureKernel(ctx context.Context) (*Kernel, error) {
 	}
 	// QEMU, unprivileged, reopens them through the descriptors it is
 	// given: they are public (Debian's kernel, nook's agent).
-	for _, f := range []string{k.Vmlinux, k.Initrd, k.Modules} {
+	for _, f := range []string{k.Vmlinux, k.Initrd} {
 		if err := os.Chmod(f, 0o444); err != nil {
 			return nil, errdefs.Unavailable("vm guest kernel: %v", err)
 		}
