@@ -33,10 +33,14 @@ func (b *Backend) BareBoot(ctx context.Context, cpus int, memMiB int64) (time.Du
 	if err != nil {
 		return 0, err
 	}
+	root, err := b.qemuRoot(ctx)
+	if err != nil {
+		return 0, err
+	}
 	cmd := exec.CommandContext(ctx, b.cfg.QEMU, args...)
 	cmd.ExtraFiles = fds.files
 	cmd.Dir = "/"
-	cmd.SysProcAttr = b.qemuAttr(uid)
+	cmd.SysProcAttr = b.qemuAttr(uid, root)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return 0, err

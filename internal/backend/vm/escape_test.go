@@ -244,6 +244,7 @@ func TestEscapeQEMUNamespace(t *testing.T) {
 				t.Fatalf("%s: QEMU has supplementary groups: %s", s.Name, l)
 			}
 		}
+		checkQEMURoot(t, s.Name, pid, uid)
 		if other, dup := uids[uid]; dup {
 			t.Fatalf("%s and %s's QEMUs both run as %d", other, s.Name, uid)
 		}
@@ -295,4 +296,62 @@ func nsInode(t *testing.T, path string) uint64 {
 		t.Fatal(err)
 	}
 	return st.Ino
+}
+
+// checkQEMURoot: QEMU is chrooted into a directory with nothing but what
+// it opens, and its /proc shows it no other user's process.
+func checkQEMURoot(t *testing.T, name string, pid int, uid uint32) {
+	t.Helper()
+	root := fmt.Sprintf("/proc/%d/root", pid)
+	if target, err := os.Readlink(root); err != nil || target == "/" {
+		t.Fatalf("%s: QEMU's root is %q (%v): not chrooted", name, target, err)
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := map[string]bool{"usr": true, "lib": true, "lib64": true, "dev": true, "proc": true, "ok": true}
+	for _, e := range entries {
+		if !allowed[e.Name()] {
+			t.Fatalf("%s: QEMU's root holds %s", name, e.Name())
+		}
+	}
+	if devs, _ := os.ReadDir(root + "/dev"); len(devs) != 1 || devs[0].Name() != "null" {
+		t.Fatalf("%s: QEMU's /dev holds %v", name, devs)
+	}
+	// As QEMU's user, its /proc lists only that user's processes.
+	cmd := exec.Command("/bin/ls", "-a", root+"/proc")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: list QEMU's /proc as its user: %v: %s", name, err, out)
+	}
+	seen := false
+	for _, e := range strings.Fields(string(out)) {
+		n, err := strconv.Atoi(e)
+		if err != nil {
+			if e != "." && e != ".." && e != "self" && e != "thread-self" {
+				t.Fatalf("%s: QEMU's /proc holds %s", name, e)
+			}
+			continue
+		}
+		if n == pid {
+			seen = true
+			continue
+		}
+		if n == cmd.Process.Pid || !procStillThere(n) {
+			continue // ls itself
+		}
+		if u, _ := procIDs(t, n); u != uid {
+			t.Fatalf("%s: QEMU's /proc shows process %d of user %d", name, n, u)
+		}
+	}
+	if !seen {
+		t.Fatalf("%s: QEMU's /proc does not show QEMU itself: %s", name, out)
+	}
+}
+
+func procStillThere(pid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return err == nil
 }

@@ -5,8 +5,9 @@
 // read-only ext4 image. A sandbox starts by restoring a memory snapshot
 // taken once per template (guest RAM mapped copy-on-write from a file),
 // not by booting; a cold boot is the fallback. Each QEMU runs as a user
-// of its own, in an empty network namespace, and opens nothing by name
-// (uid.go, qemu.go).
+// of its own, in an empty network namespace, chrooted into a directory
+// with only its binary, libraries and firmware, and is given every file
+// it uses as an open descriptor (uid.go, chroot.go, qemu.go).
 package vm
 
 import (
@@ -91,6 +92,9 @@ type Backend struct {
 
 	uidMu   sync.Mutex
 	uidHeld map[uint32]bool // QEMU users template boots hold (uid.go)
+
+	rootMu sync.Mutex
+	root   string // the directory QEMU is chrooted into (chroot.go)
 
 	ramMu sync.Mutex
 	rams  map[string]*sealedRAM // template snapshots' RAM, by file path (templateRAM)
@@ -441,10 +445,11 @@ func (p *qemuProc) monitor(ctx context.Context) (*monitor, error) {
 }
 
 // start launches QEMU for a sandbox in its cgroup, as user and group
-// uid (never root), in a network namespace of its own with nothing but a
-// loopback that is down: it reaches the guest's network only through the
-// tap descriptor it inherits, and no host address or service. Its
-// sockets are unix sockets the daemon listens on (files, not network).
+// uid (never root), chrooted into qemuRoot, in a network namespace of
+// its own with nothing but a loopback that is down: it reaches the
+// guest's network only through the tap descriptor it inherits, and no
+// host address or service. Its sockets are unix sockets the daemon
+// listens on and hands it.
 func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch, uid uint32) (*qemuProc, error) {
 	if uid == 0 {
 		return nil, errdefs.Invalid("refusing to run QEMU as root: a guest that escapes into its QEMU would own the host (UIDBase %d)", b.cfg.UIDBase)
@@ -462,11 +467,15 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch, uid uin
 	if err != nil {
 		return nil, fmt.Errorf("start QEMU: %w", err)
 	}
+	root, err := b.qemuRoot(ctx)
+	if err != nil {
+		return nil, err
+	}
 	cmd := exec.Command(b.cfg.QEMU, args...)
 	cmd.ExtraFiles = fds.files
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Dir = "/" // it opens nothing by name
-	cmd.SysProcAttr = b.qemuAttr(uid)
+	cmd.SysProcAttr = b.qemuAttr(uid, root)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start QEMU: %w", err)
 	}
@@ -487,9 +496,10 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch, uid uin
 
 // qemuAttr is how a QEMU process starts: its own process group (signals
 // aimed at the daemon's terminal must not reach sandboxes), its own
-// empty network namespace, and its own user and group with no
-// supplementary groups (but /dev/kvm's, under KVM).
-func (b *Backend) qemuAttr(uid uint32) *syscall.SysProcAttr {
+// empty network namespace, chrooted into root (none: "", under KVM),
+// and its own user and group with no supplementary groups (but
+// /dev/kvm's, under KVM).
+func (b *Backend) qemuAttr(uid uint32, root string) *syscall.SysProcAttr {
 	groups := []uint32{}
 	if b.accel == "kvm" {
 		if fi, err := os.Stat("/dev/kvm"); err == nil {
@@ -499,6 +509,7 @@ func (b *Backend) qemuAttr(uid uint32) *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{
 		Setpgid:    true,
 		Cloneflags: syscall.CLONE_NEWNET,
+		Chroot:     root,
 		Credential: &syscall.Credential{Uid: uid, Gid: uid, Groups: groups},
 	}
 }
