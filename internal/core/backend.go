@@ -136,7 +136,8 @@ type NetHooks interface {
 	// AttachNetns gives a started container, whose network namespace is
 	// at netnsPath (e.g. /proc/PID/ns/net), its interface and address.
 	AttachNetns(ctx context.Context, id, netnsPath string) error
-	// AttachTap makes the tap device a vm's QEMU opens, before QEMU starts.
+	// AttachTap makes the tap device a vm's QEMU is given (the backend
+	// opens it by name in the daemon's namespace), before QEMU starts.
 	AttachTap(ctx context.Context, id string) (tap string, err error)
 	// Detach removes every network resource of the sandbox.
 	Detach(ctx context.Context, id string) error

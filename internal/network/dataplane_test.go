@@ -590,7 +590,7 @@ func TestTap(t *testing.T) {
 	if len(atts) != 1 || atts[0].Kind != KindTap || atts[0].Subnet != subnet || atts[0].ID != "vm-1" {
 		t.Fatalf("List: %+v", atts)
 	}
-	// Open it by name the way QEMU does (-netdev tap,ifname=...).
+	// Open it by name the way the vm backend does for QEMU (openTap).
 	err = nettest.Do(e.topo.Host, func() error {
 		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
 		if err != nil {

@@ -34,7 +34,8 @@ type Kind string
 const (
 	// KindVeth is a container: a named network namespace with a veth pair.
 	KindVeth Kind = "veth"
-	// KindTap is a VM: a tap device on the host that QEMU opens by name.
+	// KindTap is a VM: a tap device on the host that the vm backend opens
+	// by name (TUNSETIFF) and hands its QEMU as a descriptor.
 	KindTap Kind = "tap"
 )
 
@@ -512,8 +513,8 @@ func (m *Manager) adoptContainer(link netlink.Link, path string, subnet netip.Pr
 
 // SetupTap attaches a VM sandbox: a persistent tap device named IfaceName
 // in the host namespace, owned by Config.TapOwner/TapGroup, with the
-// gateway address; QEMU opens it with
-// -netdev tap,ifname=<name>,script=no,downscript=no and the guest
+// gateway address; the vm backend attaches to it by name (TUNSETIFF, as
+// -netdev tap,ifname= would) and passes QEMU the descriptor, and the guest
 // configures the sandbox address (.2) and the default route itself. The
 // same rules as for containers apply, keyed on the interface.
 func (m *Manager) SetupTap(ctx context.Context, id string, subnet netip.Prefix) (string, error) {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nookhq/nook/internal/agent/guestinit"
@@ -23,8 +22,25 @@ func (b *Backend) BareBoot(ctx context.Context, cpus int, memMiB int64) (time.Du
 	}
 	l := launch{machine: machine{Accel: b.accel, CPUs: cpus, MemoryMiB: memMiB, Kernel: k, TSCKHz: tscKHz()},
 		ExtraCmdline: guestinit.UpAndOffArg}
-	cmd := exec.CommandContext(ctx, b.cfg.QEMU, l.args()...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	uid, release, err := b.reserveUID()
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	var fds fdTable
+	defer fds.close()
+	args, err := l.args(&fds)
+	if err != nil {
+		return 0, err
+	}
+	root, err := b.qemuRoot(ctx)
+	if err != nil {
+		return 0, err
+	}
+	cmd := exec.CommandContext(ctx, b.cfg.QEMU, args...)
+	cmd.ExtraFiles = fds.files
+	cmd.Dir = "/"
+	cmd.SysProcAttr = b.qemuAttr(uid, root)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return 0, err

@@ -347,8 +347,12 @@ func (b *Backend) startSaved(ctx context.Context, id string, st state) error {
 	}
 	os.Remove(l.AgentSock)
 	os.Remove(l.QMPSock)
+	uid, err := b.vmUID(id)
+	if err != nil {
+		return err
+	}
 	begin := time.Now()
-	proc, err := b.start(ctx, &core.Sandbox{ID: id, CPUs: st.CPULimit, MemoryBytes: st.MemoryMiB << 20}, l)
+	proc, err := b.start(ctx, &core.Sandbox{ID: id, CPUs: st.CPULimit, MemoryBytes: st.MemoryMiB << 20}, l, uid)
 	if err != nil {
 		return err
 	}

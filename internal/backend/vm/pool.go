@@ -63,6 +63,7 @@ func (b *Backend) Prewarm(sb *core.Sandbox) {
 
 // Drain implements core.WarmPool.
 func (b *Backend) Drain(ctx context.Context, template string) error {
+	b.dropTemplateRAM(b.templateDir(template) + string(filepath.Separator))
 	return b.pool.Drain(ctx, template+"/")
 }
 

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // machine is everything that must be identical between the QEMU that saved
@@ -21,17 +23,24 @@ type machine struct {
 	TSCKHz    int64 // the host's TSC frequency, for tsc_early_khz
 }
 
-// launch is one QEMU process's paths.
+// launch is one QEMU process's files. QEMU opens none of them by name:
+// the daemon opens each (disks read-only but the top layer, the tap, the
+// console log; the QMP and agent sockets it listens on) and QEMU inherits
+// the descriptors (args), so QEMU runs as a user that owns no file, in a
+// network namespace of its own (see start).
 type launch struct {
 	machine
-	MemPath    string // guest RAM file; empty: anonymous memory
-	MemShared  bool   // share=on: guest writes go to the file (a template boot); off: private copy-on-write
+	MemPath   string // guest RAM file; empty: anonymous memory (or MemFile)
+	MemShared bool   // share=on: guest writes go to the file (a template boot); off: private copy-on-write
+	// MemFile is guest RAM QEMU maps from an inherited descriptor: a
+	// template snapshot's sealed memfd (copy-on-write, see templateRAM),
+	// or a template boot's RAM (MemShared).
+	MemFile    *os.File
 	Disk       string // qcow2 root disk
 	AgentSock  string // virtio-serial chardev socket (QEMU listens)
 	QMPSock    string
 	ConsoleLog string
 	Incoming   bool // wait for a migration stream (restore) instead of booting
-	RunAs      string
 	// Chain is the top disk's backing chain, nearest first.
 	Chain []layerRef
 	// Tap is the host's tap device for the guest's NIC; empty: the NIC is
@@ -52,10 +61,80 @@ func (m machine) cmdline() string {
 	return strings.Join(args, " ")
 }
 
+// fdTable is the descriptors a QEMU inherits (exec.Cmd.ExtraFiles): the
+// child sees files[i] as descriptor 3+i.
+type fdTable struct {
+	files []*os.File
+	owned []*os.File // opened for this QEMU: closed once it started
+	sets  int
+}
+
+// add passes f to QEMU and returns its descriptor number there.
+func (t *fdTable) add(f *os.File) int {
+	t.files = append(t.files, f)
+	return 2 + len(t.files)
+}
+
+// open opens path for QEMU and passes it.
+func (t *fdTable) open(path string, flag int) (int, error) {
+	f, err := os.OpenFile(path, flag, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	t.owned = append(t.owned, f)
+	return t.add(f), nil
+}
+
+// fdset opens path for QEMU as an -add-fd set and returns the set's
+// name (/dev/fdset/N), which QEMU's block and file layers open.
+func (t *fdTable) fdset(a *[]string, path string, flag int, opaque bool) (string, error) {
+	fd, err := t.open(path, flag)
+	if err != nil {
+		return "", err
+	}
+	t.sets++
+	spec := fmt.Sprintf("fd=%d,set=%d", fd, t.sets)
+	if opaque {
+		spec += ",opaque=" + path // names the vm in QEMU's command line (qemuPID)
+	}
+	*a = append(*a, "-add-fd", spec)
+	return fmt.Sprintf("/dev/fdset/%d", t.sets), nil
+}
+
+// listen makes a listening unix socket at path (root's, in the vm's
+// directory) for QEMU to accept on.
+func (t *fdTable) listen(path string) (int, error) {
+	os.Remove(path)
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	f := os.NewFile(uintptr(fd), path)
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		f.Close()
+		return 0, fmt.Errorf("bind %s: %w", path, err)
+	}
+	if err := unix.Listen(fd, 16); err != nil {
+		f.Close()
+		return 0, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	t.owned = append(t.owned, f)
+	return t.add(f), nil
+}
+
+// close closes the daemon's copies of what it opened for QEMU.
+func (t *fdTable) close() {
+	for _, f := range t.owned {
+		f.Close()
+	}
+	t.owned = nil
+}
+
 // args is the QEMU command line: a microvm with no default devices, the
 // root disk, the agent's virtio-serial port, a serial console into a log
-// file, QMP, and QEMU's own seccomp sandbox.
-func (l launch) args() []string {
+// file, QMP, and QEMU's own seccomp sandbox. It opens what QEMU needs
+// into fds; the caller closes them once QEMU started.
+func (l launch) args(fds *fdTable) ([]string, error) {
 	share := "off"
 	if l.MemShared {
 		share = "on"
@@ -69,8 +148,25 @@ func (l launch) args() []string {
 		accel, cpu = "kvm", "host"
 	}
 	memBackend := fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", l.MemoryMiB, l.MemPath, share)
-	if l.MemPath == "" {
+	switch {
+	case l.MemFile != nil:
+		// QEMU 7.2 opens a memory-backend-file read-write (its readonly=on
+		// makes the guest's RAM a ROM), so the template's RAM comes as a
+		// memfd sealed against writes: QEMU reopens it, maps it private
+		// (copy-on-write), and can never change what other vms map.
+		memBackend = fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=/proc/self/fd/%d,share=%s", l.MemoryMiB, fds.add(l.MemFile), share)
+	case l.MemPath == "":
 		memBackend = fmt.Sprintf("memory-backend-ram,id=mem,size=%dM", l.MemoryMiB)
+	}
+	// The kernel's files are world-readable (ensureKernel): QEMU reopens
+	// them through its descriptors.
+	kernel, err := fds.open(l.Kernel.Vmlinux, os.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	initrd, err := fds.open(l.Kernel.Initrd, os.O_RDONLY)
+	if err != nil {
+		return nil, err
 	}
 	a := []string{
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
@@ -78,7 +174,8 @@ func (l launch) args() []string {
 		"-accel", accel, "-cpu", cpu,
 		"-smp", strconv.Itoa(l.CPUs), "-m", fmt.Sprintf("%dM", l.MemoryMiB),
 		"-object", memBackend,
-		"-kernel", l.Kernel.Vmlinux, "-initrd", l.Kernel.Initrd, "-append", strings.TrimSpace(l.cmdline() + " " + l.ExtraCmdline),
+		"-kernel", fmt.Sprintf("/proc/self/fd/%d", kernel), "-initrd", fmt.Sprintf("/proc/self/fd/%d", initrd),
+		"-append", strings.TrimSpace(l.cmdline() + " " + l.ExtraCmdline),
 	}
 	if l.Disk != "" {
 		// The backing chain comes from nook's records, each layer opened
@@ -87,13 +184,17 @@ func (l launch) args() []string {
 		// could have rewritten in the top layer. Layers are immutable, so
 		// they are opened without image locks: the vm a snapshot was taken
 		// of still holds its old top (now the snapshot's layer) open for
-		// writing, since QEMU, unprivileged by then, cannot reopen it
-		// read-only; it never writes it again.
+		// writing (QEMU cannot reopen a descriptor it was given read-only);
+		// it never writes it again.
 		below := ""
 		for i := len(l.Chain) - 1; i >= 0; i-- {
 			layer := l.Chain[i]
 			node := fmt.Sprintf("layer%d", i)
-			spec := fmt.Sprintf("driver=%s,node-name=%s,read-only=on,file.driver=file,file.filename=%s,file.locking=off", layer.Format, node, layer.Path)
+			name, err := fds.fdset(&a, layer.Path, os.O_RDONLY, false)
+			if err != nil {
+				return nil, err
+			}
+			spec := fmt.Sprintf("driver=%s,node-name=%s,read-only=on,file.driver=file,file.filename=%s,file.locking=off", layer.Format, node, name)
 			if layer.Format == "qcow2" {
 				if below == "" {
 					spec += ",backing=null"
@@ -104,51 +205,92 @@ func (l launch) args() []string {
 			a = append(a, "-blockdev", spec)
 			below = node
 		}
-		top := fmt.Sprintf("driver=qcow2,node-name=root,file.driver=file,file.filename=%s,file.aio=threads,cache.direct=off", l.Disk)
+		name, err := fds.fdset(&a, l.Disk, os.O_RDWR, true)
+		if err != nil {
+			return nil, err
+		}
+		top := fmt.Sprintf("driver=qcow2,node-name=root,file.driver=file,file.filename=%s,file.aio=threads,cache.direct=off", name)
 		if below != "" {
 			top += ",backing=" + below
+		}
+		mods, err := fds.fdset(&a, l.Kernel.Modules, os.O_RDONLY, false)
+		if err != nil {
+			return nil, err
 		}
 		a = append(a,
 			"-blockdev", top,
 			"-device", "virtio-blk-device,drive=root",
-			"-blockdev", fmt.Sprintf("driver=raw,node-name=modules,read-only=on,file.driver=file,file.filename=%s", l.Kernel.Modules),
+			"-blockdev", fmt.Sprintf("driver=raw,node-name=modules,read-only=on,file.driver=file,file.filename=%s", mods),
 			"-device", "virtio-blk-device,drive=modules")
 	}
 	if l.AgentSock != "" {
+		fd, err := fds.listen(l.AgentSock)
+		if err != nil {
+			return nil, err
+		}
 		a = append(a,
 			"-device", "virtio-serial-device,max_ports=2",
-			"-chardev", fmt.Sprintf("socket,id=agent,path=%s,server=on,wait=off", l.AgentSock),
+			"-chardev", fmt.Sprintf("socket,id=agent,fd=%d,server=on,wait=off", fd),
 			"-device", "virtserialport,chardev=agent,name=nook.agent",
 			"-device", "virtio-rng-device")
 	}
 	if l.Disk != "" {
 		netdev := "hubport,id=net0,hubid=0"
 		if l.Tap != "" {
-			netdev = fmt.Sprintf("tap,id=net0,ifname=%s,script=no,downscript=no", l.Tap)
+			tap, err := openTap(l.Tap)
+			if err != nil {
+				return nil, err
+			}
+			fds.owned = append(fds.owned, tap)
+			netdev = fmt.Sprintf("tap,id=net0,fd=%d", fds.add(tap))
 		}
 		a = append(a, "-netdev", netdev, "-device", "virtio-net-device,netdev=net0,mac=52:54:00:6e:6f:6b")
 	}
 	if l.ConsoleLog != "" {
-		a = append(a, "-chardev", fmt.Sprintf("file,id=console,path=%s,append=on", l.ConsoleLog), "-serial", "chardev:console")
+		name, err := fds.fdset(&a, l.ConsoleLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, false)
+		if err != nil {
+			return nil, err
+		}
+		a = append(a, "-chardev", fmt.Sprintf("file,id=console,path=%s,append=on", name), "-serial", "chardev:console")
 	} else {
 		a = append(a, "-serial", "stdio")
 	}
 	if l.QMPSock != "" {
-		a = append(a, "-qmp", fmt.Sprintf("unix:%s,server=on,wait=off", l.QMPSock))
+		fd, err := fds.listen(l.QMPSock)
+		if err != nil {
+			return nil, err
+		}
+		a = append(a, "-chardev", fmt.Sprintf("socket,id=qmp,fd=%d,server=on,wait=off", fd), "-mon", "chardev=qmp,mode=control")
 	}
-	if l.RunAs != "" {
-		// QEMU opens everything it needs (disks, sockets, tap, RAM file)
-		// as root, then becomes RunAs for good. Seccomp's set*uid filter
-		// would stop that drop itself; without CAP_SETUID, the unprivileged
-		// QEMU cannot get root back anyway.
-		a = append(a, "-runas", l.RunAs, "-sandbox", "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny")
-	} else {
-		a = append(a, "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny")
-	}
+	// QEMU starts as its own unprivileged user (start): it never gains or
+	// changes privileges.
+	a = append(a, "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny")
 	if l.Incoming {
 		a = append(a, "-incoming", "defer")
 	}
-	return a
+	return a, nil
+}
+
+// openTap attaches to the host's tap device name (in the calling thread's
+// network namespace, where the network manager made it) the way QEMU's
+// -netdev tap,ifname= would: no packet info, virtio-net headers, one
+// queue. QEMU gets the descriptor: it needs neither the host's network
+// namespace nor the right to open taps.
+func openTap(name string) (*os.File, error) {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open /dev/net/tun: %w", err)
+	}
+	ifr, err := unix.NewIfreq(name)
+	if err == nil {
+		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+		err = unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("attach to tap %s: %w", name, err)
+	}
+	return os.NewFile(uintptr(fd), "tap:"+name), nil
 }
 
 // monitor is a QMP connection to one QEMU.

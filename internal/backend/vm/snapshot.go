@@ -24,7 +24,7 @@ const defaultImageSize = 8 << 30
 
 // deviceLayout changes whenever the vm's devices do (QEMU's args): a
 // snapshot restores only into the same devices.
-const deviceLayout = 2
+const deviceLayout = 3 // 3: the template boot's RAM is a memfd the daemon writes out
 
 // snapshot is a template's saved running guest: sandboxes start from it.
 type snapshot struct {
@@ -155,11 +155,24 @@ func (b *Backend) bootAndSave(ctx context.Context, templateID string, m machine,
 	if err := b.qemuImgCreate(ctx, base, "raw", disk); err != nil {
 		return err
 	}
-	l := launch{machine: m, MemPath: s.mem, MemShared: true, Disk: disk, Chain: []layerRef{{Path: base, Format: "raw"}},
+	// The guest's RAM is a memfd QEMU shares (its user owns no file);
+	// once QEMU has quit, the daemon writes it to the snapshot's file,
+	// which no QEMU ever opens (vms get a sealed copy: templateRAM).
+	ram, err := newRAM(m.MemoryMiB << 20)
+	if err != nil {
+		return err
+	}
+	defer ram.Close()
+	l := launch{machine: m, MemFile: ram, MemShared: true, Disk: disk, Chain: []layerRef{{Path: base, Format: "raw"}},
 		AgentSock: filepath.Join(s.dir, "agent.sock"), QMPSock: filepath.Join(s.dir, "qmp.sock"),
 		ConsoleLog: filepath.Join(s.dir, "console.log")}
 	sb := &core.Sandbox{ID: id, CPUs: float64(m.CPUs), MemoryBytes: m.MemoryMiB << 20}
-	proc, err := b.start(ctx, sb, l)
+	uid, release, err := b.reserveUID()
+	if err != nil {
+		return err
+	}
+	defer release()
+	proc, err := b.start(ctx, sb, l, uid)
 	if err != nil {
 		return err
 	}
@@ -203,7 +216,7 @@ func (b *Backend) bootAndSave(ctx context.Context, templateID string, m machine,
 	case <-time.After(10 * time.Second):
 		return fmt.Errorf("template QEMU did not quit")
 	}
-	return nil
+	return writeRAM(ram, s.mem)
 }
 
 // waitBoot waits until a booting guest's agent answers, for at most

@@ -4,7 +4,10 @@
 // virtio-serial, and a qcow2 copy-on-write root disk over the template's
 // read-only ext4 image. A sandbox starts by restoring a memory snapshot
 // taken once per template (guest RAM mapped copy-on-write from a file),
-// not by booting; a cold boot is the fallback.
+// not by booting; a cold boot is the fallback. Each QEMU runs as a user
+// of its own, in an empty network namespace, chrooted into a directory
+// with only its binary, libraries and firmware, and is given every file
+// it uses as an open descriptor (uid.go, chroot.go, qemu.go).
 package vm
 
 import (
@@ -21,7 +24,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -63,9 +65,12 @@ type Config struct {
 	// WarmPool is how many restored vms to keep ready per template build
 	// and machine shape in use (0: none).
 	WarmPool int
-	// RunAs is the user QEMU drops to once it has opened its files;
-	// default "nobody" (if it exists); "root" keeps root.
-	RunAs string
+	// UIDBase is the first of the user and group IDs QEMU runs as: each
+	// vm's QEMU gets one of its own, UIDBase+slot (slots up to uidSlots),
+	// which must be used by nothing else on the host (no /etc/passwd entry
+	// is needed; two nook daemons on one host need ranges apart).
+	// Default DefaultUIDBase. QEMU never runs as root.
+	UIDBase uint32
 	// Net gives sandboxes their network (a tap device per vm); nil: none.
 	Net core.NetHooks
 	// BootTimeout bounds a cold boot until the agent answers.
@@ -84,6 +89,15 @@ type Backend struct {
 
 	smu   sync.Mutex
 	slock map[string]*sync.Mutex // per template snapshot, in this process (flock across processes)
+
+	uidMu   sync.Mutex
+	uidHeld map[uint32]bool // QEMU users template boots hold (uid.go)
+
+	rootMu sync.Mutex
+	root   string // the directory QEMU is chrooted into (chroot.go)
+
+	ramMu sync.Mutex
+	rams  map[string]*sealedRAM // template snapshots' RAM, by file path (templateRAM)
 
 	pool *warmpool.Pool[state]
 	ops  keylock.Map  // per sandbox ID, see operate
@@ -113,13 +127,8 @@ func New(cfg Config) *Backend {
 	if cfg.LayersDir == "" {
 		cfg.LayersDir = filepath.Join(filepath.Dir(cfg.StateDir), "vm-snapshots")
 	}
-	if cfg.RunAs == "" {
-		if _, err := user.Lookup("nobody"); err == nil {
-			cfg.RunAs = "nobody"
-		}
-	}
-	if cfg.RunAs == "root" {
-		cfg.RunAs = ""
+	if cfg.UIDBase == 0 {
+		cfg.UIDBase = DefaultUIDBase
 	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 60 * time.Second
@@ -127,7 +136,7 @@ func New(cfg Config) *Backend {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	b := &Backend{cfg: cfg, slock: map[string]*sync.Mutex{}}
+	b := &Backend{cfg: cfg, slock: map[string]*sync.Mutex{}, rams: map[string]*sealedRAM{}, uidHeld: map[uint32]bool{}}
 	b.accel, b.why = DetectAccel(cfg.Accel)
 	b.pool = newPool(b, cfg.WarmPool)
 	return b
@@ -189,6 +198,9 @@ func (b *Backend) Available(ctx context.Context) (bool, string, map[string]strin
 	if os.Geteuid() != 0 {
 		return false, "the vm backend needs root", versions
 	}
+	if err := b.checkUIDRange(); err != nil {
+		return false, err.Error(), versions
+	}
 	if b.accel == "kvm" {
 		if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err != nil {
 			return false, fmt.Sprintf("accelerator kvm: %v", err), versions
@@ -236,6 +248,13 @@ func (b *Backend) ensureKernel(ctx context.Context) (*Kernel, error) {
 	k, err := prepareKernel(ctx, filepath.Join(b.cfg.CacheDir, "kernel"), b.cfg.KernelRoot, b.cfg.AgentBinary)
 	if err != nil {
 		return nil, errdefs.Unavailable("vm guest kernel: %v", err)
+	}
+	// QEMU, unprivileged, reopens them through the descriptors it is
+	// given: they are public (Debian's kernel, nook's agent).
+	for _, f := range []string{k.Vmlinux, k.Initrd} {
+		if err := os.Chmod(f, 0o444); err != nil {
+			return nil, errdefs.Unavailable("vm guest kernel: %v", err)
+		}
 	}
 	b.kernel = k
 	return k, nil
@@ -336,7 +355,11 @@ func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
 		if err := copyFile(snap.child, l.Disk); err != nil {
 			return err
 		}
-		l.MemPath, l.Incoming, st.Boot = snap.mem, true, "snapshot"
+		if l.MemFile, err = b.templateRAM(snap); err != nil {
+			return err
+		}
+		defer l.MemFile.Close()
+		l.Incoming, st.Boot = true, "snapshot"
 		l.Chain = snap.chain
 	} else {
 		base, err := b.ensureImage(ctx, sb.TemplateID)
@@ -352,8 +375,12 @@ func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
 	if err := b.writeHead(sb.ID, head{Disk: "disk.qcow2", Chain: l.Chain}); err != nil {
 		return err
 	}
+	uid, err := b.vmUID(sb.ID)
+	if err != nil {
+		return err
+	}
 	t0 := time.Now()
-	proc, err := b.start(ctx, sb, l)
+	proc, err := b.start(ctx, sb, l, uid)
 	if err != nil {
 		return err
 	}
@@ -417,8 +444,16 @@ func (p *qemuProc) monitor(ctx context.Context) (*monitor, error) {
 	return mon, err
 }
 
-// start launches QEMU for a sandbox in its cgroup.
-func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch) (*qemuProc, error) {
+// start launches QEMU for a sandbox in its cgroup, as user and group
+// uid (never root), chrooted into qemuRoot, in a network namespace of
+// its own with nothing but a loopback that is down: it reaches the
+// guest's network only through the tap descriptor it inherits, and no
+// host address or service. Its sockets are unix sockets the daemon
+// listens on and hands it.
+func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch, uid uint32) (*qemuProc, error) {
+	if uid == 0 {
+		return nil, errdefs.Invalid("refusing to run QEMU as root: a guest that escapes into its QEMU would own the host (UIDBase %d)", b.cfg.UIDBase)
+	}
 	dir := filepath.Dir(l.Disk)
 	logPath := filepath.Join(dir, "qemu.log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -426,12 +461,21 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch) (*qemuP
 		return nil, err
 	}
 	defer logFile.Close()
-	l.RunAs = b.cfg.RunAs
-	cmd := exec.Command(b.cfg.QEMU, l.args()...)
+	var fds fdTable
+	defer fds.close()
+	args, err := l.args(&fds)
+	if err != nil {
+		return nil, fmt.Errorf("start QEMU: %w", err)
+	}
+	root, err := b.qemuRoot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(b.cfg.QEMU, args...)
+	cmd.ExtraFiles = fds.files
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.Dir = dir
-	// Its own process group: signals aimed at the daemon's terminal must not reach sandboxes.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Dir = "/" // it opens nothing by name
+	cmd.SysProcAttr = b.qemuAttr(uid, root)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start QEMU: %w", err)
 	}
@@ -448,6 +492,26 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch) (*qemuP
 		return nil, err
 	}
 	return p, nil
+}
+
+// qemuAttr is how a QEMU process starts: its own process group (signals
+// aimed at the daemon's terminal must not reach sandboxes), its own
+// empty network namespace, chrooted into root (none: "", under KVM),
+// and its own user and group with no supplementary groups (but
+// /dev/kvm's, under KVM).
+func (b *Backend) qemuAttr(uid uint32, root string) *syscall.SysProcAttr {
+	groups := []uint32{}
+	if b.accel == "kvm" {
+		if fi, err := os.Stat("/dev/kvm"); err == nil {
+			groups = append(groups, fi.Sys().(*syscall.Stat_t).Gid)
+		}
+	}
+	return &syscall.SysProcAttr{
+		Setpgid:    true,
+		Cloneflags: syscall.CLONE_NEWNET,
+		Chroot:     root,
+		Credential: &syscall.Credential{Uid: uid, Gid: uid, Groups: groups},
+	}
 }
 
 // Status implements core.Backend.
@@ -623,7 +687,8 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	return errors.Join(errs...)
 }
 
-// qemuPID finds a QEMU still holding a sandbox directory's QMP socket.
+// qemuPID finds a QEMU still running on a sandbox directory's disk (its
+// command line names the top disk it was given).
 func qemuPID(dir string) int {
 	target := dir + string(filepath.Separator) + "disk"
 	procs, _ := os.ReadDir("/proc")
@@ -633,7 +698,8 @@ func qemuPID(dir string) int {
 			continue
 		}
 		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err == nil && bytes.Contains(cmdline, []byte("file.filename="+target)) {
+		if err == nil && (bytes.Contains(cmdline, []byte("opaque="+target)) ||
+			bytes.Contains(cmdline, []byte("file.filename="+target))) { // or one an older nook started
 			return pid
 		}
 	}
