@@ -46,7 +46,7 @@ type daemon struct {
 	run    string
 	cgroup string
 	cmd    *exec.Cmd
-	log    *bytes.Buffer
+	log    *logBuffer
 	// netns, if set, is the network namespace (a path) the daemon runs
 	// in, with sandbox networking on; otherwise it runs in the host's
 	// without (network_test.go).
@@ -54,6 +54,25 @@ type daemon struct {
 	// args are the flags it was first started with: start() without
 	// flags (a restart) uses them again.
 	args []string
+}
+
+// logBuffer holds a daemon's output: written by the copying goroutines
+// os/exec starts, read by the test while the daemon runs.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func newDaemon(t *testing.T, extra ...string) *daemon {
@@ -122,7 +141,7 @@ func (d *daemon) start(extra ...string) {
 	args := append([]string{"serve", "--data-dir", d.data, "--run-dir", d.run, "--templates-dir", testutil.TemplatesDir(),
 		"--cgroup-parent", d.cgroup, "--reap-interval", "200ms", "--vm-cache-dir", vmCacheDir()}, extra...)
 	if d.log == nil {
-		d.log = &bytes.Buffer{}
+		d.log = &logBuffer{}
 	}
 	// Sandbox networking owns its namespace's nftables table: daemons
 	// sharing the host's namespace run without it.

@@ -272,7 +272,7 @@ func testPauseResume(t *testing.T, mode string) {
 	if sb.State != api.StatePaused || !strings.HasPrefix(sb.PauseKind, kind) {
 		t.Fatalf("after pause: %s %q", sb.State, sb.PauseKind)
 	}
-	before, _ := os.ReadFile(filepath.Join(d.data, "sandboxes", sb.ID, "upper/tmp/n"))
+	before, _ := os.ReadFile(filepath.Join(d.data, "sandboxes", sb.ID, "disk/upper/tmp/n"))
 	if !strings.Contains(d.must("inspect", "nap"), "paused:") {
 		t.Fatal("inspect does not say how the sandbox is paused")
 	}
@@ -291,7 +291,7 @@ func testPauseResume(t *testing.T, mode string) {
 		t.Fatalf("after a restart: %s, freezer %q", sb.State, state)
 	}
 	// Nothing ran while it was paused.
-	if after, _ := os.ReadFile(filepath.Join(d.data, "sandboxes", sb.ID, "upper/tmp/n")); string(after) != string(before) || len(before) == 0 {
+	if after, _ := os.ReadFile(filepath.Join(d.data, "sandboxes", sb.ID, "disk/upper/tmp/n")); string(after) != string(before) || len(before) == 0 {
 		t.Fatalf("a paused sandbox's counter moved: %q then %q", before, after)
 	}
 	// An exec wakes it transparently, and its background process is still there.

