@@ -345,7 +345,7 @@ func measureStreams(ctx context.Context, cl *sdk.Client, root string, res *resul
 	if err != nil || len(sbs) == 0 {
 		return fmt.Errorf("list sandboxes: %v", err)
 	}
-	host := filepath.Join(root, "data", "sandboxes", sbs[0].ID, "upper", "tmp", "big")
+	host := filepath.Join(root, "data", "sandboxes", sbs[0].ID, "disk", "upper", "tmp", "big") // the sandbox's own disk image
 	hc := exec.CommandContext(ctx, "cat", host)
 	out, _ := hc.StdoutPipe()
 	start = time.Now()
