@@ -516,17 +516,31 @@ func (b *Backend) stop(ctx context.Context, id string) error {
 	// they stand and only then thawed so that they can die: none may run
 	// on past a checkpoint of them (runc's kill would thaw them first).
 	// And waited for: runc's own kill looks again only after 100 ms.
+	// (The init is looked up first: once killed, it no longer passes for
+	// the container's, and runc delete would be left to wait for it.)
+	init, ierr := b.lookupInit(id)
 	cgroups.Kill(b.cfg.CgroupParent, id)
 	if frozen, err := b.frozen(id); err == nil && frozen {
 		b.thaw(id)
 	}
-	if init, err := b.lookupInit(id); err == nil {
-		waitExit(init)
-	}
 	// runc delete --force kills every process of the container, waits for
-	// them and removes its cgroups and state.
-	if out, err := exec.CommandContext(ctx, b.cfg.Runc, "--root", b.cfg.RuncRoot, "delete", "--force", id).CombinedOutput(); err != nil &&
-		!bytes.Contains(out, []byte("does not exist")) && !bytes.Contains(out, []byte("not exist")) {
+	// them and removes its cgroups and state; while the killed init is
+	// still there (a zombie not yet reaped) it sleeps 100 ms before it
+	// looks again. runc takes a dead or zombie init for a stopped
+	// container, which a plain delete removes at once: that is tried
+	// first.
+	del := func(flags ...string) ([]byte, error) {
+		args := append(append([]string{"--root", b.cfg.RuncRoot, "delete"}, flags...), id)
+		return exec.CommandContext(ctx, b.cfg.Runc, args...).CombinedOutput()
+	}
+	out, err := []byte(nil), errors.New("no init")
+	if ierr == nil && waitDead(init) {
+		out, err = del()
+	}
+	if err != nil { // not stopped (a process outlived the kill), or no init known
+		out, err = del("--force")
+	}
+	if err != nil && !bytes.Contains(out, []byte("does not exist")) && !bytes.Contains(out, []byte("not exist")) {
 		errs = append(errs, fmt.Errorf("runc delete: %v: %s", err, bytes.TrimSpace(out)))
 	}
 	// A create interrupted between cgroup creation and runc's state leaves
@@ -540,19 +554,15 @@ func (b *Backend) stop(ctx context.Context, id string) error {
 	return errors.Join(errs...)
 }
 
-// waitExit waits (up to a second) for a killed init to be gone, reaped
-// too: runc's kill(pid, 0) still finds a zombie.
-func waitExit(init state) {
-	deadline := time.Now().Add(time.Second)
-	for procfs.StartTime(init.PID) == init.StartTime && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	for i := 0; i < 50; i++ {
-		if _, err := os.Stat("/proc/" + strconv.Itoa(init.PID)); err != nil {
-			return
+// waitDead waits (up to a second) for a killed init to be dead: gone, or
+// a zombie, which runc takes for stopped. It reports whether it is.
+func waitDead(init state) bool {
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if procfs.StartTime(init.PID) != init.StartTime { // 0 for a zombie
+			return true
 		}
-		time.Sleep(time.Millisecond)
 	}
+	return false
 }
 
 func validID(id string) error {
