@@ -463,17 +463,12 @@ func TestQuiesce(t *testing.T) {
 		}
 	}
 	p.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	var release func()
-	for {
-		var ok bool
-		if release, ok = c.Quiesce(); ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Quiesce still refused after the exec ended")
-		}
-		time.Sleep(10 * time.Millisecond)
+	// At once: the stream may linger in the session until the agent's
+	// close arrives, but the request is over (under load that took long
+	// enough for a snapshot to give up on the memory).
+	release, ok := c.Quiesce()
+	if !ok {
+		t.Fatalf("Quiesce refused once the exec was closed (%d streams in the session)", c.Streams())
 	}
 	c.mu.Lock()
 	closed := c.sess == nil

@@ -41,6 +41,9 @@ type Client struct {
 	// opening counts streams being opened (not yet in NumStreams), which
 	// a Quiesce must not cut off either.
 	opening int
+	// inflight counts the streams open() returned that are not closed yet:
+	// requests in flight.
+	inflight int
 }
 
 // DefaultAnswerTimeout is how long the agent may take to answer a
@@ -82,7 +85,9 @@ func (c *Client) Quiesce() (release func(), ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.sess != nil && !c.sess.IsClosed() {
-		if c.sess.NumStreams() > 0 || c.opening > 0 {
+		// Requests in flight, not the session's streams: a stream the
+		// daemon closed stays there until the agent's close arrives.
+		if c.inflight > 0 || c.opening > 0 {
 			return nil, false
 		}
 		c.sess.Close()
@@ -170,7 +175,14 @@ func (c *Client) open(ctx context.Context) (net.Conn, error) {
 		c.opening--
 		c.mu.Unlock()
 		if err == nil {
-			return &stream{Stream: st, sess: sess}, nil
+			c.mu.Lock()
+			c.inflight++
+			c.mu.Unlock()
+			return &stream{Stream: st, sess: sess, closed: sync.OnceFunc(func() {
+				c.mu.Lock()
+				c.inflight--
+				c.mu.Unlock()
+			})}, nil
 		}
 		sess.Close()
 		if ferr := sess.failure(); ferr != nil {

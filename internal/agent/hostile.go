@@ -106,6 +106,18 @@ func (s *clientSession) probe() {
 type stream struct {
 	*yamux.Stream
 	sess *clientSession
+	// closed tells the client the request is over (once), for Quiesce.
+	closed func()
+}
+
+// Close ends the request: the stream may linger in the session until the
+// agent's side closes too, but it no longer counts as in flight.
+func (st *stream) Close() error {
+	err := st.Stream.Close()
+	if st.closed != nil {
+		st.closed()
+	}
+	return err
 }
 
 func (st *stream) Read(p []byte) (int, error) {
