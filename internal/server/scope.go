@@ -156,9 +156,11 @@ func (s *Server) sandboxDenied(r *http.Request, sc daemon.Scope) string {
 		return fmt.Sprintf("this token is for sandbox %s only: it cannot reach sandbox %s", sc.Sandbox, name)
 	}
 	id, err := s.sandboxID(r.Context(), name)
-	if err != nil {
-		// Let the handler report it (not found, most likely).
-		return ""
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return "" // the handler reports it
+	}
+	if err != nil { // fail closed: nothing unchecked goes through
+		return fmt.Sprintf("the sandbox %s this token is for could not be checked (%v): try again", name, err)
 	}
 	if id != sc.SandboxID {
 		return fmt.Sprintf("this token was made for an earlier sandbox named %s, which was destroyed: create a new token for this one", name)

@@ -206,6 +206,9 @@ func TestEscapeQEMUNamespace(t *testing.T) {
 		if ns := nsInode(t, fmt.Sprintf("/proc/%d/ns/net", pid)); ns == hostNS {
 			t.Fatalf("%s: QEMU %d runs in the host's network namespace", s.Name, pid)
 		}
+		if ns := nsInode(t, fmt.Sprintf("/proc/%d/ns/ipc", pid)); ns == nsInode(t, "/proc/self/ns/ipc") {
+			t.Fatalf("%s: QEMU %d shares the host's IPC namespace (SysV segments would outlive it)", s.Name, pid)
+		}
 		ns, err := netns.GetFromPath(fmt.Sprintf("/proc/%d/ns/net", pid))
 		if err != nil {
 			t.Fatal(err)

@@ -508,7 +508,9 @@ func (b *Backend) qemuAttr(uid uint32, root string) *syscall.SysProcAttr {
 	}
 	return &syscall.SysProcAttr{
 		Setpgid:    true,
-		Cloneflags: syscall.CLONE_NEWNET,
+		// An empty network namespace, and an IPC one of its own (no SysV
+		// segment or queue outlives it for the next vm given its uid).
+		Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC,
 		Chroot:     root,
 		Credential: &syscall.Credential{Uid: uid, Gid: uid, Groups: groups},
 	}
