@@ -507,7 +507,7 @@ func (b *Backend) qemuAttr(uid uint32, root string) *syscall.SysProcAttr {
 		}
 	}
 	return &syscall.SysProcAttr{
-		Setpgid:    true,
+		Setpgid: true,
 		// An empty network namespace, and an IPC one of its own (no SysV
 		// segment or queue outlives it for the next vm given its uid).
 		Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC,
