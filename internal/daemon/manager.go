@@ -875,6 +875,9 @@ func (m *Manager) runningAgent(ctx context.Context, name string) (*core.Sandbox,
 	// A paused sandbox wakes up for any call that needs it: the caller
 	// sees only the latency.
 	if sb.State == core.StatePaused {
+		if lookOnly(ctx) {
+			return nil, nil, errdefs.Precondition("sandbox %s is paused, and a read-only token cannot wake it: resume it with an admin token (`nook resume %s`)", name, name)
+		}
 		if sb, err = m.wake(ctx, name); err != nil {
 			return nil, nil, err
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,5 +170,39 @@ func TestConcurrentCallsWakePausedSandbox(t *testing.T) {
 	}
 	if _, err := m.Resume(ctx, "sleepy"); !errors.Is(err, errdefs.ErrFailedPrecondition) || err.Error() != "sandbox sleepy is not paused" {
 		t.Fatalf("resume of a running sandbox: %v", err)
+	}
+}
+
+// A read-only caller reads a running sandbox, but never wakes a paused
+// one: that would run the code an admin stopped (and reset its idle clock).
+func TestEscapeReadOnlyNoWake(t *testing.T) {
+	m, _ := newManager(t)
+	ctx := context.Background()
+	if _, err := m.Create(ctx, api.CreateSandboxRequest{Name: "napping"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Destroy(ctx, "napping") })
+	look := LookOnly(ctx)
+	if _, err := m.StatFile(look, "napping", "/etc/hostname"); err != nil {
+		t.Fatalf("read-only stat of a running sandbox: %v", err)
+	}
+	if _, err := m.Pause(ctx, "napping"); err != nil {
+		t.Fatal(err)
+	}
+	for what, call := range map[string]func() error{
+		"stat":      func() error { _, err := m.StatFile(look, "napping", "/etc/hostname"); return err },
+		"list":      func() error { _, err := m.ListFiles(look, "napping", "/", false, 10); return err },
+		"processes": func() error { _, err := m.Processes(look, "napping"); return err },
+	} {
+		if err := call(); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "read-only token cannot wake it") {
+			t.Errorf("read-only %s of a paused sandbox: %v", what, err)
+		}
+	}
+	if sb, _ := m.Get(ctx, "napping"); sb.State != core.StatePaused {
+		t.Fatalf("a read-only call woke the sandbox: %s", sb.State)
+	}
+	// An admin's call still wakes it.
+	if _, err := m.StatFile(ctx, "napping", "/etc/hostname"); err != nil {
+		t.Fatalf("admin stat of a paused sandbox: %v", err)
 	}
 }

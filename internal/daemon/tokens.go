@@ -178,3 +178,17 @@ func (m *Manager) Authenticate(ctx context.Context, secret string) (*TokenInfo, 
 	scope.SandboxID = t.SandboxID
 	return &TokenInfo{ID: t.ID, Scope: scope, ExpiresAt: t.ExpiresAt}, nil
 }
+
+type lookOnlyKey struct{}
+
+// LookOnly marks a call made for a caller that may only look (a
+// read-only token): it reads a running sandbox, but never wakes a paused
+// one (that would run code an admin stopped).
+func LookOnly(ctx context.Context) context.Context {
+	return context.WithValue(ctx, lookOnlyKey{}, true)
+}
+
+func lookOnly(ctx context.Context) bool {
+	v, _ := ctx.Value(lookOnlyKey{}).(bool)
+	return v
+}

@@ -95,7 +95,11 @@ func (s *Server) auth(requireToken bool, next http.Handler) http.Handler {
 			return
 		}
 		c := caller{scope: ti.Scope, tokenID: ti.ID, secret: secret}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
+		ctx := context.WithValue(r.Context(), callerKey{}, c)
+		if ti.Scope.Kind == api.ScopeReadOnly {
+			ctx = daemon.LookOnly(ctx)
+		}
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
