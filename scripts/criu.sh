@@ -28,21 +28,8 @@ has_version() {
 	grep -qx "Version: $CRIU_VERSION" <<<"$out"
 }
 
-if has_version; then
-	exit 0
-fi
-
-if [ "$(id -u)" != 0 ]; then
-	echo "nook needs CRIU $CRIU_VERSION at $CRIU; run make as root (or run $0 as root) to build it" >&2
-	exit 1
-fi
-# One build at a time (two `make test` runs at once).
-mkdir -p "$PREFIX"
-exec 9>"$PREFIX/.lock"
-flock 9
-if has_version; then
-	exit 0
-fi
+. "$(dirname "$0")/lib.sh"
+build_lock "CRIU $CRIU_VERSION at $CRIU"
 
 start=$SECONDS
 
@@ -66,18 +53,7 @@ else
 	fetch() { curl -fsSL --retry 3 -o "$2" "$1"; }
 fi
 
-need=()
-for p in "${pkgs[@]}"; do
-	if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" != "install ok installed" ]; then
-		need+=("$p")
-	fi
-done
-if [ ${#need[@]} -gt 0 ]; then
-	echo "installing CRIU build dependencies: ${need[*]}" >&2
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
-	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+apt_need "CRIU build dependencies" "${pkgs[@]}"
 
 tmp="$(mktemp -d)"
 cleanup() {

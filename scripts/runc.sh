@@ -32,21 +32,8 @@ has_version() {
 	grep -qx "runc version $RUNC_VERSION" <<<"$out" && grep -qx "commit: $COMMIT" <<<"$out"
 }
 
-if has_version; then
-	exit 0
-fi
-
-if [ "$(id -u)" != 0 ]; then
-	echo "nook needs runc $RUNC_VERSION at $RUNC; run make as root (or run $0 as root) to build it" >&2
-	exit 1
-fi
-mkdir -p "$PREFIX"
-# One build at a time (two `make test` runs at once).
-exec 9>"$PREFIX/.lock"
-flock 9
-if has_version; then
-	exit 0
-fi
+. "$(dirname "$0")/lib.sh"
+build_lock "runc $RUNC_VERSION at $RUNC"
 
 start=$SECONDS
 
@@ -58,19 +45,7 @@ if [ ! -x "$GO" ]; then
 fi
 
 # cgo: a C compiler, libseccomp's headers (found through pkg-config).
-pkgs=(gcc libc6-dev pkg-config libseccomp-dev)
-need=()
-for p in "${pkgs[@]}"; do
-	if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" != "install ok installed" ]; then
-		need+=("$p")
-	fi
-done
-if [ ${#need[@]} -gt 0 ]; then
-	echo "installing runc build dependencies: ${need[*]}" >&2
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
-	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+apt_need "runc build dependencies" gcc libc6-dev pkg-config libseccomp-dev
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"; rm -f "$RUNC.tmp"' EXIT
