@@ -170,3 +170,16 @@ func Syncfs(dir string) error {
 	}
 	return nil
 }
+
+// IsMountPoint reports whether path is the root of a mount (on another
+// filesystem than its parent directory).
+func IsMountPoint(path string) (bool, error) {
+	var st, parent unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return false, err
+	}
+	if err := unix.Lstat(filepath.Dir(path), &parent); err != nil {
+		return false, err
+	}
+	return st.Dev != parent.Dev, nil
+}

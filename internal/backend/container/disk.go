@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/fsutil"
 )
 
 // A container's disk is its own ext4 filesystem: a sparse image file
@@ -109,7 +110,7 @@ func (b *Backend) mountDisk(id string) error {
 	if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
-	if mounted, err := isMountPoint(mnt); err != nil || mounted {
+	if mounted, err := fsutil.IsMountPoint(mnt); err != nil || mounted {
 		return err
 	}
 	img, err := os.OpenFile(b.diskImage(id), os.O_RDWR|unix.O_CLOEXEC, 0)
@@ -163,25 +164,12 @@ func attachLoop(img *os.File) (*os.File, error) {
 	}
 }
 
-// isMountPoint reports whether path is the root of a mount (not the
-// filesystem its parent is on).
-func isMountPoint(path string) (bool, error) {
-	var st, parent unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
-		return false, err
-	}
-	if err := unix.Lstat(filepath.Dir(path), &parent); err != nil {
-		return false, err
-	}
-	return st.Dev != parent.Dev, nil
-}
-
 // unmountDisk unmounts sandbox id's disk and waits (a few seconds at
 // most) for its loop device to detach: the kernel detaches an autoclear
 // device in the background after the last close.
 func (b *Backend) unmountDisk(id string) error {
 	mnt := b.diskMount(id)
-	mounted, err := isMountPoint(mnt)
+	mounted, err := fsutil.IsMountPoint(mnt)
 	if errors.Is(err, unix.ENOENT) || err == nil && !mounted {
 		return nil
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/core/conformance"
+	"github.com/nookhq/nook/internal/fsutil"
 )
 
 // A sandbox paused to disk across a host reboot (its disk no longer
@@ -33,7 +34,7 @@ func TestDiskAcrossReboot(t *testing.T) {
 	if err := b.unmountDisk(s.ID); err != nil {
 		t.Fatal(err)
 	}
-	if mounted, _ := isMountPoint(b.diskMount(s.ID)); mounted {
+	if mounted, _ := fsutil.IsMountPoint(b.diskMount(s.ID)); mounted {
 		t.Fatal("the disk is still mounted")
 	}
 	b2 := twin(b)

@@ -162,15 +162,8 @@ func placeFile(dir, path string) error {
 // (hidepid=invisible) and no system files (subset=pid), unless one is
 // mounted there already.
 func mountProc(dir string) error {
-	var st, parent unix.Stat_t
-	if err := unix.Stat(dir, &st); err != nil {
-		return err
-	}
-	if err := unix.Stat(filepath.Dir(dir), &parent); err != nil {
-		return err
-	}
-	if st.Dev != parent.Dev {
-		return nil // mounted
+	if mounted, err := fsutil.IsMountPoint(dir); err != nil || mounted {
+		return err // mounted already, or an error
 	}
 	if err := unix.Mount("proc", dir, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "hidepid=invisible,subset=pid"); err != nil {
 		return fmt.Errorf("mount proc at %s: %w", dir, err)
