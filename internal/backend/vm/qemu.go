@@ -182,10 +182,10 @@ func (l launch) args(fds *fdTable) ([]string, error) {
 		// read-only with its backing named explicitly: QEMU never follows a
 		// backing file name from a qcow2 header, which the guest's QEMU
 		// could have rewritten in the top layer. Layers are immutable, so
-		// they are opened without image locks: the vm a snapshot was taken
-		// of still holds its old top (now the snapshot's layer) open for
-		// writing (QEMU cannot reopen a descriptor it was given read-only);
-		// it never writes it again.
+		// they are opened without image locks. (A vm a snapshot was taken
+		// of still holds its old top open for writing, as the backing of
+		// its new top: QEMU cannot reopen a descriptor it was given. The
+		// snapshot's layer is a copy of it, no QEMU's: see Snapshot.)
 		below := ""
 		for i := len(l.Chain) - 1; i >= 0; i-- {
 			layer := l.Chain[i]

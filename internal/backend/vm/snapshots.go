@@ -3,10 +3,16 @@ package vm
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
@@ -17,9 +23,11 @@ var _ core.Snapshotter = (*Backend)(nil)
 
 // Snapshots. A snapshot is a directory in LayersDir:
 //
-//	disk.qcow2  the vm's top disk layer at the time (a hard link of the
-//	            file the vm was writing, which then stops writing it: the
-//	            vm goes on in a new empty qcow2 layer on top of it)
+//	disk.qcow2  the vm's top disk layer at the time: the vm goes on in a
+//	            new empty qcow2 layer on top of it. Of a paused vm, a hard
+//	            link of its top (no QEMU has it open); of a running vm, a
+//	            copy made while the guest is stopped for the save, never
+//	            the file its QEMU holds open for writing (see Snapshot)
 //	mem.state   the whole guest (RAM and devices), as a pause writes it
 //	meta.json   the machine it was (vCPUs, RAM, kernel), for forks
 //
@@ -59,6 +67,7 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string,
 	defer os.RemoveAll(tmp)
 	st, live := b.running(id)
 	h := b.readHead(id)
+	start := time.Now()
 	switch {
 	case live:
 		if err := b.saveTo(ctx, id, filepath.Join(tmp, "mem.state")); err != nil {
@@ -76,10 +85,26 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string,
 			b.recoverLocked(id) // the save is not committed: the vm continues
 		}
 	}
-	if err := linkOrCopy(filepath.Join(dir, h.Disk), filepath.Join(tmp, "disk.qcow2")); err != nil {
+	// A paused vm's top layer is no QEMU's: the snapshot takes it (a hard
+	// link). A running vm's QEMU holds its top open for writing, and goes
+	// on holding it (as the new top's backing) for as long as it runs, and
+	// a guest that takes its QEMU over can write through that descriptor:
+	// the snapshot's disk, which rollbacks and forks start from, is a copy,
+	// a new inode no QEMU has open, made now that the guest is stopped
+	// (and its disk flushed) for the save.
+	disk := filepath.Join(tmp, "disk.qcow2")
+	saved := time.Now()
+	var err error
+	if live {
+		err = copyLayer(filepath.Join(dir, h.Disk), disk)
+	} else {
+		err = linkOrCopy(filepath.Join(dir, h.Disk), disk)
+	}
+	if err != nil {
 		cont()
 		return core.SnapshotInfo{}, err
 	}
+	b.cfg.Log.Debug("vm snapshot", "sandbox", id, "live", live, "save", saved.Sub(start), "disk", time.Since(saved))
 	meta := st
 	meta.PID, meta.StartTime, meta.Saved = 0, 0, false
 	if err := fsutil.WriteJSONAtomic(filepath.Join(tmp, "meta.json"), meta); err != nil {
@@ -124,9 +149,13 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string,
 // this QEMU, and the vm starts again from the snapshot, which is exactly
 // where its guest is. Then QEMU's copy-on-write switch puts the new layer
 // under the running guest, the head drops the state, and the guest goes
-// on: it stopped only for the save and the switch. Should the switch
-// fail, the vm starts again from the snapshot in a new QEMU instead
-// (restarted). Once the head names the snapshot, the snapshot is taken
+// on: it stopped only for the save, the disk copy and the switch. In
+// this QEMU the new layer's backing is the old top (oldDisk, which it
+// keeps open and no longer writes); in the head, and so in any later
+// start, it is the snapshot's copy of it, made while the guest was
+// stopped: the same bytes, so the new layer reads the same over either.
+// Should the switch fail, the vm starts again from the snapshot in a new
+// QEMU instead (restarted). Once the head names the snapshot, the snapshot is taken
 // whatever happens next: what fails after that is logged, and the next
 // operation's recovery finishes it.
 func (b *Backend) goOn(ctx context.Context, id string, st state, oldDisk string, next head) (restarted bool, err error) {
@@ -345,6 +374,64 @@ func (b *Backend) layerChain(snapID string) []layerRef {
 	var below []layerRef
 	fsutil.ReadJSON(filepath.Join(b.layerDir(snapID), "chain.json"), &below)
 	return append([]layerRef{{Path: filepath.Join(b.layerDir(snapID), "disk.qcow2"), Format: "qcow2"}}, below...)
+}
+
+// copyLayer copies the disk layer src to a new file dst (created, not
+// replaced) and syncs it: the data in kernel copies (copy_file_range,
+// which Go's io.Copy between files uses), extent by extent, so that the
+// holes of a sparse image stay holes.
+func copyLayer(src, dst string) (err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(dst)
+		}
+	}()
+	size := fi.Size()
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // a hole to the end
+		}
+		if err != nil {
+			return fmt.Errorf("copy %s: seek data: %w", src, err)
+		}
+		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("copy %s: seek hole: %w", src, err)
+		}
+		if _, err := in.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := out.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if n, err := io.Copy(out, io.LimitReader(in, hole-data)); err != nil {
+			return fmt.Errorf("copy %s: %w", src, err)
+		} else if n != hole-data {
+			return fmt.Errorf("copy %s: it changed while it was copied", src)
+		}
+		off = hole
+	}
+	if err := out.Truncate(size); err != nil {
+		return err
+	}
+	return out.Sync()
 }
 
 // linkOrCopy hard-links src to dst, copying where a link cannot be made.

@@ -52,7 +52,7 @@ type Config struct {
 	QEMUImg      string // qemu-img; default: found in PATH
 	StateDir     string // per-sandbox directories
 	CacheDir     string // kernels, template disk images and snapshots
-	LayersDir    string // sandbox snapshots; default: "vm-snapshots" beside StateDir (the same filesystem: layers are hard links)
+	LayersDir    string // sandbox snapshots; default: "vm-snapshots" beside StateDir (the same filesystem: a paused vm's snapshot hard-links its files)
 	KernelRoot   string // an unpacked Debian linux-image package (or /); default: fetched with apt into CacheDir
 	AgentBinary  string // the static nook-agent that becomes the guest's init
 	CgroupParent string

@@ -325,7 +325,8 @@ func TestSnapshots(t *testing.T) {
 	}
 
 	// A fork of a snapshot of the running source, while the source runs
-	// on (it still holds its old top layer, now the snapshot's, open).
+	// on (it still holds its old top layer, of which the snapshot's disk
+	// is a copy, open).
 	if _, err := b.Snapshot(ctx, s.Sandbox, "snap-live", core.SnapshotOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -511,4 +512,42 @@ func fileSum(t *testing.T, path string) [32]byte {
 		t.Fatal(err)
 	}
 	return sha256.Sum256(data)
+}
+
+// TestCopyLayer: a snapshot's copy of a running vm's disk layer is a new
+// file with the same bytes and size, and the source's holes stay holes.
+func TestCopyLayer(t *testing.T) {
+	dir := t.TempDir()
+	src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "dst")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 1<<20)
+	rand.Read(data)
+	// data, an 8 MiB hole, data, and a hole to the end
+	for _, off := range []int64{0, 9 << 20} {
+		if _, err := f.WriteAt(data, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Truncate(32 << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := copyLayer(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	if fileSum(t, src) != fileSum(t, dst) {
+		t.Fatal("the copy's bytes differ")
+	}
+	var s, d syscall.Stat_t
+	syscall.Stat(src, &s)
+	syscall.Stat(dst, &d)
+	if s.Ino == d.Ino || d.Size != s.Size || d.Blocks > s.Blocks+64 {
+		t.Fatalf("copy: inode %d (source %d), size %d (%d), blocks %d (%d)", d.Ino, s.Ino, d.Size, s.Size, d.Blocks, s.Blocks)
+	}
+	if err := copyLayer(src, dst); err == nil {
+		t.Fatal("copyLayer replaced an existing file")
+	}
 }
