@@ -11,6 +11,16 @@
 # 3.17 fails on these kernels altogether. Only the criu binary is built and
 # installed, with nftables as the default network-lock method (the hosts have
 # no iptables-restore) and without GnuTLS (the same build on every host).
+#
+# One patch is applied, scripts/criu-userns-join.patch: with --join-ns
+# user:PATH (what runc passes to restore a container into the user namespace
+# its spec names), the restored root task is born in that user namespace
+# instead of a new one, so that the network namespace nook made in it can be
+# joined as an external one. Upstream CRIU creates a new user namespace
+# whatever --join-ns says ("join-ns with user-namespace is not fully tested"),
+# and the restore of every user-namespaced container sandbox fails. The
+# installed build records the patch's sha256 beside the binary
+# ($PREFIX/sbin/criu.patch), which is how nook (and this script) tell it.
 set -euo pipefail
 
 CRIU_VERSION=4.2.1
@@ -19,10 +29,14 @@ CRIU_SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
 
 PREFIX="${NOOK_CRIU_PREFIX:-/usr/local/lib/nook/criu}"
 CRIU="$PREFIX/sbin/criu"
+PATCH="$(cd "$(dirname "$0")" && pwd)/criu-userns-join.patch"
+PATCH_SHA256="$(sha256sum "$PATCH" | cut -d' ' -f1)"
 
-# has_version reports whether $CRIU exists and says it is $CRIU_VERSION.
+# has_version reports whether $CRIU exists, says it is $CRIU_VERSION and was
+# built with this patch.
 has_version() {
 	[ -x "$CRIU" ] || return 1
+	[ "$(cat "$CRIU.patch" 2>/dev/null)" = "$PATCH_SHA256" ] || return 1
 	local out
 	out="$("$CRIU" --version 2>/dev/null)" || return 1
 	grep -qx "Version: $CRIU_VERSION" <<<"$out"
@@ -38,7 +52,7 @@ start=$SECONDS
 # optional to CRIU's build but wanted: without libnftables-dev the nftables
 # network lock is compiled out.
 pkgs=(
-	build-essential pkg-config xz-utils
+	build-essential pkg-config xz-utils patch
 	libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler
 	libnl-3-dev libcap-dev libnet1-dev uuid-dev
 	libbsd-dev libnftables-dev
@@ -82,6 +96,7 @@ fail() {
 tar -xJf "$tarball" -C "$tmp" >"$log" 2>&1 || fail "could not unpack $tarball"
 src="$tmp/criu-$CRIU_VERSION"
 [ -d "$src" ] || fail "$tarball did not unpack into criu-$CRIU_VERSION"
+patch -d "$src" -p1 <"$PATCH" >>"$log" 2>&1 || fail "could not apply $PATCH"
 make -C "$src" -j"$(nproc)" criu NETWORK_LOCK_DEFAULT=NETWORK_LOCK_NFTABLES NO_GNUTLS=1 >>"$log" 2>&1 ||
 	fail "building CRIU $CRIU_VERSION failed"
 # CRIU's build quietly leaves nftables out when it cannot find libnftables (via
@@ -96,6 +111,7 @@ mkdir -p "$PREFIX/sbin"
 cp "$src/criu/criu" "$CRIU.tmp"
 chmod 755 "$CRIU.tmp"
 mv -f "$CRIU.tmp" "$CRIU"
+echo "$PATCH_SHA256" >"$CRIU.patch"
 
 if ! has_version; then
 	echo "built $CRIU, but \`$CRIU --version\` does not say Version: $CRIU_VERSION:" >&2

@@ -25,8 +25,8 @@ import (
 // of a plain container of the same rootfs, measured in the same run.
 func runCheckpoint(ctx context.Context, cfg Config, root, rootfs string) (err error) {
 	out := cfg.Out
-	if _, _, err := container.CRIUVersion(ctx, container.DefaultCRIU); err != nil {
-		fmt.Fprintf(out, "\ncontainer checkpoints skipped: no CRIU >= 4 at %s (scripts/criu.sh builds it)\n", container.DefaultCRIU)
+	if _, ok, why, err := container.CRIUVersion(ctx, container.DefaultCRIU); err != nil || !ok {
+		fmt.Fprintf(out, "\ncontainer checkpoints skipped: no usable CRIU at %s (scripts/criu.sh builds it): %s%v\n", container.DefaultCRIU, why, err)
 		return nil
 	}
 	rounds := max(cfg.SnapshotRounds/2, 10)

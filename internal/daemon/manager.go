@@ -165,14 +165,14 @@ func (m *Manager) containerPause(ctx context.Context) (string, error) {
 			path, _ = exec.LookPath("criu")
 		}
 	}
-	why := "CRIU is not installed (scripts/criu.sh builds CRIU 4.1.1)"
+	why := "CRIU is not installed (scripts/criu.sh builds it)"
 	if path != "" {
-		version, ok, err := container.CRIUVersion(ctx, path)
+		version, ok, notOK, err := container.CRIUVersion(ctx, path)
 		switch {
 		case err != nil:
 			why = err.Error()
 		case !ok:
-			why = fmt.Sprintf("%s is CRIU %s, and checkpoints need CRIU >= 4 (scripts/criu.sh builds 4.1.1)", path, version)
+			why = notOK
 		default:
 			m.pauseMode = fmt.Sprintf("checkpoint (to disk, with CRIU %s at %s)", version, path)
 			return path, nil
@@ -194,14 +194,22 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := checkAgentBinary(cfg.AgentBinary); err != nil {
 		return nil, err
 	}
-	// Sandboxes' files belong to root inside them, which is root on the
-	// host: nobody else on the host may walk into them (a setuid binary a
-	// sandbox made would be a way to root).
-	for _, d := range []string{cfg.DataDir, cfg.RunDir, filepath.Join(cfg.DataDir, "sandboxes")} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("create %s: %w", d, err)
+	// Nobody else on the host may walk into sandboxes' files (a setuid
+	// binary a sandbox made would be a way to its uids, or, in a vm's or
+	// an older container's files, to root). The data directory and the
+	// containers' are searchable, not listable: a container's root, an
+	// unprivileged uid of its own on the host, passes them on the way to
+	// its rootfs, and each sandbox's directory lets in only that uid's
+	// group (container.Backend); everything else in them is root's alone.
+	// (The data directory first: parents MkdirAll makes get its mode.)
+	for _, d := range []struct {
+		path string
+		mode os.FileMode
+	}{{cfg.DataDir, 0o711}, {filepath.Join(cfg.DataDir, "sandboxes"), 0o711}, {cfg.RunDir, 0o700}} {
+		if err := os.MkdirAll(d.path, d.mode); err != nil {
+			return nil, fmt.Errorf("create %s: %w", d.path, err)
 		}
-		if err := os.Chmod(d, 0o700); err != nil {
+		if err := os.Chmod(d.path, d.mode); err != nil {
 			return nil, err
 		}
 	}

@@ -248,11 +248,17 @@ func TestCreateExecRemove(t *testing.T) {
 	if got := d.must("exec", "e2e-one", "--", "sh", "-c", "echo $NOOK_SANDBOX $(hostname)"); got != "e2e-one e2e-one\n" {
 		t.Fatalf("the sandbox does not know its name: %q", got)
 	}
-	// Nobody but root on the host may enter the sandboxes' files.
-	for _, dir := range []string{filepath.Join(d.data, "sandboxes"), filepath.Join(d.data, "sandboxes", mustID(t, d, "e2e-one"))} {
-		if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
-			t.Fatalf("%s: mode %v %v, want 0700", dir, fi.Mode(), err)
+	// Nobody but root on the host may list the sandboxes or read the
+	// database; a sandbox's directory lets in only its own root's group
+	// (an unprivileged gid of its range, on the way to its rootfs).
+	for path, want := range map[string]os.FileMode{filepath.Join(d.data, "sandboxes"): 0o711, filepath.Join(d.data, "nook.db"): 0o600} {
+		if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != want {
+			t.Fatalf("%s: mode %v %v, want %v", path, fi.Mode(), err, want)
 		}
+	}
+	sbDir := filepath.Join(d.data, "sandboxes", mustID(t, d, "e2e-one"))
+	if fi, err := os.Stat(sbDir); err != nil || fi.Mode().Perm() != 0o710 || fi.Sys().(*syscall.Stat_t).Uid != 0 || fi.Sys().(*syscall.Stat_t).Gid < 1<<30 {
+		t.Fatalf("%s: %v %+v, want 0710, root's, with the sandbox's root group", sbDir, err, fi)
 	}
 	r, _ := d.nook("exec", "--env", "X=1", "--cwd", "/tmp", "e2e-one", "--", "sh", "-c", `echo "$GREETING $X $(pwd)"; echo err >&2; exit 42`)
 	if r.stdout != "hello 1 /tmp\n" || r.stderr != "err\n" || r.code != 42 {

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -111,7 +112,19 @@ type Store struct {
 }
 
 // Open opens (creating if needed) the database at path and migrates it.
+// The database (tokens' hashes, every sandbox's record) is root's alone:
+// SQLite gives its -wal and -shm files the database file's mode.
 func Open(ctx context.Context, path string) (*Store, error) {
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("database %s: %w", p, err)
+		}
+	}
+	if f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o600); err != nil {
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	} else {
+		f.Close()
+	}
 	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_txlock=immediate"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {

@@ -46,6 +46,11 @@ func TempRoot(t testing.TB) string {
 	tmpOnce.Do(func() {
 		var err error
 		tmpRoot, err = os.MkdirTemp("", "nooktest")
+		if err == nil {
+			// Searchable (not listable) by others: a user-namespaced
+			// container's root passes it on the way to its rootfs.
+			err = os.Chmod(tmpRoot, 0o711)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}

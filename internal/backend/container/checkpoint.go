@@ -2,6 +2,7 @@ package container
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -44,19 +45,29 @@ import (
 const DefaultCRIU = "/usr/local/lib/nook/criu/sbin/criu"
 
 // CRIUVersion returns the version of the CRIU binary at path, and whether
-// it can checkpoint nook's containers (CRIU 4 or later: Debian bookworm's
-// 3.17 fails on kernels from 6.13 on).
-func CRIUVersion(ctx context.Context, path string) (version string, ok bool, err error) {
+// it can checkpoint nook's containers: CRIU 4 or later (Debian bookworm's
+// 3.17 fails on kernels from 6.13 on), built with scripts/criu.sh's patch
+// that restores a container into the user namespace it names (without
+// it, no user-namespaced sandbox can be restored). why says what is
+// missing when !ok.
+func CRIUVersion(ctx context.Context, path string) (version string, ok bool, why string, err error) {
 	out, err := exec.CommandContext(ctx, path, "--version").Output()
 	if err != nil {
-		return "", false, fmt.Errorf("%s --version: %w", path, err)
+		return "", false, "", fmt.Errorf("%s --version: %w", path, err)
 	}
 	m := regexp.MustCompile(`Version: (\d+)\.(\d+)(\.\d+)?`).FindStringSubmatch(string(out))
 	if m == nil {
-		return "", false, fmt.Errorf("%s --version printed no version: %q", path, out)
+		return "", false, "", fmt.Errorf("%s --version printed no version: %q", path, out)
 	}
 	major, _ := strconv.Atoi(m[1])
-	return strings.TrimPrefix(m[0], "Version: "), major >= 4, nil
+	version = strings.TrimPrefix(m[0], "Version: ")
+	if major < 4 {
+		return version, false, fmt.Sprintf("%s is CRIU %s, and checkpoints need CRIU >= 4 (scripts/criu.sh builds it)", path, version), nil
+	}
+	if patch, err := os.ReadFile(path + ".patch"); err != nil || len(bytes.TrimSpace(patch)) == 0 {
+		return version, false, fmt.Sprintf("%s is CRIU %s without nook's patch for user namespaces (%s.patch is missing; scripts/criu.sh builds it)", path, version, path), nil
+	}
+	return version, true, "", nil
 }
 
 func (b *Backend) checkpointDir(id string) string { return filepath.Join(b.dir(id), "checkpoint") }
@@ -269,8 +280,18 @@ func (b *Backend) restore(ctx context.Context, id string, lock *os.File) error {
 			return err
 		}
 	}
-	base := b.upperBase(id)
-	if err := mountOverlay(lowers, filepath.Join(base, "upper"), filepath.Join(base, "work"), b.rootfs(id)); err != nil {
+	m, err := b.readIDMap(id)
+	if err != nil {
+		return err
+	}
+	// After a host reboot the namespaces are gone: new ones (the user
+	// namespace with the sandbox's range) get the sandbox's network (same
+	// address) before the processes come back.
+	made, err := b.ensureNamespaces(id, m)
+	if err != nil {
+		return err
+	}
+	if err := b.mountRoot(id, lowers, m); err != nil {
 		return err
 	}
 	fail := func(err error) error {
@@ -280,12 +301,6 @@ func (b *Backend) restore(ctx context.Context, id string, lock *os.File) error {
 		}
 		os.Remove(filepath.Join(dir, "restoring"))
 		return err
-	}
-	// After a host reboot the namespace is gone: a new one gets the
-	// sandbox's network (same address) before the processes come back.
-	made, err := ensureNetns(b.netnsFile(id))
-	if err != nil {
-		return fail(err)
 	}
 	if made && b.cfg.Net != nil {
 		if err := b.cfg.Net.AttachNetns(ctx, id, b.netnsFile(id)); err != nil {
@@ -306,6 +321,30 @@ func (b *Backend) restore(ctx context.Context, id string, lock *os.File) error {
 	return nil
 }
 
+// readableImages lets the processes CRIU restores read their images: in
+// a user-namespaced sandbox they open some of them once they are the
+// sandbox's uids, through the images directory CRIU opened (so only that
+// directory's search bit counts, not those above it). The directories
+// above keep everyone else out: a sandbox's directory is its own root's
+// and the host's root's (userns.go), the snapshots' directory root's.
+func readableImages(dir string) error {
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.Type().IsRegular() {
+			if err := os.Chmod(filepath.Join(dir, e.Name()), 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // runcRestore brings sandbox id's processes back from the images in
 // images with `runc restore --detach`, TCP connections as they were or
 // (tcpClose) closed. The caller holds the CRIU lock, and mounted the
@@ -321,6 +360,9 @@ func (b *Backend) runcRestore(ctx context.Context, id string, lock *os.File, ima
 	}
 	if tcpClose { // the next dump of this container must not close its connections
 		defer b.writeCRIUConf(id, false)
+	}
+	if err := readableImages(images); err != nil {
+		return err
 	}
 	args := []string{"restore", "--detach", "--image-path", images, "--work-path", work,
 		"--file-locks", "--pid-file", filepath.Join(dir, "init.pid"), "--bundle", dir}

@@ -24,9 +24,9 @@ func requireCRIU(t *testing.T) string {
 	if _, err := os.Stat(DefaultCRIU); err != nil {
 		testutil.Missing(t, "CRIU >= 4 is not installed at %s (scripts/criu.sh, run by make deps, builds it): %v", DefaultCRIU, err)
 	}
-	v, ok, err := CRIUVersion(context.Background(), DefaultCRIU)
+	v, ok, why, err := CRIUVersion(context.Background(), DefaultCRIU)
 	if err != nil || !ok {
-		testutil.Missing(t, "%s is not a usable CRIU >= 4 (%s): %v", DefaultCRIU, v, err)
+		testutil.Missing(t, "%s is not a usable CRIU (%s): %s %v", DefaultCRIU, v, why, err)
 	}
 	return DefaultCRIU
 }
@@ -335,8 +335,14 @@ func restoredByCrash(t *testing.T, b *Backend, s *conformance.Sandbox) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := b.upperBase(s.ID)
-	if err := mountOverlay(lowers, filepath.Join(base, "upper"), filepath.Join(base, "work"), b.rootfs(s.ID)); err != nil {
+	m, err := b.readIDMap(s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.mountRoot(s.ID, lowers, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := readableImages(b.checkpointDir(s.ID)); err != nil {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(dir, "restoring"), nil, 0o600)

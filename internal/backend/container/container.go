@@ -1,9 +1,11 @@
 // Package container is the container isolation backend: Linux namespaces,
-// cgroups and seccomp through an OCI runtime (runc, driven through its
-// CLI; the one runcbin.Find picks, CRIU reaching it through PATH: see
-// runcenv.go), with the root filesystem an overlay over a read-only
-// template whose writable layer lives on the sandbox's own loop-mounted
-// ext4 image, so that its size (--disk) and inodes are limited (disk.go).
+// a user namespace of its own per sandbox (its root is an unprivileged
+// uid on the host: userns.go), cgroups and seccomp through an OCI runtime
+// (runc, driven through its CLI; the one runcbin.Find picks, CRIU
+// reaching it through PATH: see runcenv.go), with the root filesystem an
+// overlay over a read-only template, idmapped, whose writable layer lives
+// on the sandbox's own loop-mounted ext4 image, so that its size (--disk)
+// and inodes are limited (disk.go).
 package container
 
 import (
@@ -56,8 +58,15 @@ type Config struct {
 	// CRIU is a CRIU >= 4 binary: a pause then checkpoints the container
 	// to disk (see checkpoint.go). Empty: pauses freeze it in RAM.
 	CRIU string
-	Log  *slog.Logger
+	// IDClaimDir holds the host-wide claims of the uid ranges of
+	// user-namespaced sandboxes (userns.go); every daemon on a host must
+	// share it. Default: /var/lib/nook/userns.
+	IDClaimDir string
+	Log        *slog.Logger
 }
+
+// DefaultIDClaimDir is where the uid ranges of sandboxes are claimed.
+const DefaultIDClaimDir = "/var/lib/nook/userns"
 
 // Backend runs container sandboxes.
 type Backend struct {
@@ -82,6 +91,9 @@ func New(cfg Config) *Backend {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if cfg.IDClaimDir == "" {
+		cfg.IDClaimDir = DefaultIDClaimDir
 	}
 	if cfg.SnapshotDir == "" {
 		cfg.SnapshotDir = filepath.Join(filepath.Dir(cfg.StateDir), "container-snapshots")
@@ -222,20 +234,32 @@ func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fres
 		}
 	}()
 	dir := b.dir(sb.ID)
-	// Only root on the host may enter a sandbox's files.
-	if err := os.MkdirAll(b.cfg.StateDir, 0o700); err != nil {
+	// Only root on the host may list the sandboxes; a sandbox's own root
+	// (an unprivileged uid on the host) may pass on the way to its rootfs.
+	if err := os.MkdirAll(b.cfg.StateDir, 0o711); err != nil {
 		return err
 	}
 	err = os.Mkdir(dir, 0o700)
 	if err != nil && !os.IsExist(err) {
 		return err
 	}
-	if err == nil { // a new sandbox: its own disk (disk.go)
+	var m idmap
+	if err == nil { // a new sandbox: its own uid range and disk
+		if m, err = b.newIDMap(sb.ID); err != nil {
+			return err
+		}
 		diskStart := time.Now()
 		if err := b.makeDisk(ctx, sb.ID, diskSize(sb)); err != nil {
 			return err
 		}
 		b.cfg.Log.Debug("disk image", "sandbox", sb.ID, "size", diskSize(sb), "duration", time.Since(diskStart))
+	} else if m, err = b.readIDMap(sb.ID); err != nil {
+		return err
+	}
+	if m.enabled() {
+		if err := errors.Join(searchable(b.cfg.StateDir), reachable(b.cfg.StateDir), sandboxDirMode(dir, m)); err != nil {
+			return err
+		}
 	}
 	if _, err := os.Stat(b.diskImage(sb.ID)); err == nil {
 		if err := b.mountDisk(sb.ID); err != nil {
@@ -244,15 +268,30 @@ func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fres
 	}
 	base := b.upperBase(sb.ID)
 	upper, work, rootfs := filepath.Join(base, "upper"), filepath.Join(base, "work"), b.rootfs(sb.ID)
-	for _, d := range []string{upper, work, rootfs} {
+	for _, d := range []string{work, rootfs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
 	}
+	switch err := os.Mkdir(upper, 0o755); {
+	case err == nil && m.enabled():
+		// The merged root is the upper's: the sandbox's root owns it.
+		if err := os.Chown(upper, int(m.Base), int(m.Base)); err != nil {
+			return err
+		}
+	case err != nil && !os.IsExist(err):
+		return err
+	}
 	if err := fsutil.WriteJSONAtomic(filepath.Join(dir, "chain.json"), c); err != nil {
 		return err
 	}
-	if err := mountOverlay(lowers, upper, work, rootfs); err != nil {
+	// The network namespace first (the agent starts with its interface
+	// up), with the user namespace it belongs to.
+	netns, userns := b.netnsFile(sb.ID), b.usernsFile(sb.ID)
+	if _, err := b.ensureNamespaces(sb.ID, m); err != nil {
+		return err
+	}
+	if err := b.mountRoot(sb.ID, lowers, m); err != nil {
 		return err
 	}
 	// Files the template marked with capabilities the sandbox lacks
@@ -264,11 +303,6 @@ func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fres
 	if err := dropFileCaps(rootfs, capped); err != nil {
 		return err
 	}
-	// The network first: the agent starts with its interface up.
-	netns := b.netnsFile(sb.ID)
-	if _, err := ensureNetns(netns); err != nil {
-		return err
-	}
 	if b.cfg.Net != nil {
 		netStart := time.Now()
 		if err := b.cfg.Net.AttachNetns(ctx, sb.ID, netns); err != nil {
@@ -276,7 +310,7 @@ func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fres
 		}
 		b.cfg.Log.Debug("network attach", "sandbox", sb.ID, "duration", time.Since(netStart))
 	}
-	spec, err := generateSpec(sb, b.cfg.AgentBinary, b.cfg.CgroupParent, netns)
+	spec, err := generateSpec(sb, b.cfg.AgentBinary, b.cfg.CgroupParent, netns, userns, m)
 	if err != nil {
 		return err
 	}
@@ -497,6 +531,10 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if err := removeNetns(b.netnsFile(id)); err != nil {
 		errs = append(errs, err)
 	}
+	if err := removeNetns(b.usernsFile(id)); err != nil {
+		errs = append(errs, err)
+	}
+	m, merr := b.readIDMap(id)
 	// The disk's unmount detaches its loop device (autoclear). Its files
 	// are not walked while it might still be mounted.
 	if err := b.unmountDisk(id); err != nil {
@@ -504,6 +542,11 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	}
 	if err := removeSandboxDir(b.dir(id)); err != nil {
 		errs = append(errs, err)
+	} else if merr == nil {
+		// Only once its files are gone: none may keep the range's uids.
+		if err := b.releaseIDMap(id, m); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -130,6 +130,12 @@ func (b *Backend) mountDisk(id string) error {
 	if err := unix.Mount(loop.Name(), mnt, "ext4", unix.MS_NODEV|unix.MS_NOSUID|unix.MS_NOATIME, "discard,noinit_itable"); err != nil {
 		return fmt.Errorf("mount the sandbox's disk (%s on %s): %w", b.diskImage(id), loop.Name(), err)
 	}
+	// Root's alone: the sandbox's directory is searchable (userns.go),
+	// and the upper directory holds the sandbox's files as they are.
+	if err := os.Chmod(mnt, 0o700); err != nil {
+		unmount(mnt)
+		return err
+	}
 	return nil
 }
 

@@ -2,8 +2,10 @@ package container
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/core/conformance"
 )
 
@@ -156,4 +159,173 @@ except OSError as e:
 	if _, err := os.Stat(img); err == nil {
 		t.Errorf("disk image %s left after destroy", img)
 	}
+}
+
+// A container sandbox's root is not root on the host (finding 5): every
+// process of it, a fork's restored ones included, runs as uids of a range
+// that is its own; the template's files are root's inside and stay
+// 0-owned on disk; what it writes is its range's on the host, and a
+// snapshot records it 0-based, for a fork to see in its own range.
+func TestEscapeUserNamespace(t *testing.T) {
+	b, h := newCheckpointBackend(t)
+	ctx := context.Background()
+	s := conformance.Create(t, h, "userns")
+	m := readRange(t, b, s.ID)
+	inRange(t, b, s.ID, m, "the sandbox")
+	if got, want := s.Sh(t, "id -u; cat /proc/self/uid_map"), fmt.Sprintf("0\n%10d %10d %10d\n", 0, m.Base, idRangeSize); got != want {
+		t.Errorf("inside: id and uid_map %q, want %q", got, want)
+	}
+	if got := s.Sh(t, "stat -c %u:%g /usr/bin/ls"); got != "0:0\n" {
+		t.Errorf("the template's ls is owned by %q inside, want 0:0", got)
+	}
+	lowers, err := b.lowerDirs(chain{Template: s.TemplateID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := owner(t, filepath.Join(lowers[len(lowers)-1], "usr/bin/ls")); o != [2]uint32{0, 0} {
+		t.Errorf("the template's ls is owned by %v on disk, want 0:0", o)
+	}
+	s.Sh(t, "touch /root/mine && useradd -u 1000 u1 && touch /root/theirs && chown u1:u1 /root/theirs")
+	upper := filepath.Join(b.upperBase(s.ID), "upper", "root")
+	if o := owner(t, filepath.Join(upper, "mine")); o != [2]uint32{m.Base, m.Base} {
+		t.Errorf("a file the sandbox's root made is %v on the host, want %d:%d", o, m.Base, m.Base)
+	}
+	if o := owner(t, filepath.Join(upper, "theirs")); o != [2]uint32{m.Base + 1000, m.Base + 1000} {
+		t.Errorf("a file of the sandbox's uid 1000 is %v on the host, want %d", o, m.Base+1000)
+	}
+	// Root inside cannot take what the host's root owns: a file it did
+	// not make, mapped to no uid of its range, stays out of its reach.
+	if err := os.WriteFile(filepath.Join(upper, "hosts"), []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Exec(t, &agent.ExecRequest{Argv: []string{"sh", "-c", "stat -c %u /root/hosts; cat /root/hosts"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Exit.ExitCode == 0 || !strings.Contains(r.Stderr, "Permission denied") || strings.Contains(r.Stdout, "secret") {
+		t.Errorf("the sandbox's root read a host root's file: exit %d, %q %q", r.Exit.ExitCode, r.Stdout, r.Stderr)
+	}
+	os.Remove(filepath.Join(upper, "hosts"))
+
+	s2 := conformance.Create(t, h, "userns-2")
+	if m2 := readRange(t, b, s2.ID); m2.Base == m.Base {
+		t.Errorf("two sandboxes share the uid range %d", m.Base)
+	}
+
+	s.Sh(t, "setsid sleep 1000 >/dev/null 2>&1 < /dev/null & true")
+	info, err := b.Snapshot(ctx, s.Sandbox, "uns-1", core.SnapshotOptions{Quiesce: s.Agent.Quiesce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Memory {
+		t.Fatal("the snapshot has no memory: the fork would not be a restore")
+	}
+	layer := filepath.Join(b.layerDir("uns-1"), "layer", "root")
+	if o := owner(t, filepath.Join(layer, "mine")); o != [2]uint32{0, 0} {
+		t.Errorf("the snapshot records the root's file as %v, want 0:0", o)
+	}
+	if o := owner(t, filepath.Join(layer, "theirs")); o != [2]uint32{1000, 1000} {
+		t.Errorf("the snapshot records uid 1000's file as %v, want 1000:1000", o)
+	}
+	fsb := conformance.NewSandbox("userns-fork", h.TemplateID)
+	if err := b.Fork(ctx, fsb, "uns-1"); err != nil {
+		t.Fatal(err)
+	}
+	f := conformance.Adopt(t, h, fsb)
+	mf := readRange(t, b, fsb.ID)
+	if mf.Base == m.Base {
+		t.Fatalf("the fork runs in its parent's uid range %d", m.Base)
+	}
+	inRange(t, b, fsb.ID, mf, "the fork")
+	if got := f.Sh(t, "pgrep -x sleep >/dev/null && echo restored"); got != "restored\n" {
+		t.Errorf("the fork's processes were not restored: %q", got)
+	}
+	if got := f.Sh(t, "id -u; stat -c %u /root/mine /root/theirs"); got != "0\n0\n1000\n" {
+		t.Errorf("in the fork: id and owners %q, want 0, 0, 1000", got)
+	}
+	f.Sh(t, "touch /root/forked")
+	if o := owner(t, filepath.Join(b.upperBase(fsb.ID), "upper", "root", "forked")); o != [2]uint32{mf.Base, mf.Base} {
+		t.Errorf("a file the fork's root made is %v on the host, want %d", o, mf.Base)
+	}
+
+	// Destroyed, a sandbox gives its range back.
+	claim := filepath.Join(b.cfg.IDClaimDir, strconv.Itoa(mf.slot()))
+	if _, err := os.Stat(claim); err != nil {
+		t.Fatalf("the fork's range is not claimed: %v", err)
+	}
+	if err := b.Destroy(ctx, fsb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(claim); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the destroyed fork's range claim %s is still there (%v)", claim, err)
+	}
+}
+
+func readRange(t *testing.T, b *Backend, id string) idmap {
+	t.Helper()
+	m, err := b.readIDMap(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.enabled() {
+		t.Fatalf("sandbox %s has no user namespace", id)
+	}
+	return m
+}
+
+// inRange checks that every process of sandbox id (every process in its
+// init's PID namespace) runs as uids and gids of m's range on the host.
+func inRange(t *testing.T, b *Backend, id string, m idmap, what string) {
+	t.Helper()
+	init, err := b.lookupInit(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", init.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err != nil || l != ns {
+			continue
+		}
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		n++
+		for _, line := range strings.Split(string(status), "\n") {
+			name, ids, ok := strings.Cut(line, ":")
+			if !ok || name != "Uid" && name != "Gid" {
+				continue
+			}
+			for _, f := range strings.Fields(ids) {
+				v, _ := strconv.ParseUint(f, 10, 32)
+				if uint32(v) < m.Base || uint32(v)-m.Base >= idRangeSize {
+					t.Errorf("%s: process %d has %s %d on the host, outside its range %d+%d", what, pid, name, v, m.Base, idRangeSize)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatalf("%s: no process found in %s", what, ns)
+	}
+}
+
+func owner(t *testing.T, path string) [2]uint32 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return [2]uint32{st.Uid, st.Gid}
 }

@@ -73,9 +73,12 @@ const (
 // the new manifest. src must not change meanwhile (the container is
 // frozen): the walk trusts that a directory it saw is still one.
 // Symlinks are copied as links and never followed; sockets are skipped;
-// hard links inside src stay links (one copy per inode).
-func copyLayer(src, dst string, prev *manifest, prevLayer string) (*manifest, error) {
-	c := &copier{src: src, dst: dst, prev: prev, prevLayer: prevLayer,
+// hard links inside src stay links (one copy per inode). Owners in the
+// uid range from base on (a user-namespaced sandbox's upper directory)
+// are shifted down by base: a layer's owners are 0-based, for any
+// sandbox's range to map (userns.go).
+func copyLayer(src, dst string, prev *manifest, prevLayer string, base uint32) (*manifest, error) {
+	c := &copier{src: src, dst: dst, prev: prev, prevLayer: prevLayer, base: base,
 		next: &manifest{Files: map[string]fileKey{}}, inodes: map[uint64]string{}}
 	if err := filepath.WalkDir(src, c.entry); err != nil {
 		return nil, err
@@ -92,6 +95,7 @@ func copyLayer(src, dst string, prev *manifest, prevLayer string) (*manifest, er
 type copier struct {
 	src, dst, prevLayer string
 	prev, next          *manifest
+	base                uint32            // the upper's uid range, shifted to 0
 	inodes              map[uint64]string // a multiply-linked file's first copy, by inode
 	dirs                []dirTimes
 }
@@ -117,10 +121,15 @@ func (c *copier) entry(path string, d fs.DirEntry, err error) error {
 	if err != nil {
 		return err
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
+	up, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
 		return fmt.Errorf("%s: no stat", path)
 	}
+	// st is the file as the layer records it (0-based owners); up as the
+	// upper directory has it.
+	st := new(syscall.Stat_t)
+	*st = *up
+	st.Uid, st.Gid = shiftedID(up.Uid, c.base), shiftedID(up.Gid, c.base)
 	mode := fi.Mode()
 	switch {
 	case mode.IsDir():
@@ -140,7 +149,7 @@ func (c *copier) entry(path string, d fs.DirEntry, err error) error {
 			}
 			c.inodes[st.Ino] = target
 		}
-		key := fileKey{Ino: st.Ino, Ctime: st.Ctim.Nano(), Size: st.Size, Mode: st.Mode, UID: st.Uid, GID: st.Gid}
+		key := fileKey{Ino: up.Ino, Ctime: up.Ctim.Nano(), Size: up.Size, Mode: up.Mode, UID: up.Uid, GID: up.Gid}
 		shared := false
 		if c.prev != nil && c.prevLayer != "" {
 			from := filepath.Join(c.prevLayer, rel)

@@ -51,14 +51,7 @@ func ensureNetns(path string) (made bool, err error) {
 			if err := unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), path, "", unix.MS_BIND, ""); err != nil {
 				return fmt.Errorf("hold network namespace at %s: %w", path, err)
 			}
-			lo, err := netlink.LinkByName("lo")
-			if err == nil {
-				err = netlink.LinkSetUp(lo)
-			}
-			if err != nil {
-				return fmt.Errorf("sandbox loopback: %w", err)
-			}
-			return nil
+			return setLoopbackUp()
 		}()
 	}()
 	if err := <-errc; err != nil {
@@ -66,6 +59,18 @@ func ensureNetns(path string) (made bool, err error) {
 		return false, err
 	}
 	return true, nil
+}
+
+// setLoopbackUp brings up lo in the calling thread's network namespace.
+func setLoopbackUp() error {
+	lo, err := netlink.LinkByName("lo")
+	if err == nil {
+		err = netlink.LinkSetUp(lo)
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox loopback: %w", err)
+	}
+	return nil
 }
 
 // removeNetns lets go of the namespace at path (it ends once no process

@@ -147,6 +147,10 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string,
 	if err != nil {
 		return core.SnapshotInfo{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
+	m, err := b.readIDMap(id)
+	if err != nil {
+		return core.SnapshotInfo{}, err
+	}
 	var prev *manifest
 	if err := fsutil.ReadJSON(filepath.Join(b.dir(id), "manifest.json"), &prev); err != nil && !errors.Is(err, os.ErrNotExist) {
 		b.cfg.Log.Warn("previous snapshot manifest unreadable: copying every file", "sandbox", id, "err", err)
@@ -240,7 +244,7 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string,
 	if err := fsutil.Syncfs(upper); err != nil {
 		return core.SnapshotInfo{}, err
 	}
-	next, err := copyLayer(upper, filepath.Join(tmp, "layer"), prev, prevLayer)
+	next, err := copyLayer(upper, filepath.Join(tmp, "layer"), prev, prevLayer, m.Base)
 	terr := thaw()
 	release() // the agent takes requests again
 	release = func() {}

@@ -288,7 +288,7 @@ func TestCopyLayerRecentFiles(t *testing.T) {
 		syscall.Stat(filepath.Join(src, f), &st)
 		prev.Files[f] = fileKey{Ino: st.Ino, Ctime: st.Ctim.Nano(), Size: st.Size, Mode: st.Mode, UID: st.Uid, GID: st.Gid, Recent: true}
 	}
-	next, err := copyLayer(src, filepath.Join(root, "next"), prev, prevLayer)
+	next, err := copyLayer(src, filepath.Join(root, "next"), prev, prevLayer, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +326,7 @@ func TestCopyLayerHardLinks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := copyLayer(src, filepath.Join(root, "layer"), nil, ""); err != nil {
+	if _, err := copyLayer(src, filepath.Join(root, "layer"), nil, "", 0); err != nil {
 		t.Fatal(err)
 	}
 	var st syscall.Stat_t

@@ -43,10 +43,15 @@ var defaultCaps = []string{
 // sysctl: the sandbox's own.
 const pingGroupRange = "0 2147483647"
 
+// pingGroupRangeUserns is pingGroupRange in a user namespace, whose
+// gids end at 65535: a gid past them would be refused.
+const pingGroupRangeUserns = "0 65535"
+
 // generateSpec builds the OCI runtime spec of a sandbox. The bundle's
 // rootfs is the sandbox's overlay mount; its network namespace is the one
-// held at netns; the agent listens and logs in the sandbox's /.nook.
-func generateSpec(sb *core.Sandbox, agentBinary, cgroupParent, netns string) (*specs.Spec, error) {
+// held at netns, and (m enabled) its user namespace the one held at
+// userns, with m's mapping; the agent listens and logs in the sandbox's /.nook.
+func generateSpec(sb *core.Sandbox, agentBinary, cgroupParent, netns, userns string, m idmap) (*specs.Spec, error) {
 	env := []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"LANG=C.UTF-8",
@@ -122,6 +127,14 @@ func generateSpec(sb *core.Sandbox, agentBinary, cgroupParent, netns string) (*s
 	}
 	if quota <= 0 {
 		s.Linux.Resources.CPU = nil
+	}
+	if m.enabled() {
+		// Root inside is base on the host (userns.go); the network
+		// namespace belongs to this user namespace.
+		mapping := []specs.LinuxIDMapping{{ContainerID: 0, HostID: m.Base, Size: idRangeSize}}
+		s.Linux.UIDMappings, s.Linux.GIDMappings = mapping, mapping
+		s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: userns})
+		s.Linux.Sysctl["net.ipv4.ping_group_range"] = pingGroupRangeUserns
 	}
 	sc, err := seccomp.GetDefaultProfile(s)
 	if err != nil {
