@@ -280,7 +280,7 @@ func (b *Backend) restore(ctx context.Context, id string, lock *os.File) error {
 			return err
 		}
 	}
-	m, err := b.readIDMap(id)
+	m, err := b.ownIDMap(id)
 	if err != nil {
 		return err
 	}

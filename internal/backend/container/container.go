@@ -253,7 +253,7 @@ func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fres
 			return err
 		}
 		b.cfg.Log.Debug("disk image", "sandbox", sb.ID, "size", diskSize(sb), "duration", time.Since(diskStart))
-	} else if m, err = b.readIDMap(sb.ID); err != nil {
+	} else if m, err = b.ownIDMap(sb.ID); err != nil {
 		return err
 	}
 	if m.enabled() {

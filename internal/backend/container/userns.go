@@ -3,18 +3,16 @@ package container
 import (
 	"errors"
 	"fmt"
-	"io"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/idclaim"
 )
 
 // Every container sandbox made by this nook runs in a user namespace of
@@ -97,62 +95,43 @@ func (b *Backend) readIDMap(id string) (idmap, error) {
 	return m, nil
 }
 
-// newIDMap claims a free range for sandbox id and records it beside its
-// files. A claim file names the sandbox's directory; a claim whose
-// sandbox directory no longer records that range (a daemon crashed
-// between claim and record, or a test's directory was removed) is free.
-func (b *Backend) newIDMap(id string) (idmap, error) {
-	if err := os.MkdirAll(b.cfg.IDClaimDir, 0o700); err != nil {
-		return idmap{}, fmt.Errorf("uid range claims: %w", err)
-	}
-	owner := b.dir(id)
-	for try := 0; try < 256; try++ {
-		slot := rand.IntN(idSlots)
-		m := idmap{Base: uint32(idBase + slot*idRangeSize)}
-		claim := filepath.Join(b.cfg.IDClaimDir, strconv.Itoa(slot))
-		f, err := os.OpenFile(claim, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if errors.Is(err, os.ErrExist) {
-			if !staleClaim(claim, m) {
-				continue
-			}
-			os.Remove(claim)
-			f, err = os.OpenFile(claim, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-			if errors.Is(err, os.ErrExist) {
-				continue // another daemon took it back first
-			}
-		}
-		if err != nil {
-			return idmap{}, fmt.Errorf("claim a uid range: %w", err)
-		}
-		_, err = io.WriteString(f, owner)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err == nil {
-			err = fsutil.WriteJSONAtomic(b.idmapFile(id), m)
-		}
-		if err != nil {
-			os.Remove(claim)
-			return idmap{}, fmt.Errorf("claim a uid range: %w", err)
-		}
-		return m, nil
-	}
-	return idmap{}, errors.New("claim a uid range: no free range found (too many sandboxes on this host?)")
+// claims is the host-wide directory of claims on ranges: a claim holds
+// the sandbox's directory, and is the sandbox's while that directory's
+// idmap.json names the range.
+func (b *Backend) claims() idclaim.Dir {
+	return idclaim.Dir{Path: b.cfg.IDClaimDir, Slots: idSlots, Owns: func(owner string, slot int) bool {
+		var m idmap
+		return fsutil.ReadJSON(filepath.Join(owner, "idmap.json"), &m) == nil && m.enabled() && m.slot() == slot
+	}}
 }
 
-// staleClaim reports whether the claim file for m names a sandbox
-// directory that does not record m.
-func staleClaim(claim string, m idmap) bool {
-	owner, err := os.ReadFile(claim)
+// newIDMap claims a free range for sandbox id and records it beside its
+// files.
+func (b *Backend) newIDMap(id string) (idmap, error) {
+	slot, err := b.claims().Claim(b.dir(id))
 	if err != nil {
-		return false // unreadable: leave it
+		return idmap{}, fmt.Errorf("claim a uid range: %w", err)
 	}
-	var got idmap
-	if err := fsutil.ReadJSON(filepath.Join(string(owner), "idmap.json"), &got); err != nil {
-		// Its directory is gone, or the claimant died before recording.
-		return errors.Is(err, os.ErrNotExist) || len(owner) == 0
+	m := idmap{Base: uint32(idBase + slot*idRangeSize)}
+	if err := fsutil.WriteJSONAtomic(b.idmapFile(id), m); err != nil {
+		b.claims().Release(slot, b.dir(id))
+		return idmap{}, fmt.Errorf("record the sandbox's uid range: %w", err)
 	}
-	return got != m
+	return m, nil
+}
+
+// ownIDMap is sandbox id's recorded range, its claim made sure of (the
+// claims may have been lost since: another daemon's data, a wiped
+// directory); a range another sandbox holds now is refused.
+func (b *Backend) ownIDMap(id string) (idmap, error) {
+	m, err := b.readIDMap(id)
+	if err != nil || !m.enabled() {
+		return m, err
+	}
+	if err := b.claims().Ensure(m.slot(), b.dir(id)); err != nil {
+		return idmap{}, fmt.Errorf("sandbox %s's uid range %d: %w", id, m.Base, err)
+	}
+	return m, nil
 }
 
 // releaseIDMap gives sandbox id's range back (its files are gone).
@@ -160,21 +139,7 @@ func (b *Backend) releaseIDMap(id string, m idmap) error {
 	if !m.enabled() {
 		return nil
 	}
-	claim := filepath.Join(b.cfg.IDClaimDir, strconv.Itoa(m.slot()))
-	owner, err := os.ReadFile(claim)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if string(owner) != b.dir(id) {
-		return nil // taken back by another sandbox since
-	}
-	if err := os.Remove(claim); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
+	return b.claims().Release(m.slot(), b.dir(id))
 }
 
 // mountRoot mounts sandbox id's root filesystem: its upper directory

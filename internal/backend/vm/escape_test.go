@@ -257,11 +257,16 @@ func TestEscapeQEMUNamespace(t *testing.T) {
 			t.Fatalf("%s: QEMU runs as %d; a restarted daemon finds %d (%v)", s.Name, uid, rec, err)
 		}
 	}
+	// Claimed host-wide while the vm lives (no other daemon gives it to
+	// another QEMU), and given back once it is destroyed.
 	uidA, _ := b.recordedUID(a.ID)
+	claims := b.uidClaims()
+	if got := claims.Holder(int(uidA - b.cfg.UIDBase)); got != b.dir(a.ID) {
+		t.Fatalf("%s's QEMU user %d is claimed by %q", a.Name, uidA, got)
+	}
 	a.Destroy(t)
-	d := conformance.Create(t, h, "vm-ns-c")
-	if uid, _ := b.recordedUID(d.ID); uid != uidA {
-		t.Fatalf("a destroyed vm's user %d was not given again (got %d)", uidA, uid)
+	if got := claims.Holder(int(uidA - b.cfg.UIDBase)); got != "" {
+		t.Fatalf("the destroyed vm's QEMU user %d is still claimed by %q", uidA, got)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/idclaim"
+	"github.com/nookhq/nook/internal/procfs"
 )
 
 // Each vm's QEMU runs as a user and group of its own, UIDBase+slot, so
@@ -17,12 +19,19 @@ import (
 // owns no file: QEMU gets every file as an open descriptor (launch.args).
 // The vm's slot is recorded in its directory (the file "uid"), so that a
 // restarted daemon starts the vm's next QEMU (resume, rollback) as the
-// same user; a destroyed vm's directory goes, and its slot with it.
-// Template boots, which have no vm directory, hold a slot in memory.
+// same user, and claimed host-wide (internal/idclaim, Config.UIDClaimDir),
+// so that no other daemon on the host, a test's beside the real one, gives
+// it to another QEMU. A destroyed vm's claim goes once its QEMU is dead
+// and its directory removed. Template boots, which have no vm directory,
+// claim a slot for the daemon's process until they end.
 
 // DefaultUIDBase is the default first QEMU user and group ID: far above
-// the IDs of real users and of user namespaces' usual ranges.
+// the IDs of real users and of user namespaces' usual ranges, below the
+// container sandboxes' ranges (from 2^30).
 const DefaultUIDBase = 1_000_000_000
+
+// DefaultUIDClaimDir is where QEMU users are claimed host-wide.
+const DefaultUIDClaimDir = "/var/lib/nook/qemu-uids"
 
 // uidSlots is how many QEMU users there are: the most vms one host runs.
 const uidSlots = 1 << 16
@@ -37,25 +46,54 @@ func (b *Backend) checkUIDRange() error {
 	return nil
 }
 
+// uidClaims is the host-wide directory of claims on QEMU users. A claim
+// holds the vm's directory (the vm's while its "uid" file names the
+// slot's user) or, for a template boot, "boot:PID:STARTTIME" of the
+// daemon (its while that process lives).
+func (b *Backend) uidClaims() idclaim.Dir {
+	return idclaim.Dir{Path: b.cfg.UIDClaimDir, Slots: uidSlots, Owns: func(owner string, slot int) bool {
+		if proc, ok := strings.CutPrefix(owner, "boot:"); ok {
+			pid, start, _ := strings.Cut(proc, ":")
+			p, _ := strconv.Atoi(pid)
+			st, _ := strconv.ParseUint(start, 10, 64)
+			return p > 0 && procfs.StartTime(p) == st
+		}
+		uid, ok := readUID(owner, b.cfg.UIDBase)
+		return ok && uid == b.cfg.UIDBase+uint32(slot)
+	}}
+}
+
 // vmUID returns the user vm id's QEMU runs as, giving it a free one the
-// first time.
+// first time, and making sure it is still the vm's alone.
 func (b *Backend) vmUID(id string) (uint32, error) {
 	if err := b.checkUIDRange(); err != nil {
 		return 0, err
 	}
 	b.uidMu.Lock()
 	defer b.uidMu.Unlock()
+	claims, owner := b.uidClaims(), b.dir(id)
 	if uid, ok := b.recordedUID(id); ok {
+		if err := claims.Ensure(int(uid-b.cfg.UIDBase), owner); err != nil {
+			return 0, fmt.Errorf("the vm's QEMU user %d: %w", uid, err)
+		}
 		return uid, nil
 	}
-	uid, err := b.freeUID()
+	slot, err := claims.Claim(owner)
 	if err != nil {
-		return 0, err
+		return 0, errdefs.Exhausted("a QEMU user for the vm: %v", err)
 	}
-	if err := fsutil.WriteFileAtomic(filepath.Join(b.dir(id), "uid"), []byte(strconv.FormatUint(uint64(uid), 10)+"\n")); err != nil {
+	uid := b.cfg.UIDBase + uint32(slot)
+	if err := fsutil.WriteFileAtomic(filepath.Join(owner, "uid"), []byte(strconv.FormatUint(uint64(uid), 10)+"\n")); err != nil {
+		claims.Release(slot, owner)
 		return 0, fmt.Errorf("record the vm's QEMU user: %w", err)
 	}
 	return uid, nil
+}
+
+// releaseUID gives vm id's user back: its QEMU is dead and its
+// directory gone.
+func (b *Backend) releaseUID(id string, uid uint32) error {
+	return b.uidClaims().Release(int(uid-b.cfg.UIDBase), b.dir(id))
 }
 
 // reserveUID holds a free user for a QEMU that has no vm directory (a
@@ -64,53 +102,30 @@ func (b *Backend) reserveUID() (uid uint32, release func(), err error) {
 	if err := b.checkUIDRange(); err != nil {
 		return 0, nil, err
 	}
-	b.uidMu.Lock()
-	defer b.uidMu.Unlock()
-	uid, err = b.freeUID()
+	pid := os.Getpid()
+	owner := fmt.Sprintf("boot:%d:%d", pid, procfs.StartTime(pid))
+	claims := b.uidClaims()
+	slot, err := claims.Claim(owner)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, errdefs.Exhausted("a QEMU user for a template boot: %v", err)
 	}
-	b.uidHeld[uid] = true
-	return uid, func() {
-		b.uidMu.Lock()
-		delete(b.uidHeld, uid)
-		b.uidMu.Unlock()
-	}, nil
+	return b.cfg.UIDBase + uint32(slot), func() { claims.Release(slot, owner) }, nil
 }
 
 // recordedUID reads a vm's recorded user, if it has a valid one.
 func (b *Backend) recordedUID(id string) (uint32, bool) {
-	data, err := os.ReadFile(filepath.Join(b.dir(id), "uid"))
+	return readUID(b.dir(id), b.cfg.UIDBase)
+}
+
+// readUID reads the user recorded in a vm directory, if it is in the range from base.
+func readUID(dir string, base uint32) (uint32, bool) {
+	data, err := os.ReadFile(filepath.Join(dir, "uid"))
 	if err != nil {
 		return 0, false
 	}
 	v, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 32)
-	if err != nil || v < uint64(b.cfg.UIDBase) || v >= uint64(b.cfg.UIDBase)+uidSlots {
+	if err != nil || v < uint64(base) || v >= uint64(base)+uidSlots {
 		return 0, false
 	}
 	return uint32(v), true
-}
-
-// freeUID is the lowest user no vm records and no template boot holds.
-// The caller holds uidMu.
-func (b *Backend) freeUID() (uint32, error) {
-	used := map[uint32]bool{}
-	for uid := range b.uidHeld {
-		used[uid] = true
-	}
-	entries, err := os.ReadDir(b.cfg.StateDir)
-	if err != nil && !os.IsNotExist(err) {
-		return 0, err
-	}
-	for _, e := range entries {
-		if uid, ok := b.recordedUID(e.Name()); ok {
-			used[uid] = true
-		}
-	}
-	for slot := uint32(0); slot < uidSlots; slot++ {
-		if uid := b.cfg.UIDBase + slot; !used[uid] {
-			return uid, nil
-		}
-	}
-	return 0, errdefs.Exhausted("all %d QEMU users are in use", uidSlots)
 }

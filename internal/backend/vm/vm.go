@@ -68,9 +68,11 @@ type Config struct {
 	// UIDBase is the first of the user and group IDs QEMU runs as: each
 	// vm's QEMU gets one of its own, UIDBase+slot (slots up to uidSlots),
 	// which must be used by nothing else on the host (no /etc/passwd entry
-	// is needed; two nook daemons on one host need ranges apart).
-	// Default DefaultUIDBase. QEMU never runs as root.
+	// is needed). Default DefaultUIDBase. QEMU never runs as root.
 	UIDBase uint32
+	// UIDClaimDir holds the host-wide claims on QEMU users (uid.go); every
+	// daemon on a host shares it. Default DefaultUIDClaimDir.
+	UIDClaimDir string
 	// Net gives sandboxes their network (a tap device per vm); nil: none.
 	Net core.NetHooks
 	// BootTimeout bounds a cold boot until the agent answers.
@@ -90,8 +92,7 @@ type Backend struct {
 	smu   sync.Mutex
 	slock map[string]*sync.Mutex // per template snapshot, in this process (flock across processes)
 
-	uidMu   sync.Mutex
-	uidHeld map[uint32]bool // QEMU users template boots hold (uid.go)
+	uidMu sync.Mutex // a vm's user: recorded and claimed at once (uid.go)
 
 	rootMu sync.Mutex
 	root   string // the directory QEMU is chrooted into (chroot.go)
@@ -130,13 +131,16 @@ func New(cfg Config) *Backend {
 	if cfg.UIDBase == 0 {
 		cfg.UIDBase = DefaultUIDBase
 	}
+	if cfg.UIDClaimDir == "" {
+		cfg.UIDClaimDir = DefaultUIDClaimDir
+	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 60 * time.Second
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	b := &Backend{cfg: cfg, slock: map[string]*sync.Mutex{}, rams: map[string]*sealedRAM{}, uidHeld: map[uint32]bool{}}
+	b := &Backend{cfg: cfg, slock: map[string]*sync.Mutex{}, rams: map[string]*sealedRAM{}}
 	b.accel, b.why = DetectAccel(cfg.Accel)
 	b.pool = newPool(b, cfg.WarmPool)
 	return b
@@ -677,14 +681,24 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		for i := 0; i < 200 && procfs.StartTime(pid) != 0; i++ {
 			time.Sleep(5 * time.Millisecond)
 		}
+		if procfs.StartTime(pid) != 0 {
+			errs = append(errs, fmt.Errorf("the vm's QEMU (pid %d) did not die", pid))
+		}
 	}
 	if b.cfg.Net != nil {
 		if err := b.cfg.Net.Detach(ctx, id); err != nil {
 			errs = append(errs, fmt.Errorf("network: %w", err))
 		}
 	}
+	uid, hasUID := b.recordedUID(id)
 	if err := os.RemoveAll(b.dir(id)); err != nil {
 		errs = append(errs, err)
+	} else if hasUID && len(errs) == 0 {
+		// Only now, its QEMU surely dead (its cgroups are gone), may
+		// another QEMU run as its user; one that may still run keeps it.
+		if err := b.releaseUID(id, uid); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -53,8 +53,7 @@ func newTestBackend(t *testing.T, tc testConfig) (*Backend, conformance.Harness)
 	b := New(Config{
 		StateDir: res.StateDir, CacheDir: cacheDir(), AgentBinary: testutil.AgentBinary(t), KernelRoot: tc.kernelRoot,
 		CgroupParent: res.CgroupParent, TemplateRootfs: tpls.Rootfs, ColdBoot: tc.cold, WarmPool: tc.warm, BootTimeout: tc.boot,
-		UIDBase: testUIDBase(),
-		Log:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	t.Cleanup(func() {
 		if err := b.Shutdown(context.Background()); err != nil {
@@ -68,14 +67,6 @@ func newTestBackend(t *testing.T, tc testConfig) (*Backend, conformance.Harness)
 		t.Fatalf("vm backend unavailable: %s", why)
 	}
 	return b, conformance.Harness{Backend: b, TemplateID: tplID, Leaks: res.Leaks}
-}
-
-// testUIDBase is a range of QEMU users of the test's own, apart from a
-// daemon's (DefaultUIDBase) and other test processes'.
-func testUIDBase() uint32 {
-	var b [2]byte
-	rand.Read(b[:])
-	return 2_000_000_000 + uint32(b[0]&0x7f)*uidSlots
 }
 
 func TestConformance(t *testing.T) {
