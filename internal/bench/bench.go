@@ -85,6 +85,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer os.RemoveAll(root)
+	// Searchable by others: a container sandbox's root, an unprivileged
+	// uid on the host, passes it on the way to its rootfs.
+	if err := os.Chmod(root, 0o711); err != nil {
+		return err
+	}
 	if cfg.OnlyVM {
 		return runVM(ctx, cfg, root)
 	}
