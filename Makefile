@@ -47,12 +47,12 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzExtract -fuzztime 30s -fuzzminimizetime 3s ./internal/agent/safetar
 	$(GO) test -run '^$$' -fuzz FuzzAgentFrameGuard -fuzztime 10s ./internal/agent
 	$(GO) test -run '^$$' -fuzz FuzzAgentReplies -fuzztime 10s ./internal/agent
-	$(GO) test -run '^$$' -fuzz FuzzExtract -fuzztime 30s ./internal/agent/safetar
 	$(GO) test -run '^$$' -fuzz FuzzParseSize -fuzztime 10s ./internal/core
 	$(GO) test -run '^$$' -fuzz FuzzParseDuration -fuzztime 10s ./internal/core
 	$(GO) test -run '^$$' -fuzz FuzzParseQMP -fuzztime 10s ./internal/backend/vm
 	$(GO) test -run '^$$' -fuzz FuzzParseScope -fuzztime 10s ./internal/daemon
 	$(GO) test -run '^$$' -fuzz FuzzFileCapsExcess -fuzztime 10s ./internal/backend/container
+	$(GO) test -run '^$$' -fuzz FuzzShiftXattr -fuzztime 10s ./internal/backend/container
 	$(GO) test -run '^$$' -fuzz FuzzAgentELF -fuzztime 10s -fuzzminimizetime 3s ./internal/daemon
 	$(GO) test -run '^$$' -fuzz FuzzString -fuzztime 10s ./internal/cli/termsafe
 	$(GO) test -run '^$$' -fuzz FuzzParseVersion -fuzztime 10s ./internal/runcbin

@@ -201,6 +201,20 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	// unprivileged uid of its own on the host, passes them on the way to
 	// its rootfs, and each sandbox's directory lets in only that uid's
 	// group (container.Backend); everything else in them is root's alone.
+	// The database first: it was readable by anyone who could reach it.
+	for _, p := range []string{"nook.db", "nook.db-wal", "nook.db-shm"} {
+		if err := os.Chmod(filepath.Join(cfg.DataDir, p), 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+	}
+	// The templates are root's alone (their rootfs have setuid-root
+	// files), wherever they are.
+	if err := os.MkdirAll(cfg.TemplatesDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create %s: %w", cfg.TemplatesDir, err)
+	}
+	if err := os.Chmod(cfg.TemplatesDir, 0o700); err != nil {
+		return nil, err
+	}
 	// (The data directory first: parents MkdirAll makes get its mode.)
 	for _, d := range []struct {
 		path string

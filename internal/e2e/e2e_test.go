@@ -256,8 +256,23 @@ func TestCreateExecRemove(t *testing.T) {
 			t.Fatalf("%s: mode %v %v, want %v", path, fi.Mode(), err, want)
 		}
 	}
+	// Everything else in the data directory (templates with setuid-root
+	// files, snapshots, TLS key, claims) is out of others' reach.
+	entries, err := os.ReadDir(d.data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		fi, err := e.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Name() != "sandboxes" && fi.Mode().Perm()&0o007 != 0 {
+			t.Errorf("%s in the data directory: mode %v, open to others", e.Name(), fi.Mode())
+		}
+	}
 	sbDir := filepath.Join(d.data, "sandboxes", mustID(t, d, "e2e-one"))
-	if fi, err := os.Stat(sbDir); err != nil || fi.Mode().Perm() != 0o710 || fi.Sys().(*syscall.Stat_t).Uid != 0 || fi.Sys().(*syscall.Stat_t).Gid < 1<<30 {
+	if fi, err := os.Stat(sbDir); err != nil || fi.Mode().Perm() != 0o710 || fi.Sys().(*syscall.Stat_t).Uid != 0 || fi.Sys().(*syscall.Stat_t).Gid < 1<<31 {
 		t.Fatalf("%s: %v %+v, want 0710, root's, with the sandbox's root group", sbDir, err, fi)
 	}
 	r, _ := d.nook("exec", "--env", "X=1", "--cwd", "/tmp", "e2e-one", "--", "sh", "-c", `echo "$GREETING $X $(pwd)"; echo err >&2; exit 42`)

@@ -23,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -34,6 +35,9 @@ type Dir struct {
 	Slots int
 	// Owns reports whether owner still records slot as its own. It is
 	// asked only about a claim found in the way, to tell a stale one.
+	// An owner's record should be one only root can write (a claim names
+	// a path, and another user could make a path that a removed owner's
+	// claim still names): RootOwned tells.
 	Owns func(owner string, slot int) bool
 	// Grace is how long a claim is held without its owner's record
 	// (default: a minute).
@@ -139,8 +143,18 @@ func (d Dir) Ensure(slot int, owner string) error {
 	return nil
 }
 
-// Release gives slot back, if owner still holds it.
+// Release gives slot back, if owner still holds it. (Under the lock: a
+// take-back by another daemon between the read and the removal would
+// otherwise lose its claim.)
 func (d Dir) Release(slot int, owner string) error {
+	if _, err := os.Stat(d.Path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	unlock, err := d.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	path := d.file(slot)
 	got, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -183,6 +197,16 @@ func (d Dir) stale(slot int) bool {
 		return false
 	}
 	return len(owner) == 0 || !d.Owns(string(owner), slot)
+}
+
+// RootOwned reports whether path is a regular file owned by root.
+func RootOwned(path string) bool {
+	fi, err := os.Lstat(path)
+	if err != nil || !fi.Mode().IsRegular() {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && st.Uid == 0
 }
 
 func (d Dir) file(slot int) string { return filepath.Join(d.Path, strconv.Itoa(slot)) }

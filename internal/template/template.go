@@ -263,6 +263,10 @@ func (s *Store) once(ctx context.Context, name string, progress io.Writer, fn fu
 
 // lock takes an exclusive flock on the template's directory, across processes.
 func (s *Store) lock(ctx context.Context, name string) (func(), error) {
+	// Root's alone: a template's rootfs has setuid-root files.
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(filepath.Join(s.dir, name), 0o755); err != nil {
 		return nil, err
 	}

@@ -77,6 +77,10 @@ type Backend struct {
 	gcMu sync.RWMutex
 	// rollbacks: a rollback against Status finishing an interrupted one.
 	rollbacks keylock.Map
+	// legacyOnce: the sandboxes made before user namespaces are marked
+	// once, before any is started (markLegacy).
+	legacyOnce sync.Once
+	legacyErr  error
 }
 
 var _ core.Backend = (*Backend)(nil)
@@ -128,6 +132,9 @@ func (b *Backend) Available(ctx context.Context) (bool, string, map[string]strin
 	versions := map[string]string{"runc": v}
 	if os.Geteuid() != 0 {
 		return false, "the container backend needs root", versions
+	}
+	if ok, release := kernelAtLeast(5, 19); !ok {
+		return false, fmt.Sprintf("Linux %s is too old: container sandboxes run in user namespaces over idmapped layers, which overlayfs takes from Linux 5.19 on", release), versions
 	}
 	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
 		return false, "mkfs.ext4 is not installed (apt-get install e2fsprogs): every container's disk is an ext4 image", versions
@@ -234,6 +241,9 @@ func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fres
 		}
 	}()
 	dir := b.dir(sb.ID)
+	if err := b.markLegacy(); err != nil {
+		return err
+	}
 	// Only root on the host may list the sandboxes; a sandbox's own root
 	// (an unprivileged uid on the host) may pass on the way to its rootfs.
 	if err := os.MkdirAll(b.cfg.StateDir, 0o711); err != nil {
@@ -542,8 +552,9 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	}
 	if err := removeSandboxDir(b.dir(id)); err != nil {
 		errs = append(errs, err)
-	} else if merr == nil {
-		// Only once its files are gone: none may keep the range's uids.
+	} else if merr == nil && len(errs) == 0 {
+		// Only once its processes and files are gone: none may keep the
+		// range's uids.
 		if err := b.releaseIDMap(id, m); err != nil {
 			errs = append(errs, err)
 		}

@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -178,6 +179,14 @@ func TestEscapeUserNamespace(t *testing.T) {
 	if got := s.Sh(t, "stat -c %u:%g /usr/bin/ls"); got != "0:0\n" {
 		t.Errorf("the template's ls is owned by %q inside, want 0:0", got)
 	}
+	// setuid works for the sandbox's users: a template's binary (idmapped
+	// layer) and one the sandbox made (upper directory).
+	if got := s.Sh(t, "su nobody -s /bin/sh -c 'sudo -n true' 2>&1; true"); !strings.Contains(got, "sudo:") || strings.Contains(got, "effective uid is not 0") {
+		t.Errorf("the template's setuid sudo does not run as root for nobody: %q", got)
+	}
+	if got := s.Sh(t, "cp /usr/bin/id /root/sid && chmod 4755 /root/sid && chmod 755 /root && su nobody -s /bin/sh -c '/root/sid -u'"); got != "0\n" {
+		t.Errorf("a setuid-root binary the sandbox made runs as %q for nobody, want 0", got)
+	}
 	lowers, err := b.lowerDirs(chain{Template: s.TemplateID})
 	if err != nil {
 		t.Fatal(err)
@@ -212,6 +221,11 @@ func TestEscapeUserNamespace(t *testing.T) {
 		t.Errorf("two sandboxes share the uid range %d", m.Base)
 	}
 
+	// An ACL naming uid 1000: the kernel gives the host its host uid.
+	s.Sh(t, aclScript("set", "/root/theirs"))
+	if got := s.Sh(t, aclScript("get", "/root/theirs")); got != "1000\n" {
+		t.Fatalf("the ACL reads %q inside, want user 1000", got)
+	}
 	s.Sh(t, "setsid sleep 1000 >/dev/null 2>&1 < /dev/null & true")
 	info, err := b.Snapshot(ctx, s.Sandbox, "uns-1", core.SnapshotOptions{Quiesce: s.Agent.Quiesce})
 	if err != nil {
@@ -226,6 +240,9 @@ func TestEscapeUserNamespace(t *testing.T) {
 	}
 	if o := owner(t, filepath.Join(layer, "theirs")); o != [2]uint32{1000, 1000} {
 		t.Errorf("the snapshot records uid 1000's file as %v, want 1000:1000", o)
+	}
+	if acl, err := getXattr(filepath.Join(layer, "theirs"), "system.posix_acl_access"); err != nil || len(acl) < 20 || binary.LittleEndian.Uint32(acl[16:]) != 1000 {
+		t.Errorf("the snapshot records the ACL as %x (%v), want its user entry 1000", acl, err)
 	}
 	fsb := conformance.NewSandbox("userns-fork", h.TemplateID)
 	if err := b.Fork(ctx, fsb, "uns-1"); err != nil {
@@ -242,6 +259,9 @@ func TestEscapeUserNamespace(t *testing.T) {
 	}
 	if got := f.Sh(t, "id -u; stat -c %u /root/mine /root/theirs"); got != "0\n0\n1000\n" {
 		t.Errorf("in the fork: id and owners %q, want 0, 0, 1000", got)
+	}
+	if got := f.Sh(t, aclScript("get", "/root/theirs")); got != "1000\n" {
+		t.Errorf("in the fork the ACL reads %q, want user 1000", got)
 	}
 	f.Sh(t, "touch /root/forked")
 	if o := owner(t, filepath.Join(b.upperBase(fsb.ID), "upper", "root", "forked")); o != [2]uint32{mf.Base, mf.Base} {
@@ -328,4 +348,32 @@ func owner(t *testing.T, path string) [2]uint32 {
 		t.Fatal(err)
 	}
 	return [2]uint32{st.Uid, st.Gid}
+}
+
+// aclScript sets (a user entry for uid 1000) or gets (the user entries'
+// uids) the access ACL of path, in the sandbox's python3.
+func aclScript(op, path string) string {
+	return fmt.Sprintf(`python3 -c '
+import os, struct, sys
+op, path = sys.argv[1], sys.argv[2]
+if op == "set":
+    e = lambda tag, perm, id: struct.pack("<HHI", tag, perm, id)
+    none = 0xFFFFFFFF
+    os.setxattr(path, "system.posix_acl_access", struct.pack("<I", 2) + e(1, 6, none) + e(2, 6, 1000) + e(4, 4, none) + e(0x10, 6, none) + e(0x20, 4, none))
+else:
+    v = os.getxattr(path, "system.posix_acl_access")
+    for off in range(4, len(v), 8):
+        tag, perm, id = struct.unpack_from("<HHI", v, off)
+        if tag == 2:
+            print(id)
+' %s %s`, op, path)
+}
+
+func getXattr(path, name string) ([]byte, error) {
+	buf := make([]byte, 256)
+	n, err := unix.Lgetxattr(path, name, buf)
+	if err != nil {
+		return nil, err
+	}
+	return buf[:n], nil
 }

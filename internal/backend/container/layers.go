@@ -2,6 +2,7 @@ package container
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -136,7 +137,7 @@ func (c *copier) entry(path string, d fs.DirEntry, err error) error {
 		if err := os.Mkdir(target, 0o700); err != nil {
 			return err
 		}
-		if err := copyMeta(path, target, st, true); err != nil {
+		if err := copyMeta(path, target, st, true, c.base); err != nil {
 			return err
 		}
 		c.dirs = append(c.dirs, dirTimes{target, st})
@@ -159,7 +160,7 @@ func (c *copier) entry(path string, d fs.DirEntry, err error) error {
 			}
 		}
 		if !shared {
-			if err := copyFile(path, target, st); err != nil {
+			if err := copyFileShifted(path, target, st, c.base); err != nil {
 				return err
 			}
 		}
@@ -174,14 +175,14 @@ func (c *copier) entry(path string, d fs.DirEntry, err error) error {
 		if err := os.Symlink(link, target); err != nil {
 			return err
 		}
-		return copyMeta(path, target, st, false)
+		return copyMeta(path, target, st, false, c.base)
 	case mode&fs.ModeSocket != 0:
 		return nil // a socket is nothing without its process
 	default: // devices (whiteouts are 0:0 character devices) and fifos
 		if err := unix.Mknod(target, st.Mode, int(st.Rdev)); err != nil {
 			return fmt.Errorf("mknod %s: %w", target, err)
 		}
-		return copyMeta(path, target, st, true)
+		return copyMeta(path, target, st, true, c.base)
 	}
 }
 
@@ -227,6 +228,11 @@ func sameContent(a, b string) bool {
 }
 
 func copyFile(src, dst string, st *syscall.Stat_t) error {
+	return copyFileShifted(src, dst, st, 0)
+}
+
+// copyFileShifted is copyFile with the uids in xattrs shifted down by base.
+func copyFileShifted(src, dst string, st *syscall.Stat_t, base uint32) error {
 	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return err
@@ -246,7 +252,7 @@ func copyFile(src, dst string, st *syscall.Stat_t) error {
 	if err := out.Close(); err != nil {
 		return err
 	}
-	return copyMeta(src, dst, st, true)
+	return copyMeta(src, dst, st, true, base)
 }
 
 // copySparse copies a file's data extents only and keeps its holes: a
@@ -279,8 +285,9 @@ func copySparse(out, in *os.File, size int64) error {
 }
 
 // copyMeta gives dst src's owner, mode (after the owner: chown clears
-// setuid bits), xattrs and times. chmod is skipped for symlinks.
-func copyMeta(src, dst string, st *syscall.Stat_t, chmod bool) error {
+// setuid bits), xattrs (the uids in them shifted down by base) and times.
+// chmod is skipped for symlinks.
+func copyMeta(src, dst string, st *syscall.Stat_t, chmod bool, base uint32) error {
 	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
 		return err
 	}
@@ -289,7 +296,7 @@ func copyMeta(src, dst string, st *syscall.Stat_t, chmod bool) error {
 			return fmt.Errorf("chmod %s: %w", dst, err)
 		}
 	}
-	if err := copyXattrs(src, dst); err != nil {
+	if err := copyXattrs(src, dst, base); err != nil {
 		return err
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
@@ -307,18 +314,58 @@ func setTimes(path string, st *syscall.Stat_t) error {
 }
 
 // copyXattrs copies every extended attribute, the overlay's own
-// (trusted.overlay.opaque, ...) and file capabilities included.
-func copyXattrs(src, dst string) error {
+// (trusted.overlay.opaque, ...) and file capabilities included, the uids
+// in ACLs and capabilities shifted down by base (shiftXattr).
+func copyXattrs(src, dst string, base uint32) error {
 	xs, err := readXattrs(src)
 	if err != nil {
 		return err
 	}
 	for name, val := range xs {
-		if err := unix.Lsetxattr(dst, name, val, 0); err != nil {
+		if err := unix.Lsetxattr(dst, name, shiftXattr(name, val, base), 0); err != nil {
 			return fmt.Errorf("write xattr %s of %s: %w", name, dst, err)
 		}
 	}
 	return nil
+}
+
+// shiftXattr returns the value of xattr name with the host uids and gids
+// it holds (named entries of a POSIX ACL, the root of a namespaced file
+// capability) shifted down by base, as owners are (shiftedID), so that
+// they keep their meaning through another range's idmap. Any other
+// value, or one not in the form the kernel writes, is returned as is.
+// The value is the sandbox's to choose: it is read, never trusted.
+func shiftXattr(name string, val []byte, base uint32) []byte {
+	if base == 0 {
+		return val
+	}
+	le := binary.LittleEndian
+	switch name {
+	case "system.posix_acl_access", "system.posix_acl_default":
+		// u32 version 2, then entries of u16 tag, u16 perm, u32 id.
+		const aclUser, aclGroup = 0x02, 0x08
+		if len(val) < 4 || (len(val)-4)%8 != 0 || le.Uint32(val) != 2 {
+			return val
+		}
+		out := bytes.Clone(val)
+		for off := 4; off < len(out); off += 8 {
+			if tag := le.Uint16(out[off:]); tag == aclUser || tag == aclGroup {
+				le.PutUint32(out[off+4:], shiftedID(le.Uint32(out[off+4:]), base))
+			}
+		}
+		return out
+	case "security.capability":
+		// VFS_CAP_REVISION_3: magic_etc, two (permitted, inheritable)
+		// pairs, then the root uid of the namespace it was set in.
+		const rev3, revMask, size3 = 0x03000000, 0xFF000000, 24
+		if len(val) != size3 || le.Uint32(val)&revMask != rev3 {
+			return val
+		}
+		out := bytes.Clone(val)
+		le.PutUint32(out[20:], shiftedID(le.Uint32(out[20:]), base))
+		return out
+	}
+	return val
 }
 
 // readXattrs reads every extended attribute of path (not followed).

@@ -65,6 +65,13 @@ func (b *Backend) restoreSnapshot(ctx context.Context, sb *core.Sandbox, mem *me
 		defer l.Close()
 		lock = l
 	}
+	// A snapshot of a sandbox without a user namespace (made before
+	// them) cannot be restored into one: its processes start afresh.
+	if m, err := b.readIDMap(id); err == nil && m.enabled() {
+		if imgs, _ := filepath.Glob(filepath.Join(mem.dir, "userns-*.img")); len(imgs) == 0 {
+			return restoreError{errors.New("the snapshot's processes ran without a user namespace, and this sandbox has one")}
+		}
+	}
 	start := time.Now()
 	if err := b.runcRestore(ctx, id, lock, mem.dir, mem.tcpClose); err != nil {
 		return restoreError{fmt.Errorf("the snapshot's processes: %w", err)}

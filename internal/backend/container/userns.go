@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -58,17 +59,21 @@ import (
 const (
 	// idRangeSize is how many uids (and gids) a sandbox owns.
 	idRangeSize = 65536
-	// idBase is the first host uid given to sandboxes: above the vm
-	// backend's QEMU uids (1e9 + n) and any real user's.
-	idBase = 1 << 30
+	// idBase is the first host uid given to sandboxes: 2^31, above any
+	// real user's, the vm backend's QEMU users (0x70000000 + n) and the
+	// ranges systemd hands to containers (0x00080000-0x6FFFFFFF) and to
+	// nsresourced (0x7FFE0000-0x7FFEFFFF).
+	idBase = 1 << 31
 	// idSlots is how many ranges fit below 2^32-1 (the invalid uid).
 	idSlots = (1<<32-idBase)/idRangeSize - 1
 )
 
-// idmap is a sandbox's range. Base 0: the sandbox was made by a nook
-// without user namespaces and runs without one.
+// idmap is a sandbox's range. Legacy (base 0): the sandbox was made by a
+// nook without user namespaces and runs without one, as root on the
+// host (markLegacy).
 type idmap struct {
-	Base uint32 `json:"base"`
+	Base   uint32 `json:"base"`
+	Legacy bool   `json:"legacy,omitempty"`
 }
 
 func (m idmap) enabled() bool { return m.Base != 0 }
@@ -79,14 +84,18 @@ func (m idmap) slot() int { return int((m.Base - idBase) / idRangeSize) }
 func (b *Backend) idmapFile(id string) string  { return filepath.Join(b.dir(id), "idmap.json") }
 func (b *Backend) usernsFile(id string) string { return filepath.Join(b.dir(id), "userns") }
 
-// readIDMap is sandbox id's range; the zero idmap if it has none.
+// readIDMap is sandbox id's range. One without a record is refused: it
+// would run as root on the host.
 func (b *Backend) readIDMap(id string) (idmap, error) {
+	if err := b.markLegacy(); err != nil {
+		return idmap{}, err
+	}
 	var m idmap
 	err := fsutil.ReadJSON(b.idmapFile(id), &m)
 	if errors.Is(err, os.ErrNotExist) {
-		return idmap{}, nil
+		err = errors.New("no uid range is recorded: refusing to run the sandbox as root on the host")
 	}
-	if err == nil && m.enabled() && (m.Base < idBase || (m.Base-idBase)%idRangeSize != 0 || m.slot() >= idSlots) {
+	if err == nil && !m.Legacy && (m.Base < idBase || (m.Base-idBase)%idRangeSize != 0 || m.slot() >= idSlots) {
 		err = fmt.Errorf("bad uid range base %d", m.Base)
 	}
 	if err != nil {
@@ -95,13 +104,58 @@ func (b *Backend) readIDMap(id string) (idmap, error) {
 	return m, nil
 }
 
+// markLegacy records, once per state directory (a file beside it says
+// it was done), every sandbox made by a
+// nook without user namespaces (a directory without idmap.json) as
+// legacy: they run on as before. From then on a sandbox without a record
+// is refused (a crash between its directory and its record, a lost
+// file), never run as root. The caller makes no sandbox directory before.
+func (b *Backend) markLegacy() error {
+	b.legacyOnce.Do(func() {
+		// Beside the state directory, which holds sandboxes alone.
+		done := filepath.Clean(b.cfg.StateDir) + ".userns"
+		if _, err := os.Stat(done); err == nil {
+			return
+		}
+		entries, err := os.ReadDir(b.cfg.StateDir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			b.legacyErr = err
+			return
+		}
+		var legacy []string
+		for _, e := range entries {
+			if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+				continue
+			}
+			if _, err := os.Stat(b.idmapFile(e.Name())); !errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			if err := fsutil.WriteJSONAtomic(b.idmapFile(e.Name()), idmap{Legacy: true}); err != nil {
+				b.legacyErr = err
+				return
+			}
+			legacy = append(legacy, e.Name())
+		}
+		if len(legacy) > 0 {
+			b.cfg.Log.Warn("container sandboxes made before user namespaces run as root on the host until they are made again (a fork of one runs in a user namespace of its own)", "sandboxes", legacy)
+		}
+		if err := os.MkdirAll(b.cfg.StateDir, 0o711); err != nil {
+			b.legacyErr = err
+			return
+		}
+		b.legacyErr = fsutil.WriteFileAtomic(done, nil)
+	})
+	return b.legacyErr
+}
+
 // claims is the host-wide directory of claims on ranges: a claim holds
 // the sandbox's directory, and is the sandbox's while that directory's
 // idmap.json names the range.
 func (b *Backend) claims() idclaim.Dir {
 	return idclaim.Dir{Path: b.cfg.IDClaimDir, Slots: idSlots, Owns: func(owner string, slot int) bool {
 		var m idmap
-		return fsutil.ReadJSON(filepath.Join(owner, "idmap.json"), &m) == nil && m.enabled() && m.slot() == slot
+		rec := filepath.Join(owner, "idmap.json")
+		return idclaim.RootOwned(rec) && fsutil.ReadJSON(rec, &m) == nil && m.enabled() && m.slot() == slot
 	}}
 }
 
@@ -206,7 +260,6 @@ func (b *Backend) ensureNamespaces(id string, m idmap) (made bool, err error) {
 		UidMappings:                mapping,
 		GidMappings:                mapping,
 		GidMappingsEnableSetgroups: true,
-		Pdeathsig:                  syscall.SIGKILL,
 	}
 	if err := cmd.Start(); err != nil {
 		pr.Close()
@@ -336,4 +389,19 @@ func searchable(dir string) error {
 		return fmt.Errorf("make %s searchable for the sandboxes' roots: %w", dir, err)
 	}
 	return nil
+}
+
+// kernelAtLeast reports whether the running kernel is major.minor or
+// later, and its release.
+func kernelAtLeast(major, minor int) (bool, string) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return true, "" // unknown: let the first create say
+	}
+	release := unix.ByteSliceToString(u.Release[:])
+	var maj, min int
+	if _, err := fmt.Sscanf(release, "%d.%d", &maj, &min); err != nil {
+		return true, release
+	}
+	return maj > major || maj == major && min >= minor, release
 }

@@ -25,10 +25,11 @@ import (
 // and its directory removed. Template boots, which have no vm directory,
 // claim a slot for the daemon's process until they end.
 
-// DefaultUIDBase is the default first QEMU user and group ID: far above
-// the IDs of real users and of user namespaces' usual ranges, below the
-// container sandboxes' ranges (from 2^30).
-const DefaultUIDBase = 1_000_000_000
+// DefaultUIDBase is the default first QEMU user and group ID, 0x70000000:
+// far above the IDs of real users, past the ranges systemd hands to
+// containers (up to 0x6FFFFFFF), below its nsresourced range (0x7FFE0000)
+// and the container sandboxes' ranges (from 2^31).
+const DefaultUIDBase = 0x70000000
 
 // DefaultUIDClaimDir is where QEMU users are claimed host-wide.
 const DefaultUIDClaimDir = "/var/lib/nook/qemu-uids"
@@ -59,7 +60,7 @@ func (b *Backend) uidClaims() idclaim.Dir {
 			return p > 0 && procfs.StartTime(p) == st
 		}
 		uid, ok := readUID(owner, b.cfg.UIDBase)
-		return ok && uid == b.cfg.UIDBase+uint32(slot)
+		return ok && idclaim.RootOwned(filepath.Join(owner, "uid")) && uid == b.cfg.UIDBase+uint32(slot)
 	}}
 }
 
