@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/nookhq/nook/internal/bench"
 )
@@ -30,7 +32,12 @@ func main() {
 	if cfg.Creates < 20 {
 		cfg.Creates = 20
 	}
-	if err := bench.Run(context.Background(), cfg); err != nil {
+	// A closed stdout (| head) must not kill the run before it cleans
+	// up; an interrupt ends it through its context, which cleans up too.
+	signal.Ignore(syscall.SIGPIPE)
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	if err := bench.Run(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "nook-bench:", err)
 		os.Exit(1)
 	}

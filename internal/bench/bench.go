@@ -224,12 +224,23 @@ func serve(ctx context.Context, cfg Config, root string, pool int) (*sdk.Client,
 		stop()
 		return nil, nil, err
 	}
+	cl, err := sdk.New("unix://"+sock, "")
 	done := func() {
+		// What a measurement cut short (an error, a signal) left is
+		// destroyed: the daemon itself leaves sandboxes running.
+		if cl != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+			if sbs, err := cl.ListSandboxes(dctx); err == nil {
+				for _, sb := range sbs {
+					cl.DeleteSandbox(dctx, sb.Name)
+				}
+			}
+			cancel()
+		}
 		stop()
 		<-errc
 		removeCgroups("nook-bench")
 	}
-	cl, err := sdk.New("unix://"+sock, "")
 	if err != nil {
 		done()
 		return nil, nil, err

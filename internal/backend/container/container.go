@@ -552,9 +552,9 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	}
 	if err := removeSandboxDir(b.dir(id)); err != nil {
 		errs = append(errs, err)
-	} else if merr == nil && len(errs) == 0 {
-		// Only once its processes and files are gone: none may keep the
-		// range's uids.
+	} else if merr == nil && len(cgroups.Threads(b.cfg.CgroupParent, id)) == 0 {
+		// Only once its processes (none left in its cgroups, or the
+		// cgroups gone) and files are gone: none may keep the range's uids.
 		if err := b.releaseIDMap(id, m); err != nil {
 			errs = append(errs, err)
 		}

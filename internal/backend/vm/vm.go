@@ -676,12 +676,14 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	// A QEMU that never made it into its cgroup.
+	qemuAlive := false
 	if pid := qemuPID(b.dir(id)); pid > 0 {
 		syscall.Kill(pid, syscall.SIGKILL)
 		for i := 0; i < 200 && procfs.StartTime(pid) != 0; i++ {
 			time.Sleep(5 * time.Millisecond)
 		}
 		if procfs.StartTime(pid) != 0 {
+			qemuAlive = true
 			errs = append(errs, fmt.Errorf("the vm's QEMU (pid %d) did not die", pid))
 		}
 	}
@@ -693,9 +695,10 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	uid, hasUID := b.recordedUID(id)
 	if err := os.RemoveAll(b.dir(id)); err != nil {
 		errs = append(errs, err)
-	} else if hasUID && len(errs) == 0 {
-		// Only now, its QEMU surely dead (its cgroups are gone), may
-		// another QEMU run as its user; one that may still run keeps it.
+	} else if hasUID && !qemuAlive && len(cgroups.Threads(b.cfg.CgroupParent, id)) == 0 {
+		// Only now, its QEMU surely dead (none left in its cgroups, nor
+		// outside), may another QEMU run as its user; one that may still
+		// run keeps it.
 		if err := b.releaseUID(id, uid); err != nil {
 			errs = append(errs, err)
 		}
