@@ -172,6 +172,30 @@ func (d Dir) Release(slot int, owner string) error {
 	return nil
 }
 
+// ReleaseAll gives back every slot owner holds: for an owner that lost
+// its record (a crash between a claim and the record). It reads every
+// claim, so it is for that rare case only.
+func (d Dir) ReleaseAll(owner string) error {
+	entries, err := os.ReadDir(d.Path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		slot, err := strconv.Atoi(e.Name())
+		if err != nil || slot < 0 || slot >= d.Slots {
+			continue
+		}
+		if d.Holder(slot) == owner {
+			errs = append(errs, d.Release(slot, owner))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Holder is the owner holding slot, "" if none.
 func (d Dir) Holder(slot int) string {
 	got, _ := os.ReadFile(d.file(slot))

@@ -147,3 +147,31 @@ func TestEnsure(t *testing.T) {
 		t.Fatalf("holder %q", d.Holder(3))
 	}
 }
+
+// ReleaseAll gives back what an owner holds without knowing the slots.
+func TestReleaseAll(t *testing.T) {
+	d, _ := newDir(t, 64)
+	var mine []int
+	for range 3 {
+		slot, err := d.Claim("lost")
+		if err != nil {
+			t.Fatal(err)
+		}
+		mine = append(mine, slot)
+	}
+	other, err := d.Claim("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ReleaseAll("lost"); err != nil {
+		t.Fatal(err)
+	}
+	for _, slot := range mine {
+		if h := d.Holder(slot); h != "" {
+			t.Errorf("slot %d still held by %q", slot, h)
+		}
+	}
+	if h := d.Holder(other); h != "other" {
+		t.Errorf("another owner's slot went: %q", h)
+	}
+}

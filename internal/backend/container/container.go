@@ -552,10 +552,17 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	}
 	if err := removeSandboxDir(b.dir(id)); err != nil {
 		errs = append(errs, err)
-	} else if merr == nil && len(cgroups.Threads(b.cfg.CgroupParent, id)) == 0 {
+	} else if len(cgroups.Threads(b.cfg.CgroupParent, id)) == 0 {
 		// Only once its processes (none left in its cgroups, or the
 		// cgroups gone) and files are gone: none may keep the range's uids.
-		if err := b.releaseIDMap(id, m); err != nil {
+		// A sandbox whose create a crash cut short between the claim and
+		// its record has no record to say which.
+		if merr == nil && m.enabled() {
+			err = b.releaseIDMap(id, m)
+		} else {
+			err = b.claims().ReleaseAll(b.dir(id))
+		}
+		if err != nil {
 			errs = append(errs, err)
 		}
 	}

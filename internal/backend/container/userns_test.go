@@ -2,6 +2,7 @@ package container
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"log/slog"
 	"os"
@@ -137,5 +138,28 @@ func TestKernelAtLeast(t *testing.T) {
 	}
 	if ok, release := kernelAtLeast(999, 0); ok {
 		t.Fatalf("this kernel (%q) is 999.0 or later", release)
+	}
+}
+
+// A create a crash cut short between its range's claim and the record of
+// it leaves a claim its sandbox does not name: Destroy still gives it back.
+func TestDestroyReleasesUnrecordedClaim(t *testing.T) {
+	b, _ := newTestBackend(t)
+	if err := b.markLegacy(); err != nil { // done by an earlier start
+		t.Fatal(err)
+	}
+	id := "0123456789abcdef"
+	if err := os.MkdirAll(b.dir(id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	slot, err := b.claims().Claim(b.dir(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Destroy(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	if h := b.claims().Holder(slot); h != "" {
+		t.Fatalf("the half-created sandbox's claim on %d is still held by %q", slot, h)
 	}
 }
