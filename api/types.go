@@ -27,6 +27,7 @@ const (
 	StateDestroying = "destroying"
 	StateFailed     = "failed"
 	StatePaused     = "paused"
+	StateStopped    = "stopped"
 )
 
 // Sandbox is a sandbox as the API reports it.
@@ -217,6 +218,9 @@ type Capabilities struct {
 	Pause       bool `json:"pause"`
 	Snapshot    bool `json:"snapshot"`
 	OwnKernel   bool `json:"own_kernel"`
+	// Stop: sandboxes can be stopped (no process, no memory, the disk
+	// kept) and started again.
+	Stop bool `json:"stop"`
 	// DefaultDiskBytes is a sandbox's disk when create names none (0:
 	// the backend's own default, or not limited); MinDiskBytes the
 	// smallest it accepts (0: no minimum of its own).

@@ -55,7 +55,18 @@ type RuntimeStatus struct {
 	// looking (it finished a rollback a crash interrupted); its agent
 	// needs its configuration again.
 	Restarted bool
+	// Halt, for a stopped sandbox, is what its guest asked for, as far as
+	// the backend can tell: HaltPoweroff, HaltReboot, HaltStopped (a
+	// Stop), or "" (it crashed, or nothing tells).
+	Halt string
 }
+
+// What stopped a sandbox (RuntimeStatus.Halt).
+const (
+	HaltStopped  = "stopped"
+	HaltPoweroff = "poweroff"
+	HaltReboot   = "reboot"
+)
 
 // RuntimeState is the host-side state of a sandbox.
 type RuntimeState int
@@ -94,6 +105,18 @@ type Pauser interface {
 	// PauseKind says what the pause of paused sandbox id keeps and where,
 	// for users, e.g. "frozen: processes stopped, memory kept in RAM".
 	PauseKind(id string) string
+}
+
+// Stopper is an optional Backend feature: a sandbox powered off (its
+// processes ended, its memory freed, its disk kept) and on again (started
+// afresh on its disk: a vm boots from it), like a machine.
+type Stopper interface {
+	// Stop ends a running or paused sandbox (a pause's saved memory is
+	// dropped). The caller closes its connections to the agent first.
+	Stop(ctx context.Context, id string) error
+	// Start starts a stopped sandbox again; its agent then needs its
+	// configuration.
+	Start(ctx context.Context, sb *Sandbox) error
 }
 
 // WarmPool is an optional Backend feature: sandboxes started ahead of

@@ -22,14 +22,18 @@ const (
 	StateDestroying State = api.StateDestroying
 	StateFailed     State = api.StateFailed
 	StatePaused     State = api.StatePaused
+	// StateStopped: powered off (by `nook stop` or the guest), its
+	// processes ended and memory freed, its disk kept for a start.
+	StateStopped State = api.StateStopped
 )
 
 // transitions lists the legal state changes. Later states (paused,
 // snapshotting...) are added here and nowhere else.
 var transitions = map[State][]State{
 	StateCreating:   {StateRunning, StateDestroying, StateFailed},
-	StateRunning:    {StateDestroying, StateFailed, StatePaused},
-	StatePaused:     {StateRunning, StateDestroying, StateFailed},
+	StateRunning:    {StateDestroying, StateFailed, StatePaused, StateStopped},
+	StatePaused:     {StateRunning, StateDestroying, StateFailed, StateStopped},
+	StateStopped:    {StateRunning, StateDestroying, StateFailed},
 	StateFailed:     {StateDestroying},
 	StateDestroying: {},
 }
@@ -63,8 +67,8 @@ type Sandbox struct {
 	// IdlePause is how long the sandbox may be idle before the daemon
 	// pauses it; 0: never.
 	IdlePause time.Duration
-	// OnExpire is what happens when ExpiresAt passes: OnExpireDestroy or
-	// OnExpirePause. Expired records that a pause-on-expire sandbox's TTL
+	// OnExpire is what happens when ExpiresAt passes: OnExpireDestroy,
+	// OnExpirePause or OnExpireStop. Expired records that a pause-on-expire sandbox's TTL
 	// ran out and it was paused; it no longer expires until a new TTL is set.
 	OnExpire string
 	Expired  bool

@@ -200,10 +200,11 @@ func HostSize() (int, int64) {
 const (
 	MinIdlePause = time.Minute
 	MaxIdlePause = 30 * 24 * time.Hour
-	// OnExpireDestroy and OnExpirePause are what a sandbox's TTL does
-	// when it runs out.
+	// OnExpireDestroy, OnExpirePause and OnExpireStop are what a
+	// sandbox's TTL does when it runs out.
 	OnExpireDestroy = "destroy"
 	OnExpirePause   = "pause"
+	OnExpireStop    = "stop"
 )
 
 // ParseIdlePause parses how long a sandbox may be idle before it is
@@ -230,10 +231,10 @@ func ValidateOnExpire(s string) (string, error) {
 	switch s {
 	case "", OnExpireDestroy:
 		return OnExpireDestroy, nil
-	case OnExpirePause:
-		return OnExpirePause, nil
+	case OnExpirePause, OnExpireStop:
+		return s, nil
 	}
-	return "", errdefs.Invalid("on expire %q is not valid: use destroy or pause", clip(s))
+	return "", errdefs.Invalid("on expire %q is not valid: use destroy, pause or stop", clip(s))
 }
 
 // FormatDuration renders a duration the way ParseDuration reads it, with

@@ -114,7 +114,7 @@ func (b *Backend) Isolation() string { return api.IsolationContainer }
 // ext4 image (disk.go). Snapshots have the memory too where CRIU is
 // configured (see memory.go).
 func (b *Backend) Capabilities() api.Capabilities {
-	return api.Capabilities{CPULimit: true, MemoryLimit: true, DiskLimit: true, PidsLimit: true, Pause: true, Snapshot: true,
+	return api.Capabilities{CPULimit: true, MemoryLimit: true, DiskLimit: true, PidsLimit: true, Pause: true, Snapshot: true, Stop: true,
 		DefaultDiskBytes: DefaultDisk, MinDiskBytes: MinDisk}
 }
 
@@ -487,6 +487,9 @@ func (b *Backend) statusLocked(ctx context.Context, sb *core.Sandbox, lock *os.F
 	}
 	if b.checkpointed(sb.ID) {
 		return core.RuntimeStatus{State: core.RuntimeSaved, Detail: "paused to disk (a CRIU checkpoint)"}, nil
+	}
+	if _, err := os.Stat(b.stoppedFile(sb.ID)); err == nil {
+		return core.RuntimeStatus{State: core.RuntimeStopped, Halt: core.HaltStopped, Detail: "stopped"}, nil
 	}
 	if _, err := os.Stat(b.dir(sb.ID)); err == nil {
 		detail := "the sandbox's init process (nook-agent) is not running"

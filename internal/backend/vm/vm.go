@@ -179,7 +179,7 @@ func (b *Backend) Isolation() string { return api.IsolationVM }
 
 // Capabilities implements core.Backend.
 func (b *Backend) Capabilities() api.Capabilities {
-	return api.Capabilities{CPULimit: true, MemoryLimit: true, DiskLimit: true, Pause: true, Snapshot: true, OwnKernel: true}
+	return api.Capabilities{CPULimit: true, MemoryLimit: true, DiskLimit: true, Pause: true, Snapshot: true, OwnKernel: true, Stop: true}
 }
 
 // Available implements core.Backend.
@@ -523,14 +523,31 @@ func (b *Backend) qemuAttr(uid uint32, root string) *syscall.SysProcAttr {
 // Status implements core.Backend.
 func (b *Backend) Status(ctx context.Context, sb *core.Sandbox) (core.RuntimeStatus, error) {
 	b.recover(sb.ID)
-	capConsole(filepath.Join(b.dir(sb.ID), "console.log"))
-	if _, live := b.running(sb.ID); live {
-		return core.RuntimeStatus{State: core.RuntimeRunning}, nil
+	console := filepath.Join(b.dir(sb.ID), "console.log")
+	capConsole(console)
+	if st, live := b.running(sb.ID); live {
+		if guestHalt(readTail(console)) != core.HaltPoweroff {
+			return core.RuntimeStatus{State: core.RuntimeRunning}, nil
+		}
+		// Halted (not powered off): QEMU runs on with nothing to run.
+		if unlock, ok := b.ops.TryLock(sb.ID); ok {
+			b.quit(ctx, sb.ID, st.PID)
+			unlock()
+		}
 	}
 	if b.readHead(sb.ID).Resume != "" { // not running, saved: paused (recovered above)
 		return core.RuntimeStatus{State: core.RuntimeSaved, Detail: "paused to disk"}, nil
 	}
 	if _, err := os.Stat(b.dir(sb.ID)); err == nil {
+		if _, err := os.Stat(b.stoppedFile(sb.ID)); err == nil {
+			return core.RuntimeStatus{State: core.RuntimeStopped, Halt: core.HaltStopped, Detail: "stopped"}, nil
+		}
+		switch guestHalt(readTail(console)) {
+		case core.HaltPoweroff:
+			return core.RuntimeStatus{State: core.RuntimeStopped, Halt: core.HaltPoweroff, Detail: "powered off by its guest"}, nil
+		case core.HaltReboot:
+			return core.RuntimeStatus{State: core.RuntimeStopped, Halt: core.HaltReboot, Detail: "rebooted by its guest"}, nil
+		}
 		detail := "the sandbox's QEMU process is not running"
 		if l := lastLines(readTail(filepath.Join(b.dir(sb.ID), "qemu.log")), 1); l != "" {
 			detail += ": " + l

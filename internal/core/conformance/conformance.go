@@ -41,6 +41,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("ParallelCreate", func(t *testing.T) { testParallel(t, h) })
 	t.Run("Processes", func(t *testing.T) { testProcesses(t, h) })
 	t.Run("Pause", func(t *testing.T) { testPause(t, h) })
+	t.Run("StopStart", func(t *testing.T) { testStopStart(t, h) })
 	t.Run("Files", func(t *testing.T) { testFiles(t, h) })
 }
 

@@ -1,0 +1,194 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/procfs"
+)
+
+var _ core.Stopper = (*Backend)(nil)
+
+// A vm is a machine: stopped (`nook stop`, or its guest powered off) it
+// has no QEMU and no RAM, and its disk stays; started, it boots from that
+// disk, cold, as a machine powered on does. A guest that reboots is
+// started again the same way by the daemon.
+//
+// The file "stopped" in the vm's directory records a stop, so that the
+// vm reads as stopped (not crashed) across daemon restarts. What the
+// guest asked for is read from its serial console: the guest kernel's
+// last words before QEMU (run with -no-reboot) ended are "reboot: Power
+// down" or "reboot: System halted" for a power off or halt, "reboot:
+// Restarting system" or "sysrq: Resetting" for a reboot. Every start
+// writes bootMark to the console log first, so only the current boot's
+// words count. The guest can write anything there: what it gains is
+// telling a crash apart from a reboot or a power off of its own machine.
+
+// bootMark opens each boot's part of a vm's console log.
+const bootMark = "--- nook: boot ---"
+
+func (b *Backend) stoppedFile(id string) string { return filepath.Join(b.dir(id), "stopped") }
+
+// Stop implements core.Stopper: QEMU is asked to quit (it flushes its
+// disk layers; the guest's own unwritten data is lost, as in a power
+// cut, unless the caller had the guest sync), killed if it does not, and
+// a pause's saved state is dropped.
+func (b *Backend) Stop(ctx context.Context, id string) error {
+	defer b.operate(id)()
+	dir := b.dir(id)
+	if _, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	// Recorded first: from here a crash leaves it stopped, and a start
+	// boots it from its disk.
+	if err := fsutil.WriteFileAtomic(b.stoppedFile(id), nil); err != nil {
+		return err
+	}
+	if st, live := b.readRun(id); live {
+		b.quit(ctx, id, st.PID)
+	}
+	if pid := qemuPID(dir); pid > 0 {
+		syscall.Kill(pid, syscall.SIGKILL)
+		if !waitGone(pid, 5*time.Second) {
+			return fmt.Errorf("the vm's QEMU (pid %d) did not end", pid)
+		}
+	}
+	h := b.readHead(id)
+	if h.Resume != "" {
+		statePath := h.resumePath(dir)
+		h.Resume = ""
+		if err := b.writeHead(id, h); err != nil {
+			return err
+		}
+		if strings.HasPrefix(statePath, dir+string(filepath.Separator)) {
+			os.Remove(statePath)
+		}
+	}
+	st, _ := b.readRun(id)
+	st.PID, st.StartTime, st.Saved = 0, 0, false
+	return b.writeRun(id, st)
+}
+
+// quit asks a live QEMU to quit, and kills it if it has not within a few
+// seconds.
+func (b *Backend) quit(ctx context.Context, id string, pid int) {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if mon, err := dialQMP(qctx, filepath.Join(b.dir(id), "qmp.sock")); err == nil {
+		mon.run("quit", nil, nil)
+		mon.close()
+	}
+	if !waitGone(pid, 5*time.Second) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		waitGone(pid, 5*time.Second)
+	}
+}
+
+// Start implements core.Stopper: the vm boots afresh from its disk (a
+// cold boot with the daemon's guest kernel) with its shape, network and
+// QEMU user. It waits until the guest's agent answers.
+func (b *Backend) Start(ctx context.Context, sb *core.Sandbox) error {
+	defer b.operate(sb.ID)()
+	return b.boot(ctx, sb.ID)
+}
+
+// boot is Start with the vm's lock held.
+func (b *Backend) boot(ctx context.Context, id string) error {
+	dir := b.dir(id)
+	if _, live := b.running(id); live {
+		return nil
+	}
+	st, _ := b.readRun(id)
+	if st.MemoryMiB == 0 {
+		return fmt.Errorf("the vm's record (run.json) is missing")
+	}
+	if pid := qemuPID(dir); pid > 0 { // a start a crash cut short
+		syscall.Kill(pid, syscall.SIGKILL)
+		waitGone(pid, 5*time.Second)
+	}
+	k, err := b.ensureKernel(ctx)
+	if err != nil {
+		return err
+	}
+	h := b.readHead(id)
+	if h.Resume != "" {
+		return errdefs.Precondition("the vm is paused (saved to disk): resume it, or stop it first")
+	}
+	m := machine{Accel: b.accel, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Kernel: k, TSCKHz: tscKHz()}
+	l := launch{machine: m, Disk: filepath.Join(dir, h.Disk), Chain: h.Chain, AgentSock: filepath.Join(dir, "agent.sock"),
+		QMPSock: filepath.Join(dir, "qmp.sock"), ConsoleLog: filepath.Join(dir, "console.log")}
+	if b.cfg.Net != nil {
+		if l.Tap, err = b.cfg.Net.AttachTap(ctx, id); err != nil {
+			return fmt.Errorf("network: %w", err)
+		}
+	}
+	os.Remove(l.AgentSock)
+	os.Remove(l.QMPSock)
+	if err := markBoot(l.ConsoleLog); err != nil {
+		return err
+	}
+	uid, err := b.vmUID(id)
+	if err != nil {
+		return err
+	}
+	proc, err := b.start(ctx, &core.Sandbox{ID: id, CPUs: st.CPULimit, MemoryBytes: st.MemoryMiB << 20}, l, uid)
+	if err != nil {
+		return err
+	}
+	st.PID, st.StartTime, st.Saved = proc.pid, procfs.StartTime(proc.pid), false
+	st.Accel, st.Boot, st.Kernel, st.KernelHash, st.TSCKHz = m.Accel, "cold", k.Release, k.Hash, m.TSCKHz
+	if err := b.writeRun(id, st); err != nil {
+		syscall.Kill(proc.pid, syscall.SIGKILL)
+		return err
+	}
+	if err := b.waitBoot(ctx, proc, l.AgentSock, dir); err != nil {
+		syscall.Kill(proc.pid, syscall.SIGKILL)
+		<-proc.exited
+		return err
+	}
+	if err := os.Remove(b.stoppedFile(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// markBoot appends bootMark to a console log.
+func markBoot(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(f, "\n%s\n", bootMark)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// guestHalt reads, from the end of a vm's console log, what its guest
+// asked for in the current boot: core.HaltPoweroff, core.HaltReboot, or
+// "" (nothing: it crashed, or it runs).
+func guestHalt(console string) string {
+	if i := strings.LastIndex(console, bootMark); i >= 0 {
+		console = console[i+len(bootMark):]
+	}
+	lines := strings.Split(strings.TrimRight(console, "\n"), "\n")
+	for i := len(lines) - 1; i >= 0 && i >= len(lines)-5; i-- {
+		switch l := lines[i]; {
+		case strings.Contains(l, "reboot: Power down"), strings.Contains(l, "reboot: System halted"):
+			return core.HaltPoweroff
+		case strings.Contains(l, "reboot: Restarting system"), strings.Contains(l, "sysrq: Resetting"):
+			return core.HaltReboot
+		}
+	}
+	return ""
+}
