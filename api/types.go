@@ -39,6 +39,9 @@ type Sandbox struct {
 	State     string `json:"state"`
 	Reason    string `json:"reason,omitempty"`     // why a sandbox is failed
 	PauseKind string `json:"pause_kind,omitempty"` // how a paused sandbox is paused, e.g. "frozen"
+	// RebootedAt is when its guest last rebooted (and the daemon started
+	// it again), as far as this daemon has seen; absent otherwise.
+	RebootedAt *time.Time `json:"rebooted_at,omitempty"`
 	// vm sandboxes: the accelerator (kvm or tcg), how the sandbox started
 	// (snapshot: restored from its template's snapshot; cold: booted) and
 	// the guest kernel's release.

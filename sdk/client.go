@@ -266,6 +266,19 @@ func (c *Client) ResumeSandbox(ctx context.Context, name string) (*api.Sandbox, 
 	return &out, c.call(ctx, "POST", "/v1/sandboxes/"+esc(name)+"/resume", nil, &out)
 }
 
+// StopSandbox stops a running or paused sandbox: its processes end and
+// its memory is freed; its disk is kept.
+func (c *Client) StopSandbox(ctx context.Context, name string) (*api.Sandbox, error) {
+	var out api.Sandbox
+	return &out, c.call(ctx, "POST", "/v1/sandboxes/"+esc(name)+"/stop", nil, &out)
+}
+
+// StartSandbox starts a stopped sandbox again (a vm boots from its disk).
+func (c *Client) StartSandbox(ctx context.Context, name string) (*api.Sandbox, error) {
+	var out api.Sandbox
+	return &out, c.call(ctx, "POST", "/v1/sandboxes/"+esc(name)+"/start", nil, &out)
+}
+
 // SetTTL sets a sandbox's remaining lifetime, e.g. "2h".
 func (c *Client) SetTTL(ctx context.Context, name, ttl string) (*api.Sandbox, error) {
 	var out api.Sandbox

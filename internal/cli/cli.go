@@ -129,7 +129,7 @@ as ` + "`nook info`" + ` shows it on the host) or NOOK_TLS_CA=FILE.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd())
+	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), stopCmd(true), stopCmd(false), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd())
 	return root
 }
 
@@ -227,7 +227,7 @@ func createCmd() *cobra.Command {
 	var env []string
 	var asJSON bool
 	c := &cobra.Command{
-		Use:   "create [--name NAME] [--template T] [--isolation container|vm] [--cpus N] [--memory 2G] [--disk 10G] [--ttl 1h] [--idle-pause 10m] [--on-expire destroy|pause] [--env K=V]... [--net allowlist|none] [--allow RULE]... [--deny RULE]...",
+		Use:   "create [--name NAME] [--template T] [--isolation container|vm] [--cpus N] [--memory 2G] [--disk 10G] [--ttl 1h] [--idle-pause 10m] [--on-expire destroy|pause|stop] [--env K=V]... [--net allowlist|none] [--allow RULE]... [--deny RULE]...",
 		Short: "Create a sandbox and print its name",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -271,7 +271,7 @@ func createCmd() *cobra.Command {
 	f.StringVar(&req.Disk, "disk", "", "writable disk size, e.g. 20G (container: at least 64M, default 10G; vm: at least and by default 8G)")
 	f.StringVar(&req.TTL, "ttl", "", "time to live, e.g. 90m, 2h, 3d (default 1h; extend with nook ttl)")
 	f.StringVar(&req.IdlePause, "idle-pause", "", "pause it after this long without use, e.g. 10m, or off (default: the daemon's --idle-pause); any call wakes it")
-	f.StringVar(&req.OnExpire, "on-expire", "", "what the TTL does when it runs out: destroy (default) or pause")
+	f.StringVar(&req.OnExpire, "on-expire", "", "what the TTL does when it runs out: destroy (default), pause or stop (kept until a new TTL is set)")
 	f.StringArrayVar(&env, "env", nil, "environment variable K=V for every process (repeatable)")
 	f.StringVar(&req.Net, "net", "", "network mode: allowlist (default: only what --allow names) or none (nothing leaves the sandbox)")
 	f.StringArrayVar(&req.Allow, "allow", nil, "allow egress to a domain, *.wildcard, CIDR or @preset, optionally :PORTS, e.g. github.com:443, @registries (repeatable)")
@@ -357,6 +357,9 @@ func inspectCmd() *cobra.Command {
 			if sb.PauseKind != "" {
 				fmt.Fprintf(tw, "paused:\t%s\n", tsafe(sb.PauseKind))
 			}
+			if sb.RebootedAt != nil {
+				fmt.Fprintf(tw, "rebooted at:\t%s\n", sb.RebootedAt.Local().Format(time.RFC3339))
+			}
 			fmt.Fprintf(tw, "isolation:\t%s\ntemplate:\t%s\ncpus:\t%g\nmemory:\t%s\npids limit:\t%d\n", tsafe(sb.Isolation), tsafe(sb.Template), sb.CPUs, core.FormatBytes(sb.MemoryBytes), sb.PidsLimit)
 			if sb.DiskBytes > 0 {
 				fmt.Fprintf(tw, "disk:\t%s\n", core.FormatBytes(sb.DiskBytes))
@@ -369,7 +372,7 @@ func inspectCmd() *cobra.Command {
 			}
 			fmt.Fprintf(tw, "created:\t%s\n", sb.CreatedAt.Local().Format(time.RFC3339))
 			if sb.Expired {
-				fmt.Fprintf(tw, "expired:\t%s (kept, not destroyed: on expire pause; set a new TTL with nook ttl)\n", sb.ExpiresAt.Local().Format(time.RFC3339))
+				fmt.Fprintf(tw, "expired:\t%s (kept, not destroyed: on expire %s; set a new TTL with nook ttl)\n", sb.ExpiresAt.Local().Format(time.RFC3339), tsafe(sb.OnExpire))
 			} else {
 				fmt.Fprintf(tw, "expires:\t%s (in %s)\n", sb.ExpiresAt.Local().Format(time.RFC3339), until(sb.ExpiresAt))
 			}
@@ -688,11 +691,23 @@ if the sandbox is destroyed and the name reused. Tokens expire after --ttl
 	return c
 }
 
-func pauseCmd(pause bool) *cobra.Command {
-	use, short := "pause NAME...", "Pause sandboxes: their processes stop, nothing is lost; any exec or file call resumes them"
-	if !pause {
-		use, short = "resume NAME...", "Resume paused sandboxes"
+func stopCmd(stop bool) *cobra.Command {
+	if stop {
+		return eachCmd("stop NAME...", "Stop sandboxes: their processes end and their memory is freed, their disk is kept; nook start boots them again", (*sdk.Client).StopSandbox)
 	}
+	return eachCmd("start NAME...", "Start stopped sandboxes: afresh on their disk (a vm boots), with their name, address and policy", (*sdk.Client).StartSandbox)
+}
+
+func pauseCmd(pause bool) *cobra.Command {
+	if pause {
+		return eachCmd("pause NAME...", "Pause sandboxes: their processes stop, nothing is lost; any exec or file call resumes them", (*sdk.Client).PauseSandbox)
+	}
+	return eachCmd("resume NAME...", "Resume paused sandboxes", (*sdk.Client).ResumeSandbox)
+}
+
+// eachCmd is a command that calls op on each sandbox it names, printing
+// the name of each it succeeded on.
+func eachCmd(use, short string, op func(*sdk.Client, context.Context, string) (*api.Sandbox, error)) *cobra.Command {
 	return &cobra.Command{
 		Use:   use,
 		Short: short,
@@ -700,13 +715,7 @@ func pauseCmd(pause bool) *cobra.Command {
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			var errs []error
 			for _, name := range args {
-				var err error
-				if pause {
-					_, err = cl.PauseSandbox(cmd.Context(), name)
-				} else {
-					_, err = cl.ResumeSandbox(cmd.Context(), name)
-				}
-				if err != nil {
+				if _, err := op(cl, cmd.Context(), name); err != nil {
 					errs = append(errs, err)
 					continue
 				}

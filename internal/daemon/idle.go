@@ -166,6 +166,9 @@ func (m *Manager) idleSettings(req api.CreateSandboxRequest, b core.Backend) (ti
 	if onExpire == core.OnExpirePause && !canPause {
 		return 0, "", errdefs.Invalid("the %s backend cannot pause sandboxes: use --on-expire destroy", req.Isolation)
 	}
+	if st, ok := b.(core.Stopper); onExpire == core.OnExpireStop && (!ok || st == nil || !b.Capabilities().Stop) {
+		return 0, "", errdefs.Invalid("the %s backend cannot stop sandboxes: use --on-expire destroy", req.Isolation)
+	}
 	return idle, onExpire, nil
 }
 
@@ -299,6 +302,13 @@ func (m *Manager) expirePause(ctx context.Context, sb *core.Sandbox) {
 			return
 		}
 	}
+	m.markExpired(ctx, sb, core.StatePaused, reason)
+}
+
+// markExpired records that sb's TTL ran out and it was kept (paused or
+// stopped: kept, with reason, if it is in that state), so that it does
+// not expire again until a new TTL is set.
+func (m *Manager) markExpired(ctx context.Context, sb *core.Sandbox, kept core.State, reason string) {
 	unlock := m.lockName(sb.Name)
 	defer unlock()
 	cur, err := m.store.GetSandbox(ctx, sb.Name)
@@ -307,14 +317,14 @@ func (m *Manager) expirePause(ctx context.Context, sb *core.Sandbox) {
 		return
 	}
 	cur.Expired = true
-	if cur.State == core.StatePaused {
+	if cur.State == kept {
 		cur.Reason = reason
 	}
 	if err := m.store.UpdateSandbox(ctx, cur); err != nil {
 		m.log.Error("mark sandbox expired", "sandbox", sb.Name, "err", err)
 		return
 	}
-	m.log.Info("sandbox expired: kept, not destroyed (on_expire pause)", "sandbox", sb.Name, "state", cur.State)
+	m.log.Info("sandbox expired: kept, not destroyed", "sandbox", sb.Name, "on_expire", cur.OnExpire, "state", cur.State)
 }
 
 // gone reports whether a pause failed because the sandbox is no longer

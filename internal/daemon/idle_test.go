@@ -171,10 +171,7 @@ func TestOnExpirePause(t *testing.T) {
 	if v := m.View(sb); v.OnExpire != "pause" || v.IdlePause != "" {
 		t.Fatalf("view: %+v", v)
 	}
-	sb.ExpiresAt = time.Now().Add(-time.Second)
-	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
-		t.Fatal(err)
-	}
+	expireNow(t, m, sb)
 	m.reapOnce(ctx)
 	m.reapOnce(ctx)
 	sb, err = m.Get(ctx, "keeper")

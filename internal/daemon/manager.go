@@ -133,9 +133,10 @@ type Manager struct {
 	// build, and for writing while builds nothing records are removed.
 	tplMu sync.RWMutex
 
-	mu     sync.Mutex
-	locks  keylock.Map              // serializes lifecycle operations per sandbox name
-	agents map[string]*agent.Client // by sandbox ID
+	mu      sync.Mutex
+	locks   keylock.Map              // serializes lifecycle operations per sandbox name
+	reboots reboots                  // guests' recent reboots (stop.go)
+	agents  map[string]*agent.Client // by sandbox ID
 
 	net *sandboxNets // sandbox networks (network.go); nil when networking is off
 
@@ -661,6 +662,7 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 			return fmt.Errorf("destroy sandbox %s: %w (it stays in state destroying and is retried)", sb.Name, err)
 		}
 	}
+	m.reboots.forget(sb.ID)
 	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
 		return err
 	}
@@ -680,6 +682,10 @@ func (m *Manager) View(sb *core.Sandbox) api.Sandbox {
 		d.Describe(sb, &v)
 	}
 	v.SnapshotsBytes = m.SnapshotsUsage(context.Background(), sb.ID)
+	if t := m.reboots.last(sb.ID); !t.IsZero() {
+		t = t.UTC()
+		v.RebootedAt = &t
+	}
 	if sb.State == core.StatePaused {
 		if p, ok := m.backends[sb.Isolation].(core.Pauser); ok {
 			v.PauseKind = p.PauseKind(sb.ID)
@@ -907,7 +913,10 @@ func (m *Manager) runningAgent(ctx context.Context, name string) (*core.Sandbox,
 	if sb.State != core.StateRunning {
 		msg := fmt.Sprintf("sandbox %s is %s", name, sb.State)
 		if sb.Reason != "" {
-			msg += ": " + sb.Reason
+			msg += " (" + sb.Reason + ")"
+		}
+		if sb.State == core.StateStopped {
+			return nil, nil, errdefs.Precondition("%s: start it with `nook start %s`", msg, name)
 		}
 		return nil, nil, errdefs.Precondition("%s; remove it with `nook rm %s`", msg, name)
 	}
@@ -984,6 +993,9 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 		return false
 	}
 	rs, err := b.Status(ctx, sb)
+	if err == nil && sb.State == core.StateStopped {
+		return false // recorded stopped: whatever is there, nothing should run
+	}
 	if err == nil && rs.State == core.RuntimeSaved && sb.State == core.StateRunning {
 		// Saved to disk but recorded running: a snapshot or rollback that
 		// could not start it again. Recorded paused, the next call wakes it.
@@ -1012,6 +1024,11 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 	cur, err := m.store.GetSandbox(ctx, sb.Name)
 	if err != nil || cur.ID != sb.ID || (cur.State != core.StateRunning && cur.State != core.StatePaused) {
 		return false
+	}
+	if rs.State == core.RuntimeStopped && rs.Halt != "" {
+		running := m.halted(ctx, cur, rs)
+		*sb = *cur
+		return running
 	}
 	cur.State, cur.Reason = core.StateFailed, rs.Detail
 	if err := m.store.UpdateSandbox(ctx, cur); err != nil {
@@ -1116,6 +1133,11 @@ func (m *Manager) reapOnce(ctx context.Context) {
 			if cur.OnExpire == core.OnExpirePause {
 				unlock() // it takes the lock itself
 				m.expirePause(ctx, cur)
+				continue
+			}
+			if cur.OnExpire == core.OnExpireStop {
+				unlock() // it takes the lock itself
+				m.expireStop(ctx, cur)
 				continue
 			}
 			if err := m.destroyLocked(ctx, cur); err != nil {

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
@@ -58,10 +57,7 @@ func TestReaperDestroysExpired(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Destroy(ctx, "young") })
-	old.ExpiresAt = time.Now().Add(-time.Second)
-	if err := m.store.UpdateSandbox(ctx, old); err != nil {
-		t.Fatal(err)
-	}
+	expireNow(t, m, old)
 	m.reapOnce(ctx)
 	if _, err := m.Get(ctx, "old"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("expired sandbox still there: %v", err)

@@ -35,7 +35,7 @@ func (m *Manager) networkSandbox(ctx context.Context, name string) (*core.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	if sb.State != core.StateRunning && sb.State != core.StatePaused {
+	if sb.State != core.StateRunning && sb.State != core.StatePaused && sb.State != core.StateStopped {
 		return nil, errdefs.Precondition("sandbox %s is %s: its network cannot change", name, sb.State)
 	}
 	return sb, nil

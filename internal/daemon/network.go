@@ -637,7 +637,7 @@ func (n *sandboxNets) view(id string) *api.Network {
 }
 
 // reconcile adopts the networks of the sandboxes a previous daemon left
-// running or paused: their policies, resolvers and exposed ports come
+// running, paused or stopped: their policies, resolvers and exposed ports come
 // back, and attachments no record owns are removed.
 func (n *sandboxNets) reconcile(ctx context.Context, sbs []*core.Sandbox) error {
 	recs, err := n.store.ListNets(ctx)
@@ -648,7 +648,7 @@ func (n *sandboxNets) reconcile(ctx context.Context, sbs []*core.Sandbox) error 
 	for _, sb := range sbs {
 		keep = append(keep, sb.ID)
 		rec, ok := recs[sb.ID]
-		if !ok || (sb.State != core.StateRunning && sb.State != core.StatePaused) {
+		if !ok || (sb.State != core.StateRunning && sb.State != core.StatePaused && sb.State != core.StateStopped) {
 			continue
 		}
 		st := &netState{exposed: map[uint16]netip.AddrPort{}}

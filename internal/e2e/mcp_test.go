@@ -77,7 +77,7 @@ func TestMCPInspector(t *testing.T) {
 			t.Errorf("tool %s has a thin description", tm["name"])
 		}
 	}
-	for _, want := range []string{"sandbox_create", "sandbox_list", "sandbox_inspect", "sandbox_pause", "sandbox_resume", "sandbox_destroy", "exec", "process_start", "process_output", "process_list", "process_kill", "read_file", "write_file", "list_files", "search_files",
+	for _, want := range []string{"sandbox_create", "sandbox_list", "sandbox_inspect", "sandbox_pause", "sandbox_resume", "sandbox_stop", "sandbox_start", "sandbox_destroy", "exec", "process_start", "process_output", "process_list", "process_kill", "read_file", "write_file", "list_files", "search_files",
 		"sandbox_snapshot", "sandbox_snapshots", "sandbox_rollback", "sandbox_fork"} {
 		if !names[want] {
 			t.Errorf("tools/list lacks %s:\n%s", want, raw)
@@ -190,6 +190,16 @@ func TestMCPTools(t *testing.T) {
 	}
 	if res, _ := call("sandbox_resume", map[string]any{"sandbox": "mcp-tools"}); !res.IsError {
 		t.Fatal("resuming a running sandbox is not a tool error")
+	}
+	// Stopped, calls fail and say how to start it; started, it runs on its files.
+	if _, sc := call("sandbox_stop", map[string]any{"sandbox": "mcp-tools"}); sc["state"] != "stopped" {
+		t.Fatalf("sandbox_stop: %+v", sc)
+	}
+	if res, _ := call("exec", map[string]any{"sandbox": "mcp-tools", "command": "true"}); !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "start") {
+		t.Fatalf("exec on a stopped sandbox: %+v", res)
+	}
+	if _, sc := call("sandbox_start", map[string]any{"sandbox": "mcp-tools"}); sc["state"] != "running" {
+		t.Fatalf("sandbox_start: %+v", sc)
 	}
 	if res, _ := call("read_file", map[string]any{"sandbox": "mcp-tools", "path": "/root"}); !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "not a file") {
 		t.Fatalf("read_file of a directory: %+v", res)

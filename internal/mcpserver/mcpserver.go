@@ -36,6 +36,9 @@ func New(c *sdk.Client, version string) *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_pause", Description: "Pause a sandbox you will come back to: its processes stop where they are (servers, shells, builds) and it uses no CPU. " +
 		"Nothing is lost. Any later exec or file call on it resumes it automatically; sandbox_resume does so explicitly."}, t.pause)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_resume", Description: "Resume a paused sandbox: its processes continue exactly where they stopped. Returns the sandbox."}, t.resume)
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_stop", Description: "Stop a sandbox like powering off a machine: its processes end and its memory is freed; its files are kept. " +
+		"Calls on it fail until sandbox_start. Use sandbox_pause instead to keep its processes."}, t.stop)
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_start", Description: "Start a stopped sandbox again, afresh on its files (a vm boots), with its name, address and network policy. Returns the sandbox."}, t.startSandbox)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_destroy", Description: "Destroy a sandbox and everything in it (processes and files). Irreversible. Use it when the work is finished."}, t.destroy)
 	mcp.AddTool(s, &mcp.Tool{Name: "exec", Description: "Run a shell command in a sandbox and wait for it (default timeout 120s). " +
 		"The command runs with /bin/sh -c, as root unless user is set. Returns exit_code, stdout and stderr; output over 64 KiB per stream " +
@@ -73,7 +76,7 @@ type CreateInput struct {
 	Isolation string `json:"isolation,omitempty" jsonschema:"container (default: the lightest and fastest) or vm (a microVM of its own: stronger isolation, Docker inside, and the only kind that can take snapshots, roll back and fork)"`
 	// Optional: idle pause and what the TTL does.
 	IdlePause string `json:"idle_pause,omitempty" jsonschema:"pause the sandbox after this long without use, e.g. 10m, or off; the next call wakes it with everything intact. A running command keeps it awake. Default: the daemon's setting"`
-	OnExpire  string `json:"on_expire,omitempty" jsonschema:"what happens when the ttl runs out: destroy (default) or pause (kept until a new ttl is set)"`
+	OnExpire  string `json:"on_expire,omitempty" jsonschema:"what happens when the ttl runs out: destroy (default), pause or stop (kept until a new ttl is set)"`
 	// Optional: the network policy.
 	Net   string   `json:"net,omitempty" jsonschema:"network mode: allowlist (default: the sandbox reaches only what allow names) or none (no network at all)"`
 	Allow []string `json:"allow,omitempty" jsonschema:"what the sandbox may reach on the network; by default nothing. Each entry is a domain (github.com), a wildcard (*.pythonhosted.org), an IPv4 CIDR, or a preset (@registries: GitHub, Debian, PyPI, npm, the Go proxy, crates.io; @internet: everything public), optionally with ports (example.com:443). Ask for only what the task needs"`
@@ -149,6 +152,22 @@ func (t *tools) pause(ctx context.Context, _ *mcp.CallToolRequest, in NameInput)
 
 func (t *tools) resume(ctx context.Context, _ *mcp.CallToolRequest, in NameInput) (*mcp.CallToolResult, any, error) {
 	sb, err := t.c.ResumeSandbox(ctx, in.Sandbox)
+	if err != nil {
+		return fail(err)
+	}
+	return nil, sb, nil
+}
+
+func (t *tools) stop(ctx context.Context, _ *mcp.CallToolRequest, in NameInput) (*mcp.CallToolResult, any, error) {
+	sb, err := t.c.StopSandbox(ctx, in.Sandbox)
+	if err != nil {
+		return fail(err)
+	}
+	return nil, sb, nil
+}
+
+func (t *tools) startSandbox(ctx context.Context, _ *mcp.CallToolRequest, in NameInput) (*mcp.CallToolResult, any, error) {
+	sb, err := t.c.StartSandbox(ctx, in.Sandbox)
 	if err != nil {
 		return fail(err)
 	}

@@ -81,6 +81,8 @@ func TestEscapeTokenScope(t *testing.T) {
 		"PUT /v1/sandboxes/{name}/ttl":                     admin,
 		"POST /v1/sandboxes/{name}/pause":                  write,
 		"POST /v1/sandboxes/{name}/resume":                 write,
+		"POST /v1/sandboxes/{name}/stop":                   write,
+		"POST /v1/sandboxes/{name}/start":                  write,
 		"POST /v1/sandboxes/{name}/snapshots":              write,
 		"GET /v1/sandboxes/{name}/snapshots":               read,
 		"DELETE /v1/sandboxes/{name}/snapshots/{snapshot}": write,

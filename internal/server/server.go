@@ -89,6 +89,8 @@ func (s *Server) routes() []route {
 		{"PUT /v1/sandboxes/{name}/ttl", accessAdmin, s.setTTL},
 		{"POST /v1/sandboxes/{name}/pause", accessSandboxWrite, s.pauseSandbox},
 		{"POST /v1/sandboxes/{name}/resume", accessSandboxWrite, s.resumeSandbox},
+		{"POST /v1/sandboxes/{name}/stop", accessSandboxWrite, s.stopSandbox},
+		{"POST /v1/sandboxes/{name}/start", accessSandboxWrite, s.startSandbox},
 		{"POST /v1/sandboxes/{name}/snapshots", accessSandboxWrite, s.createSnapshot},
 		{"GET /v1/sandboxes/{name}/snapshots", accessSandboxRead, s.listSnapshots},
 		{"DELETE /v1/sandboxes/{name}/snapshots/{snapshot}", accessSandboxWrite, s.deleteSnapshot},
@@ -302,6 +304,24 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.m.Resume(r.Context(), r.PathValue("name"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.m.View(sb))
+}
+
+func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Stop(r.Context(), r.PathValue("name"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.m.View(sb))
+}
+
+func (s *Server) startSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Start(r.Context(), r.PathValue("name"))
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -1,0 +1,139 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+)
+
+// A stopped sandbox keeps its files, name and environment; calls on it
+// say how to start it; started, it runs again.
+func TestStopStart(t *testing.T) {
+	m, _ := newManager(t)
+	ctx := context.Background()
+	if _, err := m.Create(ctx, api.CreateSandboxRequest{Name: "halt", Env: map[string]string{"X": "y"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Destroy(ctx, "halt") })
+	runToExit(t, m, "halt", "sh", "-c", "echo kept > /root/kept")
+	sb, err := m.Stop(ctx, "halt")
+	if err != nil || sb.State != core.StateStopped {
+		t.Fatalf("stop: %+v %v", sb, err)
+	}
+	if _, err := m.Stop(ctx, "halt"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("stop of a stopped sandbox: %v", err)
+	}
+	if _, err := m.Exec(ctx, "halt", api.ExecRequest{Cmd: []string{"true"}}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "nook start halt") {
+		t.Fatalf("exec on a stopped sandbox: %v", err)
+	}
+	// The reaper leaves it stopped.
+	m.reapOnce(ctx)
+	if sb, _ := m.Get(ctx, "halt"); sb.State != core.StateStopped {
+		t.Fatalf("after a reap: %s", sb.State)
+	}
+	if sb, err = m.Start(ctx, "halt"); err != nil || sb.State != core.StateRunning {
+		t.Fatalf("start: %+v %v", sb, err)
+	}
+	if _, err := m.Start(ctx, "halt"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("start of a running sandbox: %v", err)
+	}
+	if got := execOutput(t, m, "halt", "sh", "-c", "cat /root/kept; echo $X; hostname"); got != "kept\ny\nhalt\n" {
+		t.Fatalf("after start: %q", got)
+	}
+	// Paused, then stopped.
+	if _, err := m.Pause(ctx, "halt"); err != nil {
+		t.Fatal(err)
+	}
+	if sb, err = m.Stop(ctx, "halt"); err != nil || sb.State != core.StateStopped {
+		t.Fatalf("stop a paused sandbox: %+v %v", sb, err)
+	}
+	if _, err := m.Start(ctx, "halt"); err != nil {
+		t.Fatal(err)
+	}
+	if got := execOutput(t, m, "halt", "cat", "/root/kept"); got != "kept\n" {
+		t.Fatalf("after pause, stop, start: %q", got)
+	}
+}
+
+// A stop the record missed (the daemon died between the backend's stop
+// and its record) is recorded when the daemon next looks.
+func TestStopRecordMissed(t *testing.T) {
+	m, _ := newManager(t)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, api.CreateSandboxRequest{Name: "halt2"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Destroy(ctx, "halt2") })
+	m.dropAgent(sb.ID)
+	if err := m.backends[sb.Isolation].(core.Stopper).Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	m.reapOnce(ctx)
+	if sb, _ := m.Get(ctx, "halt2"); sb.State != core.StateStopped {
+		t.Fatalf("a stop the record missed: %s (%s)", sb.State, sb.Reason)
+	}
+}
+
+// on_expire stop: the TTL stops the sandbox and keeps it.
+func TestOnExpireStop(t *testing.T) {
+	m, _ := newManager(t)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, api.CreateSandboxRequest{Name: "stopper", OnExpire: "stop"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Destroy(ctx, "stopper") })
+	expireNow(t, m, sb)
+	m.reapOnce(ctx)
+	m.reapOnce(ctx)
+	sb, err = m.Get(ctx, "stopper")
+	if err != nil || sb.State != core.StateStopped || !sb.Expired || !strings.Contains(sb.Reason, "TTL ran out") {
+		t.Fatalf("expired with on_expire stop: %+v %v", sb, err)
+	}
+	if _, err := m.Start(ctx, "stopper"); err != nil {
+		t.Fatal(err)
+	}
+	m.reapOnce(ctx)
+	if sb, _ = m.Get(ctx, "stopper"); sb.State != core.StateRunning {
+		t.Fatalf("started after it expired: %s", sb.State)
+	}
+}
+
+// execOutput runs cmd in a sandbox and returns its stdout.
+func execOutput(t *testing.T, m *Manager, name string, cmd ...string) string {
+	t.Helper()
+	p, err := m.Exec(context.Background(), name, api.ExecRequest{Cmd: cmd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var out strings.Builder
+	for {
+		kind, b, err := p.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch kind {
+		case api.FrameStdout:
+			out.Write(b)
+		case api.FrameExit:
+			return out.String()
+		}
+	}
+}
+
+// expireNow makes sb's TTL run out a second ago.
+func expireNow(t *testing.T, m *Manager, sb *core.Sandbox) {
+	t.Helper()
+	sb.ExpiresAt = time.Now().Add(-time.Second)
+	if err := m.store.UpdateSandbox(context.Background(), sb); err != nil {
+		t.Fatal(err)
+	}
+}
