@@ -982,6 +982,9 @@ func (m *Manager) stoppedError(sb *core.Sandbox) error {
 	if reason == "" {
 		reason = "it is no longer running"
 	}
+	if sb.State == core.StateStopped {
+		return errdefs.Precondition("sandbox %s has stopped (%s): start it with `nook start %s`", sb.Name, reason, sb.Name)
+	}
 	return errdefs.Precondition("sandbox %s has stopped (%s): remove it with `nook rm %s`", sb.Name, reason, sb.Name)
 }
 
@@ -1025,8 +1028,14 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 	if err != nil || cur.ID != sb.ID || (cur.State != core.StateRunning && cur.State != core.StatePaused) {
 		return false
 	}
+	// Looked at again under the lock: a start (after a guest reboot) may
+	// have held it meanwhile, and what was seen before is stale.
+	if rs, err = b.Status(ctx, cur); err != nil || rs.State == core.RuntimeRunning || rs.State == core.RuntimeSaved {
+		*sb = *cur
+		return true
+	}
 	if rs.State == core.RuntimeStopped && rs.Halt != "" {
-		running := m.halted(ctx, cur, rs)
+		running := m.halted(ctx, cur)
 		*sb = *cur
 		return running
 	}
@@ -1072,6 +1081,8 @@ func (m *Manager) reconcile(ctx context.Context) error {
 				m.log.Info("re-adopted sandbox", "sandbox", sb.Name, "state", sb.State)
 				m.alignPause(ctx, sb)
 			}
+		case core.StateStopped:
+			m.alignStopped(ctx, sb)
 		}
 	}
 	for iso, b := range m.backends {
@@ -1152,6 +1163,8 @@ func (m *Manager) reapOnce(ctx context.Context) {
 	}
 	for _, sb := range all {
 		switch sb.State {
+		case core.StateStopped:
+			m.alignStopped(ctx, sb)
 		case core.StateRunning, core.StatePaused:
 			m.checkHealth(ctx, sb)
 		case core.StateDestroying:

@@ -16,19 +16,43 @@ import (
 // its own guest powering off: its processes end and its memory is freed,
 // its disk, network, policy and exposed ports stay. `nook start` starts it
 // again (a vm boots from its disk). A guest that reboots is started again
-// at once and stays running; one that reboots maxReboots times within
-// rebootWindow is stopped as a reboot loop, and failed.
+// at once, in the background (the reaper and other sandboxes do not wait
+// for its boot), and stays running; one that reboots maxReboots times
+// within rebootWindow, or that does not come back, is left stopped with
+// the reason, for `nook start`.
 
 const (
 	maxReboots   = 5
-	rebootWindow = time.Minute
+	rebootWindow = 10 * time.Minute
 )
 
 // reboots remembers each sandbox's recent guest reboots (this daemon's
-// life only: enough to catch a loop).
+// life only: enough to catch a loop), and which it is starting again.
 type reboots struct {
-	mu sync.Mutex
-	at map[string][]time.Time
+	mu       sync.Mutex
+	at       map[string][]time.Time
+	starting map[string]bool
+}
+
+// begin marks sandbox id as being started again after a reboot; false if
+// it already is.
+func (r *reboots) begin(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.starting == nil {
+		r.starting = map[string]bool{}
+	}
+	if r.starting[id] {
+		return false
+	}
+	r.starting[id] = true
+	return true
+}
+
+func (r *reboots) end(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.starting, id)
 }
 
 // add records a reboot of sandbox id now and reports how many fell within
@@ -166,29 +190,106 @@ func (m *Manager) startLocked(ctx context.Context, sb *core.Sandbox, st core.Sto
 
 // halted records what a sandbox recorded running or paused, and found
 // stopped on the host, stopped for: a stop or a guest power off makes it
-// stopped; a guest reboot starts it again (it stays running) unless it
-// loops. It reports whether the sandbox runs. The caller holds the
-// sandbox's name lock, and cur is its record.
-func (m *Manager) halted(ctx context.Context, cur *core.Sandbox, rs core.RuntimeStatus) bool {
+// stopped; a guest reboot has it started again in the background (it
+// stays running meanwhile). It reports whether the sandbox runs (or is
+// coming back). The caller holds the sandbox's name lock, and cur is its
+// record; the status is read again under it.
+func (m *Manager) halted(ctx context.Context, cur *core.Sandbox) bool {
 	st, err := m.stopper(cur)
+	if err != nil {
+		return false
+	}
+	rs, err := m.backends[cur.Isolation].Status(ctx, cur)
 	switch {
-	case err != nil:
+	case err != nil || rs.State == core.RuntimeRunning || rs.State == core.RuntimeSaved:
+		return true // it changed meanwhile
+	case rs.State != core.RuntimeStopped:
 		return false
 	case rs.Halt == core.HaltReboot:
-		if m.reboot(ctx, cur, st) {
-			return true
+		if m.reboots.begin(cur.ID) {
+			m.dropAgent(cur.ID)
+			go m.reboot(context.WithoutCancel(ctx), cur.Name, cur.ID, st)
 		}
+		return true
 	case rs.Halt == core.HaltPoweroff:
 		cur.State, cur.Reason = core.StateStopped, "powered off by its guest"
 	default: // a stop the record missed
 		cur.State = core.StateStopped
 	}
+	m.recordStopped(ctx, cur)
+	return false
+}
+
+// recordStopped records cur as it is now (stopped or failed).
+func (m *Manager) recordStopped(ctx context.Context, cur *core.Sandbox) {
 	if err := m.store.UpdateSandbox(ctx, cur); err != nil {
 		m.log.Error("record a stopped sandbox", "sandbox", cur.Name, "err", err)
 	}
 	m.dropAgent(cur.ID)
 	m.log.Info("sandbox stopped", "sandbox", cur.Name, "state", cur.State, "reason", cur.Reason)
-	return false
+}
+
+// reboot starts sandbox name (id) again after its guest rebooted, as
+// often as the guest reboots while it boots, until that makes a loop;
+// then, or if it does not come back, it is left stopped with the reason.
+func (m *Manager) reboot(ctx context.Context, name, id string, st core.Stopper) {
+	defer m.reboots.end(id)
+	unlock := m.lockName(name)
+	defer unlock()
+	cur, err := m.store.GetSandbox(ctx, name)
+	if err != nil || cur.ID != id || cur.State != core.StateRunning {
+		return // destroyed, stopped or paused meanwhile
+	}
+	b := m.backends[cur.Isolation]
+	for {
+		if n := m.reboots.add(id, time.Now()); n >= maxReboots {
+			cur.Reason = fmt.Sprintf("its guest rebooted %d times within %s: stopped as a reboot loop; start it with `nook start %s`", n, rebootWindow, name)
+			break
+		}
+		m.log.Info("sandbox rebooted by its guest: starting it again", "sandbox", name)
+		err := m.startLocked(ctx, cur, st)
+		if err == nil {
+			return
+		}
+		// The guest may have rebooted, or powered off, again as it booted.
+		if rs, serr := b.Status(ctx, cur); serr == nil && rs.State == core.RuntimeStopped && rs.Halt == core.HaltReboot {
+			continue
+		} else if serr == nil && rs.State == core.RuntimeStopped && rs.Halt == core.HaltPoweroff {
+			cur.Reason = "powered off by its guest"
+		} else {
+			cur.Reason = "its guest rebooted, and it did not start again: " + err.Error()
+		}
+		break
+	}
+	// Nothing of it runs on (a boot that did not answer), and it waits,
+	// stopped, for `nook start`.
+	if err := st.Stop(ctx, id); err != nil {
+		m.log.Error("stop a sandbox that did not come back from its reboot", "sandbox", name, "err", err)
+	}
+	cur.State = core.StateStopped
+	m.recordStopped(ctx, cur)
+}
+
+// alignStopped ends what runs of a sandbox recorded stopped (a start a
+// crash cut short before its record): the record is the truth.
+func (m *Manager) alignStopped(ctx context.Context, sb *core.Sandbox) {
+	st, err := m.stopper(sb)
+	if err != nil {
+		return
+	}
+	unlock := m.lockName(sb.Name)
+	defer unlock()
+	cur, err := m.store.GetSandbox(ctx, sb.Name)
+	if err != nil || cur.ID != sb.ID || cur.State != core.StateStopped {
+		return
+	}
+	if rs, err := m.backends[cur.Isolation].Status(ctx, cur); err == nil && rs.State != core.RuntimeStopped && rs.State != core.RuntimeAbsent {
+		m.log.Warn("a sandbox recorded stopped runs (a start was cut short): stopping it", "sandbox", cur.Name)
+		m.dropAgent(cur.ID)
+		if err := st.Stop(ctx, cur.ID); err != nil {
+			m.log.Error("stop a sandbox recorded stopped", "sandbox", cur.Name, "err", err)
+		}
+	}
 }
 
 // syncGuest runs sync(1) in a sandbox and waits for it.
@@ -221,33 +322,4 @@ func (m *Manager) expireStop(ctx context.Context, sb *core.Sandbox) {
 		}
 	}
 	m.markExpired(ctx, sb, core.StateStopped, reason)
-}
-
-// reboot starts a sandbox whose guest rebooted again, as often as the
-// guest reboots while it boots, until that makes a loop. It reports
-// whether the sandbox runs; if not, cur says why.
-func (m *Manager) reboot(ctx context.Context, cur *core.Sandbox, st core.Stopper) bool {
-	b := m.backends[cur.Isolation]
-	for {
-		if n := m.reboots.add(cur.ID, time.Now()); n >= maxReboots {
-			cur.State, cur.Reason = core.StateFailed, fmt.Sprintf("its guest rebooted %d times within %s: stopped as a reboot loop", n, rebootWindow)
-			return false
-		}
-		m.log.Info("sandbox rebooted by its guest: starting it again", "sandbox", cur.Name)
-		err := m.startLocked(ctx, cur, st)
-		if err == nil {
-			return true
-		}
-		// The guest may have rebooted, or powered off, again as it booted.
-		rs, serr := b.Status(ctx, cur)
-		switch {
-		case serr == nil && rs.State == core.RuntimeStopped && rs.Halt == core.HaltReboot:
-			continue
-		case serr == nil && rs.State == core.RuntimeStopped && rs.Halt == core.HaltPoweroff:
-			cur.State, cur.Reason = core.StateStopped, "powered off by its guest"
-		default:
-			cur.State, cur.Reason = core.StateFailed, "its guest rebooted, and it did not start again: "+err.Error()
-		}
-		return false
-	}
 }

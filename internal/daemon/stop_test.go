@@ -81,6 +81,32 @@ func TestStopRecordMissed(t *testing.T) {
 	}
 }
 
+// A start a crash cut short (the sandbox runs, its record says stopped):
+// the record wins, and the reaper stops it.
+func TestStartCutShort(t *testing.T) {
+	m, _ := newManager(t)
+	ctx := context.Background()
+	if _, err := m.Create(ctx, api.CreateSandboxRequest{Name: "halt3"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Destroy(ctx, "halt3") })
+	sb, err := m.Stop(ctx, "halt3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := m.backends[sb.Isolation]
+	if err := b.(core.Stopper).Start(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	m.reapOnce(ctx)
+	if rs, err := b.Status(ctx, sb); err != nil || rs.State != core.RuntimeStopped {
+		t.Fatalf("a sandbox recorded stopped runs on: %+v %v", rs, err)
+	}
+	if _, err := m.Start(ctx, "halt3"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // on_expire stop: the TTL stops the sandbox and keeps it.
 func TestOnExpireStop(t *testing.T) {
 	m, _ := newManager(t)

@@ -328,7 +328,7 @@ func TestBadInput(t *testing.T) {
 		{[]string{"create", "--idle-pause", "31d"}, 1, "out of range"},
 		{[]string{"create", "--idle-pause", "soon"}, 1, "not valid"},
 		{[]string{"create", "--idle-pause", "-5m"}, 1, "negative"},
-		{[]string{"create", "--on-expire", "explode"}, 1, "use destroy or pause"},
+		{[]string{"create", "--on-expire", "explode"}, 1, "use destroy, pause or stop"},
 		{[]string{"serve", "--idle-pause", "5s"}, 2, "out of range"},
 		{[]string{"create", "--isolation", "vm", "--memory", "128M"}, 1, "too small for a vm sandbox"},
 		{[]string{"create", "--isolation", "jail"}, 1, "not valid"},

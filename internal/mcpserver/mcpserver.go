@@ -32,7 +32,7 @@ func New(c *sdk.Client, version string) *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_create", Description: "Create a new, isolated Linux sandbox (Debian 12 with root, apt-get, python3, git, curl) and return it. " +
 		"Use this before running anything. It starts in well under a second. Returns the sandbox's name, which every other tool takes."}, t.create)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_list", Description: "List all sandboxes with their state, size and expiry. Use it to find a sandbox you created earlier."}, t.list)
-	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_inspect", Description: "Show one sandbox: its state (running or failed, with the reason), CPU and memory limits, environment and when it expires."}, t.inspect)
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_inspect", Description: "Show one sandbox: its state (running, paused, stopped or failed, with the reason), CPU and memory limits, environment and when it expires."}, t.inspect)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_pause", Description: "Pause a sandbox you will come back to: its processes stop where they are (servers, shells, builds) and it uses no CPU. " +
 		"Nothing is lost. Any later exec or file call on it resumes it automatically; sandbox_resume does so explicitly."}, t.pause)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_resume", Description: "Resume a paused sandbox: its processes continue exactly where they stopped. Returns the sandbox."}, t.resume)

@@ -2,6 +2,7 @@ package vm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -98,13 +99,29 @@ func (b *Backend) quit(ctx context.Context, id string, pid int) {
 // QEMU user. It waits until the guest's agent answers.
 func (b *Backend) Start(ctx context.Context, sb *core.Sandbox) error {
 	defer b.operate(sb.ID)()
-	return b.boot(ctx, sb.ID)
+	if err := b.boot(ctx, sb.ID); err != nil {
+		return err
+	}
+	if st, live := b.readRun(sb.ID); live {
+		sb.BackendState, _ = json.Marshal(st)
+	}
+	return nil
 }
 
 // boot is Start with the vm's lock held.
 func (b *Backend) boot(ctx context.Context, id string) error {
 	dir := b.dir(id)
+	// The boot's part of the console log begins here: what the guest said
+	// before (a reboot, a power off) no longer counts, even if this boot
+	// fails before QEMU runs.
+	if err := markBoot(filepath.Join(dir, "console.log")); err != nil {
+		return err
+	}
 	if _, live := b.running(id); live {
+		// Running already (a start a crash cut short): not stopped.
+		if err := os.Remove(b.stoppedFile(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 		return nil
 	}
 	st, _ := b.readRun(id)
@@ -133,9 +150,6 @@ func (b *Backend) boot(ctx context.Context, id string) error {
 	}
 	os.Remove(l.AgentSock)
 	os.Remove(l.QMPSock)
-	if err := markBoot(l.ConsoleLog); err != nil {
-		return err
-	}
 	uid, err := b.vmUID(id)
 	if err != nil {
 		return err

@@ -529,11 +529,15 @@ func (b *Backend) Status(ctx context.Context, sb *core.Sandbox) (core.RuntimeSta
 		if guestHalt(readTail(console)) != core.HaltPoweroff {
 			return core.RuntimeStatus{State: core.RuntimeRunning}, nil
 		}
-		// Halted (not powered off): QEMU runs on with nothing to run.
-		if unlock, ok := b.ops.TryLock(sb.ID); ok {
-			b.quit(ctx, sb.ID, st.PID)
-			unlock()
+		// Halted (not powered off): QEMU runs on with nothing to run. It
+		// is ended unless an operation on the vm is under way (it runs
+		// until the next look).
+		unlock, ok := b.ops.TryLock(sb.ID)
+		if !ok {
+			return core.RuntimeStatus{State: core.RuntimeRunning}, nil
 		}
+		b.quit(ctx, sb.ID, st.PID)
+		unlock()
 	}
 	if b.readHead(sb.ID).Resume != "" { // not running, saved: paused (recovered above)
 		return core.RuntimeStatus{State: core.RuntimeSaved, Detail: "paused to disk"}, nil
