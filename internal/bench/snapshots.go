@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -106,6 +107,11 @@ func runSnapshots(ctx context.Context, cfg Config, root string) (err error) {
 	if err != nil {
 		return fmt.Errorf("forks: %w", err)
 	}
+	fmt.Fprintln(out, "nook: stop, then start -> first exec output, 3 times; a guest reboot (sysrq b) -> first exec output in the new boot, 3 times...")
+	ss, err := snapStopStart(ctx, cl, 3)
+	if err != nil {
+		return fmt.Errorf("stop/start and reboots: %w", err)
+	}
 	fmt.Fprintf(out, "nook: %d paused vms: QEMU processes, their CPU over 10 s and RSS...\n", paused)
 	pv, err := snapPausedVMs(ctx, cl, dir, paused)
 	if err != nil {
@@ -127,6 +133,9 @@ func runSnapshots(ctx context.Context, cfg Config, root string) (err error) {
 	fmt.Fprintf(tw, "exec on a paused vm (wakes it) -> first output\t%s\t%s\t%s\t-\n", ms(pct(pr.wake, .5)), ms(pct(pr.wake, .99)), coldRow)
 	fmt.Fprintf(tw, "fork of a running sandbox -> first exec output in the fork\t%s\t%s\t%s\tp50 <= 300ms\n", ms(pct(fk.one, .5)), ms(pct(fk.one, .99)), coldRow)
 	fmt.Fprintf(tw, "  of which the fork call\t%s\t%s\t-\t-\t-\n", ms(pct(fk.oneCall, .5)), ms(pct(fk.oneCall, .99)))
+	fmt.Fprintf(tw, "stop (QEMU quits, memory freed)\t%s\t%s\t-\t-\t-\n", ms(pct(ss.stop, .5)), ms(pct(ss.stop, .99)))
+	fmt.Fprintf(tw, "start of a stopped vm (cold boot of its disk) -> first exec output\t%s\t%s\t%s\t-\n", ms(pct(ss.start, .5)), ms(pct(ss.start, .99)), coldRow)
+	fmt.Fprintf(tw, "guest reboot -> first exec output in the new boot\t%s\t%s\t%s\t-\n", ms(pct(ss.reboot, .5)), ms(pct(ss.reboot, .99)), coldRow)
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -181,6 +190,59 @@ func firstOutput(ctx context.Context, cl *sdk.Client, name string, start time.Ti
 		return 0, fmt.Errorf("exec in %s: exit %d, no output", name, st.ExitCode)
 	}
 	return fw.at, nil
+}
+
+type stopFigures struct{ stop, start, reboot []time.Duration }
+
+// snapStopStart times stops, starts (to the first exec output) and guest
+// reboots (from the reboot to the first exec output of the new boot).
+func snapStopStart(ctx context.Context, cl *sdk.Client, n int) (stopFigures, error) {
+	var f stopFigures
+	const name = "snap-stop"
+	if _, err := snapCreate(ctx, cl, name); err != nil {
+		return f, err
+	}
+	defer cl.DeleteSandbox(context.Background(), name)
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		if _, err := cl.StopSandbox(ctx, name); err != nil {
+			return f, err
+		}
+		f.stop = append(f.stop, time.Since(t0))
+		t1 := time.Now()
+		if _, err := cl.StartSandbox(ctx, name); err != nil {
+			return f, err
+		}
+		d, err := firstOutput(ctx, cl, name, t1)
+		if err != nil {
+			return f, err
+		}
+		f.start = append(f.start, d)
+	}
+	for i := 0; i < n; i++ {
+		var boot bytes.Buffer
+		if _, err := cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"cat", "/proc/sys/kernel/random/boot_id"}}, &boot, io.Discard); err != nil {
+			return f, err
+		}
+		t0 := time.Now()
+		// The exec does not come back: the machine resets under it.
+		cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"sh", "-c", "echo b > /proc/sysrq-trigger"}}, io.Discard, io.Discard)
+		deadline := t0.Add(2 * time.Minute)
+		for {
+			var now bytes.Buffer
+			fw := &firstWrite{start: t0}
+			st, err := cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"cat", "/proc/sys/kernel/random/boot_id"}}, io.MultiWriter(fw, &now), io.Discard)
+			if err == nil && st.ExitCode == 0 && now.Len() > 0 && now.String() != boot.String() {
+				f.reboot = append(f.reboot, fw.at)
+				break
+			}
+			if time.Now().After(deadline) {
+				return f, fmt.Errorf("the vm did not come back from its reboot in 2 minutes (%v)", err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return f, nil
 }
 
 func snapColdBoots(ctx context.Context, cfg Config, root string, n int) ([]time.Duration, error) {
