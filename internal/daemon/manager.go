@@ -6,6 +6,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -29,6 +30,7 @@ import (
 	"github.com/nookhq/nook/internal/backend/vm"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/keylock"
 	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/internal/store"
@@ -134,9 +136,12 @@ type Manager struct {
 	tplMu sync.RWMutex
 
 	mu      sync.Mutex
-	locks   keylock.Map              // serializes lifecycle operations per sandbox name
-	reboots reboots                  // guests' recent reboots (stop.go)
-	agents  map[string]*agent.Client // by sandbox ID
+	locks   keylock.Map // serializes lifecycle operations per sandbox name
+	reboots reboots     // guests' recent reboots (stop.go)
+	// hostRestarted: the host restarted since the daemon last ran (set
+	// during reconcile only): what ran then was stopped by it.
+	hostRestarted bool
+	agents        map[string]*agent.Client // by sandbox ID
 
 	net *sandboxNets // sandbox networks (network.go); nil when networking is off
 
@@ -267,7 +272,20 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		Net: hooks,
 	})
 	m.backends = map[string]core.Backend{ctr.Isolation(): ctr, vmb.Isolation(): vmb}
-	if err := m.reconcile(ctx); err != nil {
+	bootFile := filepath.Join(cfg.DataDir, "host-boot-id")
+	bootID, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if was, err := os.ReadFile(bootFile); err == nil && len(bootID) > 0 && !bytes.Equal(was, bootID) {
+		m.hostRestarted = true
+		m.log.Info("the host restarted since the daemon last ran: sandboxes that ran are stopped, for `nook start`")
+	}
+	err = m.reconcile(ctx)
+	m.hostRestarted = false
+	if err == nil && len(bootID) > 0 {
+		// Recorded once reconciled: a crash before leaves the next start
+		// to find the host restarted still.
+		err = fsutil.WriteFileAtomic(bootFile, bootID)
+	}
+	if err != nil {
 		if m.net != nil {
 			m.net.close()
 		}
@@ -1038,6 +1056,13 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 		running := m.halted(ctx, cur)
 		*sb = *cur
 		return running
+	}
+	if _, err := m.stopper(cur); err == nil && m.hostRestarted && rs.State == core.RuntimeStopped {
+		// Its disk is there: it waits for a start, as after a power cut.
+		cur.State, cur.Reason = core.StateStopped, "the host restarted"
+		m.recordStopped(ctx, cur)
+		*sb = *cur
+		return false
 	}
 	cur.State, cur.Reason = core.StateFailed, rs.Detail
 	if err := m.store.UpdateSandbox(ctx, cur); err != nil {

@@ -62,6 +62,11 @@ type netState struct {
 	subnet  netip.Prefix
 	policy  policy.Policy
 	exposed map[uint16]netip.AddrPort
+	// unexposed: recorded exposed ports (sandbox port -> host port) not
+	// forwarded yet: the sandbox had no interface when the daemon started
+	// (stopped, paused to disk, or the host restarted); its next attach
+	// exposes them.
+	unexposed map[uint16]uint16
 }
 
 // sandboxNets gives sandboxes their networks: it is the backends'
@@ -221,11 +226,47 @@ func (n *sandboxNets) subnetFor(ctx context.Context, id string) (netip.Prefix, e
 func (n *sandboxNets) restore(ctx context.Context, id string) error {
 	n.mu.Lock()
 	st := n.state[id]
+	var unexposed map[uint16]uint16
+	if st != nil {
+		unexposed, st.unexposed = st.unexposed, nil
+	}
 	n.mu.Unlock()
 	if st == nil {
 		return nil // a new sandbox: the daemon applies its policy after create
 	}
-	return n.apply(ctx, id, st.subnet, st.policy, false)
+	if err := n.apply(ctx, id, st.subnet, st.policy, false); err != nil {
+		return err
+	}
+	n.reexpose(ctx, id, st, unexposed)
+	return nil
+}
+
+// reexpose forwards a sandbox's recorded exposed ports again, on their
+// old host ports where those are free, and records any that moved.
+func (n *sandboxNets) reexpose(ctx context.Context, id string, st *netState, ports map[uint16]uint16) {
+	changed := false
+	for port, hostPort := range ports {
+		addr, err := n.mgr.Expose(ctx, id, port, hostPort)
+		if err != nil {
+			// The old host port is taken: take another and say so.
+			if addr, err = n.mgr.Expose(ctx, id, port, 0); err != nil {
+				n.log.Error("expose port again", "sandbox", id, "port", port, "err", err)
+				changed = true
+				continue
+			}
+			n.log.Warn("exposed port moved to a new host address", "sandbox", id, "port", port, "address", addr.String())
+			changed = true
+		}
+		n.mu.Lock()
+		st.exposed[port] = addr
+		n.mu.Unlock()
+	}
+	if changed {
+		cp, _ := n.get(id)
+		if err := n.persist(ctx, id, &cp); err != nil {
+			n.log.Error("record exposed ports", "sandbox", id, "err", err)
+		}
+	}
 }
 
 // apply puts a policy into the kernel and the resolver.
@@ -660,41 +701,19 @@ func (n *sandboxNets) reconcile(ctx context.Context, sbs []*core.Sandbox) error 
 			n.log.Error("sandbox network policy", "sandbox", sb.Name, "err", err)
 			continue
 		}
+		st.unexposed = rec.Exposed
 		n.mu.Lock()
 		n.state[sb.ID] = st
 		n.mu.Unlock()
 		if _, err := n.mgr.Adopt(ctx, sb.ID, st.subnet); err != nil {
-			// A vm paused to disk may have no tap: AttachTap restores the
-			// policy when it resumes.
+			// A vm paused to disk or a stopped sandbox may have no
+			// interface: its next attach restores its policy and ports.
 			n.log.Warn("adopt sandbox network", "sandbox", sb.Name, "err", err)
 			continue
 		}
-		if err := n.apply(ctx, sb.ID, st.subnet, st.policy, false); err != nil {
+		if err := n.restore(ctx, sb.ID); err != nil {
 			n.log.Error("restore sandbox network policy", "sandbox", sb.Name, "err", err)
 			continue
-		}
-		changed := false
-		for port, hostPort := range rec.Exposed {
-			addr, err := n.mgr.Expose(ctx, sb.ID, port, hostPort)
-			if err != nil {
-				// The old host port is taken: take another and say so.
-				if addr, err = n.mgr.Expose(ctx, sb.ID, port, 0); err != nil {
-					n.log.Error("expose port again", "sandbox", sb.Name, "port", port, "err", err)
-					changed = true
-					continue
-				}
-				n.log.Warn("exposed port moved to a new host address", "sandbox", sb.Name, "port", port, "address", addr.String())
-				changed = true
-			}
-			n.mu.Lock()
-			st.exposed[port] = addr
-			n.mu.Unlock()
-		}
-		if changed {
-			cp, _ := n.get(sb.ID)
-			if err := n.persist(ctx, sb.ID, &cp); err != nil {
-				n.log.Error("record exposed ports", "sandbox", sb.Name, "err", err)
-			}
 		}
 		n.log.Info("re-adopted sandbox network", "sandbox", sb.Name, "subnet", st.subnet.String(), "policy", st.policy.String())
 	}

@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -162,4 +164,60 @@ func expireNow(t *testing.T, m *Manager, sb *core.Sandbox) {
 	if err := m.store.UpdateSandbox(context.Background(), sb); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// After the host restarted, a sandbox that ran is recorded stopped (its
+// disk is there), not failed, and starts again; after a plain daemon
+// restart, one that died is failed as before.
+func TestHostRestartStops(t *testing.T) {
+	m, _ := newManager(t)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, api.CreateSandboxRequest{Name: "power-cut"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToExit(t, m, "power-cut", "sh", "-c", "echo kept > /root/kept && sync")
+	// What a host restart leaves: nothing runs, and no stop was recorded.
+	m.dropAgent(sb.ID)
+	if err := m.backends[sb.Isolation].(core.Stopper).Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(m.cfg.DataDir, "sandboxes", sb.ID, "stopped")); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	if err := os.WriteFile(filepath.Join(m.cfg.DataDir, "host-boot-id"), []byte("another-boot\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := New(ctx, m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m2.Destroy(ctx, "power-cut"); m2.Close() })
+	if sb, err := m2.Get(ctx, "power-cut"); err != nil || sb.State != core.StateStopped || sb.Reason != "the host restarted" {
+		t.Fatalf("after a host restart: %+v %v", sb, err)
+	}
+	if _, err := m2.Start(ctx, "power-cut"); err != nil {
+		t.Fatal(err)
+	}
+	if got := execOutput(t, m2, "power-cut", "cat", "/root/kept"); got != "kept\n" {
+		t.Fatalf("after a host restart and a start: %q", got)
+	}
+	// The boot is recorded: a daemon restart on the same boot finds a
+	// sandbox that died failed, not stopped.
+	m2.dropAgent(sb.ID)
+	if err := m2.backends[sb.Isolation].(core.Stopper).Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(m.cfg.DataDir, "sandboxes", sb.ID, "stopped"))
+	m2.Close()
+	m3, err := New(ctx, m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m3.Close()
+	if sb, err := m3.Get(ctx, "power-cut"); err != nil || sb.State != core.StateFailed {
+		t.Fatalf("a sandbox that died on the same boot: %+v %v", sb, err)
+	}
+	m3.Destroy(ctx, "power-cut")
 }

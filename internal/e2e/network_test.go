@@ -290,6 +290,20 @@ func testNetworkPolicy(t *testing.T, isolation string) {
 	if again := strings.TrimSpace(d.must("expose", "other", "8000")); again != exposed {
 		t.Fatalf("exposing again gave %q, want %q", again, exposed)
 	}
+	// Stopped across a daemon restart, then started: its exposed port is
+	// forwarded again, on the same host port, and it keeps its address.
+	d.must("stop", "other")
+	d.stop(syscall.SIGKILL)
+	d.start()
+	d.must("start", "other")
+	if addr := sandboxAddr(d.network("other")); addr != otherAddr {
+		t.Fatalf("after a stop, a daemon restart and a start the sandbox's address is %s, was %s", addr, otherAddr)
+	}
+	d.must("exec", "-d", "other", "--", "python3", "-m", "http.server", "8000", "-d", "/etc")
+	waitFor(t, "the exposed port after a stop, a daemon restart and a start", func() bool {
+		got, err := tryHTTPGet(w, exposed)
+		return err == nil && strings.HasPrefix(got, "200 ")
+	})
 
 	// Mode none: nothing at all, not even the resolver.
 	d.mustRefuse("closed", "http://"+webCIDR+"/", 7)
