@@ -519,13 +519,7 @@ func (b *Backend) DialAgent(ctx context.Context, sb *core.Sandbox) (net.Conn, er
 // Destroy implements core.Backend. Each step tolerates what an earlier,
 // interrupted create or destroy left behind.
 func (b *Backend) Destroy(ctx context.Context, id string) error {
-	if err := validID(id); err != nil {
-		return err
-	}
-	// Not while Status finishes an interrupted rollback of it.
-	unlock := b.rollbacks.Lock(id)
-	defer unlock()
-	_, release, err := b.waitCRIU(ctx, id)
+	release, err := b.exclusive(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -570,6 +564,22 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// exclusive waits until nothing else works on sandbox id: no rollback
+// (nor Status finishing an interrupted one), no runc of a checkpoint or
+// restore (an earlier daemon's included). release lets go.
+func (b *Backend) exclusive(ctx context.Context, id string) (release func(), err error) {
+	if err := validID(id); err != nil {
+		return nil, err
+	}
+	unlock := b.rollbacks.Lock(id)
+	_, releaseCRIU, err := b.waitCRIU(ctx, id)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	return func() { releaseCRIU(); unlock() }, nil
 }
 
 // stop ends a sandbox's container: its processes, cgroups and runc state,

@@ -24,12 +24,7 @@ func (b *Backend) stoppedFile(id string) string { return filepath.Join(b.dir(id)
 // Stop implements core.Stopper: the container's processes are killed, a
 // pause's checkpoint dropped, its root and disk unmounted.
 func (b *Backend) Stop(ctx context.Context, id string) error {
-	if err := validID(id); err != nil {
-		return err
-	}
-	unlock := b.rollbacks.Lock(id)
-	defer unlock()
-	_, release, err := b.waitCRIU(ctx, id)
+	release, err := b.exclusive(ctx, id)
 	if err != nil {
 		return err
 	}

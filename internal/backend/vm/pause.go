@@ -338,21 +338,8 @@ func (b *Backend) startSaved(ctx context.Context, id string, st state) error {
 		return errdefs.Precondition("the vm was saved with another guest kernel or agent (%s), which this nook no longer has", st.KernelHash)
 	}
 	m := machine{Accel: st.Accel, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Kernel: k, TSCKHz: st.TSCKHz}
-	l := launch{machine: m, Disk: filepath.Join(dir, h.Disk), Chain: h.Chain, AgentSock: filepath.Join(dir, "agent.sock"),
-		QMPSock: filepath.Join(dir, "qmp.sock"), ConsoleLog: filepath.Join(dir, "console.log"), Incoming: true}
-	if b.cfg.Net != nil {
-		if l.Tap, err = b.cfg.Net.AttachTap(ctx, id); err != nil {
-			return fmt.Errorf("network: %w", err)
-		}
-	}
-	os.Remove(l.AgentSock)
-	os.Remove(l.QMPSock)
-	uid, err := b.vmUID(id)
-	if err != nil {
-		return err
-	}
 	begin := time.Now()
-	proc, err := b.start(ctx, &core.Sandbox{ID: id, CPUs: st.CPULimit, MemoryBytes: st.MemoryMiB << 20}, l, uid)
+	proc, _, err := b.relaunch(ctx, id, st, h, m, true)
 	if err != nil {
 		return err
 	}
@@ -402,6 +389,29 @@ func (b *Backend) startSaved(ctx context.Context, id string, st state) error {
 		}
 	}
 	return nil
+}
+
+// relaunch starts a new QEMU for an existing vm, on its head disk, as the
+// machine m (incoming: it waits for a saved state to load), with its
+// network and its QEMU user.
+func (b *Backend) relaunch(ctx context.Context, id string, st state, h head, m machine, incoming bool) (*qemuProc, launch, error) {
+	dir := b.dir(id)
+	l := launch{machine: m, Disk: filepath.Join(dir, h.Disk), Chain: h.Chain, AgentSock: filepath.Join(dir, "agent.sock"),
+		QMPSock: filepath.Join(dir, "qmp.sock"), ConsoleLog: filepath.Join(dir, "console.log"), Incoming: incoming}
+	var err error
+	if b.cfg.Net != nil {
+		if l.Tap, err = b.cfg.Net.AttachTap(ctx, id); err != nil {
+			return nil, l, fmt.Errorf("network: %w", err)
+		}
+	}
+	os.Remove(l.AgentSock)
+	os.Remove(l.QMPSock)
+	uid, err := b.vmUID(id)
+	if err != nil {
+		return nil, l, err
+	}
+	proc, err := b.start(ctx, &core.Sandbox{ID: id, CPUs: st.CPULimit, MemoryBytes: st.MemoryMiB << 20}, l, uid)
+	return proc, l, err
 }
 
 // adoptOrphan deals with a QEMU an interrupted start left using the vm's

@@ -141,20 +141,7 @@ func (b *Backend) boot(ctx context.Context, id string) error {
 		return errdefs.Precondition("the vm is paused (saved to disk): resume it, or stop it first")
 	}
 	m := machine{Accel: b.accel, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Kernel: k, TSCKHz: tscKHz()}
-	l := launch{machine: m, Disk: filepath.Join(dir, h.Disk), Chain: h.Chain, AgentSock: filepath.Join(dir, "agent.sock"),
-		QMPSock: filepath.Join(dir, "qmp.sock"), ConsoleLog: filepath.Join(dir, "console.log")}
-	if b.cfg.Net != nil {
-		if l.Tap, err = b.cfg.Net.AttachTap(ctx, id); err != nil {
-			return fmt.Errorf("network: %w", err)
-		}
-	}
-	os.Remove(l.AgentSock)
-	os.Remove(l.QMPSock)
-	uid, err := b.vmUID(id)
-	if err != nil {
-		return err
-	}
-	proc, err := b.start(ctx, &core.Sandbox{ID: id, CPUs: st.CPULimit, MemoryBytes: st.MemoryMiB << 20}, l, uid)
+	proc, l, err := b.relaunch(ctx, id, st, h, m, false)
 	if err != nil {
 		return err
 	}
