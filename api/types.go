@@ -48,6 +48,8 @@ type Sandbox struct {
 	Accelerator string `json:"accelerator,omitempty"`
 	Boot        string `json:"boot,omitempty"`
 	GuestKernel string `json:"guest_kernel,omitempty"`
+	// Init is what runs as the sandbox's PID 1: "systemd" or "agent".
+	Init string `json:"init,omitempty"`
 	// SnapshotsBytes is the disk the sandbox's snapshots really use (their
 	// own layers and memory, not what they share).
 	SnapshotsBytes int64             `json:"snapshots_bytes,omitempty"`
@@ -94,7 +96,18 @@ type CreateSandboxRequest struct {
 	// Allow and Deny are egress rules (see Network); deny wins.
 	Allow []string `json:"allow,omitempty"`
 	Deny  []string `json:"deny,omitempty"`
+	// Init is the sandbox's PID 1: "systemd" (vm sandboxes whose template
+	// has systemd: services, timers and journald run as on any server) or
+	// "agent" (nook-agent itself: the fastest start). Empty: systemd
+	// where the template has it and the backend can run it, else agent.
+	Init string `json:"init,omitempty"`
 }
+
+// Inits: what runs as a sandbox's PID 1.
+const (
+	InitAgent   = "agent"
+	InitSystemd = "systemd"
+)
 
 // SetTTLRequest is the body of PUT /v1/sandboxes/{name}/ttl: the new remaining lifetime.
 type SetTTLRequest struct {
@@ -224,6 +237,8 @@ type Capabilities struct {
 	// Stop: sandboxes can be stopped (no process, no memory, the disk
 	// kept) and started again.
 	Stop bool `json:"stop"`
+	// SystemdInit: sandboxes can boot systemd as PID 1 (create's init).
+	SystemdInit bool `json:"systemd_init"`
 	// DefaultDiskBytes is a sandbox's disk when create names none (0:
 	// the backend's own default, or not limited); MinDiskBytes the
 	// smallest it accepts (0: no minimum of its own).

@@ -1,5 +1,6 @@
-// Command nook-agent runs inside every sandbox, as its PID 1: it reaps
-// orphans and serves the sandbox's side of exec and files to the daemon.
+// Command nook-agent runs inside every sandbox, as its PID 1 (or, in a vm
+// that boots systemd, as a systemd unit): it reaps orphans when it is the
+// init and serves the sandbox's side of exec and files to the daemon.
 package main
 
 import (
@@ -36,13 +37,20 @@ func main() {
 			fmt.Fprintln(os.Stderr, "nook-agent: boot:", err)
 			os.Exit(1)
 		}
+		// Asked to boot systemd: it becomes PID 1 and starts the agent
+		// as a unit (this process is replaced).
+		if guestinit.WantsSystemd() {
+			err := guestinit.ExecSystemd()
+			fmt.Fprintln(os.Stderr, "nook-agent: cannot boot systemd, the agent stays the init:", err)
+		}
 	}
 	ln, err := listener()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "nook-agent:", err)
 		os.Exit(1)
 	}
-	srv := agent.NewServer(log, os.Getpid() == 1)
+	pid1 := os.Getpid() == 1
+	srv := agent.NewServer(log, pid1, pid1 || guestinit.IsSystemdAgent())
 	if err := srv.Serve(context.Background(), ln); err != nil {
 		fmt.Fprintln(os.Stderr, "nook-agent:", err)
 		os.Exit(1)
@@ -51,9 +59,9 @@ func main() {
 
 // listener is the socket the daemon connects to: an inherited listening
 // socket (NOOK_AGENT_LISTEN_FD, containers), a path (NOOK_AGENT_LISTEN), or
-// in a vm guest the virtio-serial port.
+// in a vm guest (its init, or started by its systemd) the virtio-serial port.
 func listener() (net.Listener, error) {
-	if os.Getpid() == 1 && os.Getenv("NOOK_AGENT_LISTEN_FD") == "" && os.Getenv("NOOK_AGENT_LISTEN") == "" {
+	if (os.Getpid() == 1 || guestinit.IsSystemdAgent()) && os.Getenv("NOOK_AGENT_LISTEN_FD") == "" && os.Getenv("NOOK_AGENT_LISTEN") == "" {
 		port, err := guestinit.FindPort(guestinit.PortName, 10*time.Second)
 		if err != nil {
 			return nil, err

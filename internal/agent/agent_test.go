@@ -28,7 +28,7 @@ func startAgent(t *testing.T) *Client {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	srv := NewServer(slog.New(slog.DiscardHandler), false)
+	srv := NewServer(slog.New(slog.DiscardHandler), false, false)
 	go srv.Serve(ctx, ln)
 	c := NewClient(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer

@@ -47,8 +47,8 @@ func yamuxConfig() *yamux.Config {
 type Server struct {
 	log   *slog.Logger
 	procs *procTable
-	// writeIdentity lets configure set the hostname and write /etc/hosts:
-	// true when the agent is the sandbox's init, false in tests on the host.
+	// writeIdentity lets configure set the clock and hostname and write
+	// /etc/hosts: true in a sandbox, false in tests on the host.
 	writeIdentity bool
 
 	sessions sessionTable
@@ -59,9 +59,10 @@ type Server struct {
 	baseEnv map[string]string
 }
 
-// NewServer returns a Server. asInit makes it reap every child and own the
-// sandbox's identity files (set it when running as PID 1).
-func NewServer(log *slog.Logger, asInit bool) *Server {
+// NewServer returns a Server. reap makes it reap every orphan (set it
+// when running as PID 1); identity makes it own the sandbox's clock,
+// hostname and identity files (PID 1, or a vm's agent under systemd).
+func NewServer(log *slog.Logger, reap, identity bool) *Server {
 	env := map[string]string{}
 	for _, kv := range os.Environ() {
 		k, v, _ := strings.Cut(kv, "=")
@@ -73,7 +74,7 @@ func NewServer(log *slog.Logger, asInit bool) *Server {
 	if env["PATH"] == "" {
 		env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	}
-	return &Server{log: log, procs: newProcTable(asInit), baseEnv: env, writeIdentity: asInit}
+	return &Server{log: log, procs: newProcTable(reap), baseEnv: env, writeIdentity: identity}
 }
 
 // Serve accepts connections from ln, each carrying a yamux session, until

@@ -227,7 +227,7 @@ func createCmd() *cobra.Command {
 	var env []string
 	var asJSON bool
 	c := &cobra.Command{
-		Use:   "create [--name NAME] [--template T] [--isolation container|vm] [--cpus N] [--memory 2G] [--disk 10G] [--ttl 1h] [--idle-pause 10m] [--on-expire destroy|pause|stop] [--env K=V]... [--net allowlist|none] [--allow RULE]... [--deny RULE]...",
+		Use:   "create [--name NAME] [--template T] [--isolation container|vm] [--cpus N] [--memory 2G] [--disk 10G] [--ttl 1h] [--idle-pause 10m] [--on-expire destroy|pause|stop] [--init systemd|agent] [--env K=V]... [--net allowlist|none] [--allow RULE]... [--deny RULE]...",
 		Short: "Create a sandbox and print its name",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -272,6 +272,7 @@ func createCmd() *cobra.Command {
 	f.StringVar(&req.TTL, "ttl", "", "time to live, e.g. 90m, 2h, 3d (default 1h; extend with nook ttl)")
 	f.StringVar(&req.IdlePause, "idle-pause", "", "pause it after this long without use, e.g. 10m, or off (default: the daemon's --idle-pause); any call wakes it")
 	f.StringVar(&req.OnExpire, "on-expire", "", "what the TTL does when it runs out: destroy (default), pause or stop (kept until a new TTL is set)")
+	f.StringVar(&req.Init, "init", "", "PID 1: systemd (vm sandboxes whose template has it, e.g. dev: services, timers, journald) or agent (fastest start); default: systemd where the template has it")
 	f.StringArrayVar(&env, "env", nil, "environment variable K=V for every process (repeatable)")
 	f.StringVar(&req.Net, "net", "", "network mode: allowlist (default: only what --allow names) or none (nothing leaves the sandbox)")
 	f.StringArrayVar(&req.Allow, "allow", nil, "allow egress to a domain, *.wildcard, CIDR or @preset, optionally :PORTS, e.g. github.com:443, @registries (repeatable)")
@@ -366,6 +367,9 @@ func inspectCmd() *cobra.Command {
 			}
 			if sb.SnapshotsBytes > 0 {
 				fmt.Fprintf(tw, "snapshots:\t%s on disk (nook snapshots %s)\n", core.FormatBytes(sb.SnapshotsBytes), tsafe(sb.Name))
+			}
+			if sb.Init != "" {
+				fmt.Fprintf(tw, "init:\t%s\n", tsafe(sb.Init))
 			}
 			if sb.Accelerator != "" {
 				fmt.Fprintf(tw, "accelerator:\t%s\nguest kernel:\t%s\nstarted by:\t%s\n", tsafe(sb.Accelerator), tsafe(sb.GuestKernel), tsafe(sb.Boot))

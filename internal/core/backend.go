@@ -144,6 +144,14 @@ type Describer interface {
 	Describe(sb *Sandbox, v *api.Sandbox)
 }
 
+// InitChooser is an optional Backend feature of backends that can boot
+// systemd (Capabilities.SystemdInit): it resolves a create's init
+// (api.InitSystemd, api.InitAgent or "") for the sandbox's template, or
+// fails with an ErrInvalidArgument saying why the template cannot.
+type InitChooser interface {
+	ChooseInit(sb *Sandbox, requested string) (string, error)
+}
+
 // ConsoleLogger is an optional Backend feature: the end of a sandbox's
 // console output, attached to errors when its agent never answers.
 type ConsoleLogger interface {

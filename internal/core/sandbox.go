@@ -72,6 +72,10 @@ type Sandbox struct {
 	// ran out and it was paused; it no longer expires until a new TTL is set.
 	OnExpire string
 	Expired  bool
+	// Init is what create asked to run as PID 1 (api.InitSystemd,
+	// api.InitAgent, or "" for the backend's choice); the backend records
+	// what runs (Describe). Not persisted by the daemon.
+	Init string
 	// BackendState is opaque to everything but the backend that wrote it
 	// (e.g. the container's init PID); it is persisted with the sandbox.
 	BackendState []byte
@@ -84,7 +88,7 @@ func (sb *Sandbox) API() api.Sandbox {
 		State: string(sb.State), Reason: sb.Reason, CPUs: sb.CPUs,
 		MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes, PidsLimit: sb.PidsLimit,
 		Env: sb.Env, CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
-		OnExpire: sb.OnExpire, Expired: sb.Expired,
+		OnExpire: sb.OnExpire, Expired: sb.Expired, Init: api.InitAgent,
 	}
 	if v.OnExpire == "" {
 		v.OnExpire = OnExpireDestroy

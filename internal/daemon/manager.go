@@ -503,6 +503,9 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if sb.Env == nil {
 		sb.Env = map[string]string{}
 	}
+	if sb.Init, err = chooseInit(b, sb, req.Init); err != nil {
+		return nil, err
+	}
 	// Insert first, as creating: a daemon killed from here on finds the
 	// record on restart and removes whatever was half made.
 	// Take the name first, then (if the backend keeps any) a warm sandbox,
@@ -688,6 +691,23 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 	m.gcSnapshots(ctx)
 	m.log.Info("sandbox destroyed", "sandbox", sb.Name, "id", sb.ID)
 	return nil
+}
+
+// chooseInit resolves a create's init with its backend: systemd only
+// where the backend can boot it (and its template has it).
+func chooseInit(b core.Backend, sb *core.Sandbox, requested string) (string, error) {
+	switch requested {
+	case "", api.InitAgent, api.InitSystemd:
+	default:
+		return "", errdefs.Invalid("init %q is not valid: use systemd or agent", requested)
+	}
+	if c, ok := b.(core.InitChooser); ok && b.Capabilities().SystemdInit {
+		return c.ChooseInit(sb, requested)
+	}
+	if requested == api.InitSystemd {
+		return "", errdefs.Invalid("%s sandboxes run nook-agent as their init, not systemd (it would need the host's cgroups delegated to a user namespace): use --isolation vm with a template that has systemd, such as dev", sb.Isolation)
+	}
+	return api.InitAgent, nil
 }
 
 // View is a sandbox as the API shows it, with what the backend says of its pause.

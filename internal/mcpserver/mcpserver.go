@@ -77,6 +77,7 @@ type CreateInput struct {
 	// Optional: idle pause and what the TTL does.
 	IdlePause string `json:"idle_pause,omitempty" jsonschema:"pause the sandbox after this long without use, e.g. 10m, or off; the next call wakes it with everything intact. A running command keeps it awake. Default: the daemon's setting"`
 	OnExpire  string `json:"on_expire,omitempty" jsonschema:"what happens when the ttl runs out: destroy (default), pause or stop (kept until a new ttl is set)"`
+	Init      string `json:"init,omitempty" jsonschema:"PID 1: systemd (vm sandboxes whose template has it, e.g. dev: services run) or agent (fastest start); default: systemd where the template has it"`
 	// Optional: the network policy.
 	Net   string   `json:"net,omitempty" jsonschema:"network mode: allowlist (default: the sandbox reaches only what allow names) or none (no network at all)"`
 	Allow []string `json:"allow,omitempty" jsonschema:"what the sandbox may reach on the network; by default nothing. Each entry is a domain (github.com), a wildcard (*.pythonhosted.org), an IPv4 CIDR, or a preset (@registries: GitHub, Debian, PyPI, npm, the Go proxy, crates.io; @internet: everything public), optionally with ports (example.com:443). Ask for only what the task needs"`
@@ -85,7 +86,7 @@ type CreateInput struct {
 
 func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, any, error) {
 	sb, err := t.c.CreateSandbox(ctx, api.CreateSandboxRequest{Name: in.Name, Template: in.Template, Isolation: in.Isolation, CPUs: in.CPUs, Memory: in.Memory, TTL: in.TTL, Env: in.Env,
-		IdlePause: in.IdlePause, OnExpire: in.OnExpire, Net: in.Net, Allow: in.Allow, Deny: in.Deny})
+		IdlePause: in.IdlePause, OnExpire: in.OnExpire, Init: in.Init, Net: in.Net, Allow: in.Allow, Deny: in.Deny})
 	if err != nil {
 		return fail(err)
 	}

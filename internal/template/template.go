@@ -54,9 +54,10 @@ var Recipes = []Recipe{{
 	Packages:    basePackages,
 }, {
 	Name:        "dev",
-	Description: "base plus build-essential and Docker (docker.io): in a vm sandbox dockerd runs and docker run works",
+	Description: "base plus systemd, build-essential and Docker (docker.io): a vm sandbox boots systemd, so services run and docker run works",
 	Suite:       "bookworm",
-	Packages:    append(slices.Clone(basePackages), "build-essential", "pkg-config", "docker.io", "kmod", "iptables"),
+	Packages: append(slices.Clone(basePackages), "build-essential", "pkg-config", "docker.io", "kmod", "iptables",
+		"systemd", "systemd-sysv", "dbus", "apparmor"),
 }}
 
 func recipe(name string) (Recipe, bool) {
@@ -209,22 +210,34 @@ func orDiscard(w io.Writer) io.Writer {
 }
 
 // EnsureBuilt returns the current build of a template, building it first if
-// it is missing and nook has a recipe for it.
+// it is missing, or if nook's recipe for it changed since it was built
+// (a newer nook's dev template has systemd, say): what a recipe promises
+// holds for every sandbox made from it.
 func (s *Store) EnsureBuilt(ctx context.Context, name string, progress io.Writer) (api.Template, error) {
 	t, err := s.Get(name)
-	if err == nil || !errors.Is(err, errdefs.ErrNotFound) {
+	if err == nil && !stale(t) || err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return t, err
 	}
 	if CheckBuildable(name) != nil {
 		return t, err
 	}
 	return s.once(ctx, name, progress, func(ctx context.Context) (api.Template, error) {
-		if t, err := s.Get(name); err == nil { // another process built it while we waited for the lock
+		if t, err := s.Get(name); err == nil && !stale(t) { // another process built it while we waited for the lock
 			return t, nil
+		}
+		if err == nil {
+			fmt.Fprintf(orDiscard(progress), "template %s was built from an older recipe: building it again\n", name)
 		}
 		r, _ := recipe(name)
 		return s.build(ctx, r, orDiscard(progress))
 	})
+}
+
+// stale reports whether a build of a built-in template has other packages
+// than its recipe now names.
+func stale(t api.Template) bool {
+	r, ok := recipe(t.Name)
+	return ok && !slices.Equal(r.Packages, t.Packages)
 }
 
 // once runs fn under the template's cross-process lock, sharing one run

@@ -337,7 +337,7 @@ func (b *Backend) startSaved(ctx context.Context, id string, st state) error {
 	if k.Hash != st.KernelHash {
 		return errdefs.Precondition("the vm was saved with another guest kernel or agent (%s), which this nook no longer has", st.KernelHash)
 	}
-	m := machine{Accel: st.Accel, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Kernel: k, TSCKHz: st.TSCKHz}
+	m := machine{Accel: st.Accel, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Kernel: k, TSCKHz: st.TSCKHz, Init: st.Init}
 	begin := time.Now()
 	proc, _, err := b.relaunch(ctx, id, st, h, m, true)
 	if err != nil {

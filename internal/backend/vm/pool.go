@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/procfs"
@@ -27,21 +26,24 @@ var _ core.WarmPool = (*Backend)(nil)
 // costs about 300 ms, later ones about 30 ms).
 type warm = warmpool.Item[state]
 
-// poolKey is a template build and a machine shape: a warm vm fits only a
-// sandbox of the same shape, which its snapshot fixed.
+// poolKey is a template build, a machine shape and an init: a warm vm
+// fits only a sandbox of the same, which its snapshot fixed.
 func poolKey(sb *core.Sandbox) string {
-	return sb.TemplateID + "@" + strconv.FormatFloat(sb.CPUs, 'g', -1, 64) + "," + strconv.FormatInt(sb.MemoryBytes, 10)
+	return sb.TemplateID + "@" + strconv.FormatFloat(sb.CPUs, 'g', -1, 64) + "," + strconv.FormatInt(sb.MemoryBytes, 10) + "," + sb.Init
 }
 
 func parsePoolKey(key string) (*core.Sandbox, error) {
 	tpl, shape, ok := strings.Cut(key, "@")
-	cpus, mem, ok2 := strings.Cut(shape, ",")
-	c, err1 := strconv.ParseFloat(cpus, 64)
-	m, err2 := strconv.ParseInt(mem, 10, 64)
-	if !ok || !ok2 || err1 != nil || err2 != nil {
+	parts := strings.Split(shape, ",")
+	if !ok || len(parts) != 3 {
 		return nil, fmt.Errorf("bad warm pool key %q", key)
 	}
-	return &core.Sandbox{TemplateID: tpl, CPUs: c, MemoryBytes: m}, nil
+	c, err1 := strconv.ParseFloat(parts[0], 64)
+	m, err2 := strconv.ParseInt(parts[1], 10, 64)
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("bad warm pool key %q", key)
+	}
+	return &core.Sandbox{TemplateID: tpl, CPUs: c, MemoryBytes: m, Init: parts[2]}, nil
 }
 
 func newPool(b *Backend, size int) *warmpool.Pool[state] {
@@ -122,36 +124,11 @@ func (b *Backend) warmUp(ctx context.Context, id string) error {
 func (b *Backend) guestRun(ctx context.Context, id, script string) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	sock := filepath.Join(b.dir(id), "agent.sock")
-	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return dialAgent(ctx, sock) })
-	defer c.Close()
-	p, err := c.Exec(ctx, &agent.ExecRequest{Argv: []string{"sh", "-c", script}})
-	if err != nil {
-		return err
+	_, stderr, code, err := guestOutput(ctx, filepath.Join(b.dir(id), "agent.sock"), script)
+	if err == nil && code != 0 {
+		err = fmt.Errorf("%s: exit %d: %s", script, code, strings.TrimSpace(stderr))
 	}
-	defer p.Close()
-	var stderr []byte
-	for {
-		kind, data, err := p.Next()
-		if err != nil {
-			return err
-		}
-		switch kind {
-		case api.FrameStderr:
-			if len(stderr) < 4096 {
-				stderr = append(stderr, data...)
-			}
-		case api.FrameExit:
-			var st api.ExitStatus
-			if err := json.Unmarshal(data, &st); err != nil {
-				return err
-			}
-			if st.ExitCode != 0 || st.Signal != "" {
-				return fmt.Errorf("%s: exit %d %s: %s", script, st.ExitCode, st.Signal, strings.TrimSpace(string(stderr)))
-			}
-			return nil
-		}
-	}
+	return err
 }
 
 // claim takes over a warm vm for a sandbox.

@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/agent/guestinit"
 )
 
 // machine is everything that must be identical between the QEMU that saved
@@ -20,7 +23,8 @@ type machine struct {
 	CPUs      int
 	MemoryMiB int64
 	Kernel    *Kernel
-	TSCKHz    int64 // the host's TSC frequency, for tsc_early_khz
+	TSCKHz    int64  // the host's TSC frequency, for tsc_early_khz
+	Init      string // api.InitSystemd: the guest boots systemd; else the agent stays PID 1
 }
 
 // launch is one QEMU process's files. QEMU opens none of them by name:
@@ -57,6 +61,9 @@ func (m machine) cmdline() string {
 		"nomodeset", "pci=off", "i8042.noaux", "i8042.nomux", "i8042.dumbkbd", "audit=0", "mitigations=off", "rdinit=/nook-agent"}
 	if m.TSCKHz > 0 {
 		args = append(args, fmt.Sprintf("tsc_early_khz=%d", m.TSCKHz))
+	}
+	if m.Init == api.InitSystemd {
+		args = append(args, guestinit.SystemdArg)
 	}
 	return strings.Join(args, " ")
 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent/guestinit"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/fsutil"
@@ -99,7 +100,11 @@ func (b *Backend) ensureImage(ctx context.Context, templateID string) (string, e
 // ensureSnapshot returns the template's snapshot for a machine shape,
 // booting the template once and saving it if there is none yet.
 func (b *Backend) ensureSnapshot(ctx context.Context, templateID string, m machine) (*snapshot, error) {
-	key := hashStrings(strconv.Itoa(deviceLayout), m.Kernel.Hash, m.Accel, strconv.Itoa(m.CPUs), strconv.FormatInt(m.MemoryMiB, 10), b.qemuVersion())
+	parts := []string{strconv.Itoa(deviceLayout), m.Kernel.Hash, m.Accel, strconv.Itoa(m.CPUs), strconv.FormatInt(m.MemoryMiB, 10), b.qemuVersion()}
+	if m.Init == api.InitSystemd {
+		parts = append(parts, m.Init)
+	}
+	key := hashStrings(parts...)
 	dir := filepath.Join(b.templateDir(templateID), "snap-"+key)
 	s := &snapshot{dir: dir, mem: filepath.Join(dir, "mem"), state: filepath.Join(dir, "state"), child: filepath.Join(dir, "child.qcow2")}
 	base := filepath.Join(b.templateDir(templateID), "rootfs.ext4")
@@ -190,6 +195,13 @@ func (b *Backend) bootAndSave(ctx context.Context, templateID string, m machine,
 	defer mon.close()
 	if err := b.waitBoot(ctx, proc, l.AgentSock, s.dir); err != nil {
 		return fmt.Errorf("template boot: %w", err)
+	}
+	// A systemd guest is saved once it has started everything it starts
+	// at boot: sandboxes restored from it have their services running.
+	if m.Init == api.InitSystemd {
+		if err := b.waitSystemd(ctx, l.AgentSock); err != nil {
+			return fmt.Errorf("template boot: %w%s", err, b.consoleTail(s.dir))
+		}
 	}
 	// Let the guest agent see the host go away and wait for the next one.
 	time.Sleep(50 * time.Millisecond)

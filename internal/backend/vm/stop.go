@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
@@ -39,10 +40,10 @@ const bootMark = "--- nook: boot ---"
 
 func (b *Backend) stoppedFile(id string) string { return filepath.Join(b.dir(id), "stopped") }
 
-// Stop implements core.Stopper: QEMU is asked to quit (it flushes its
-// disk layers; the guest's own unwritten data is lost, as in a power
-// cut, unless the caller had the guest sync), killed if it does not, and
-// a pause's saved state is dropped.
+// Stop implements core.Stopper: the guest is shut down (a systemd guest
+// powers off, stopping its services, for up to shutdownGrace; an agent
+// guest syncs its disks), then QEMU is asked to quit (it flushes its disk
+// layers), killed if it does not, and a pause's saved state is dropped.
 func (b *Backend) Stop(ctx context.Context, id string) error {
 	defer b.operate(id)()
 	dir := b.dir(id)
@@ -55,6 +56,7 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 		return err
 	}
 	if st, live := b.readRun(id); live {
+		b.shutdownGuest(ctx, id, st)
 		b.quit(ctx, id, st.PID)
 	}
 	if pid := qemuPID(dir); pid > 0 {
@@ -77,6 +79,32 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 	st, _ := b.readRun(id)
 	st.PID, st.StartTime, st.Saved = 0, 0, false
 	return b.writeRun(id, st)
+}
+
+// shutdownGrace bounds a systemd guest's power off in Stop.
+const shutdownGrace = 30 * time.Second
+
+// shutdownGuest asks a running guest to shut down cleanly: a systemd
+// guest powers off (QEMU exits when it has), waited for up to
+// shutdownGrace; an agent guest, which has no services to stop, syncs.
+// A guest that does not answer is left to quit.
+func (b *Backend) shutdownGuest(ctx context.Context, id string, st state) {
+	sock := filepath.Join(b.dir(id), "agent.sock")
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if st.Init != api.InitSystemd {
+		if _, _, _, err := guestOutput(actx, sock, "sync"); err != nil {
+			b.cfg.Log.Debug("sync before stop", "sandbox", id, "err", err)
+		}
+		return
+	}
+	if _, _, code, err := guestOutput(actx, sock, "systemctl poweroff --no-block"); err != nil || code != 0 {
+		b.cfg.Log.Warn("vm guest did not take the power off: stopping it", "sandbox", id, "exit", code, "err", err)
+		return
+	}
+	if !waitGone(st.PID, shutdownGrace) {
+		b.cfg.Log.Warn("vm guest did not power off in time: stopping it", "sandbox", id, "grace", shutdownGrace)
+	}
 }
 
 // quit asks a live QEMU to quit, and kills it if it has not within a few
@@ -140,7 +168,7 @@ func (b *Backend) boot(ctx context.Context, id string) error {
 	if h.Resume != "" {
 		return errdefs.Precondition("the vm is paused (saved to disk): resume it, or stop it first")
 	}
-	m := machine{Accel: b.accel, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Kernel: k, TSCKHz: tscKHz()}
+	m := machine{Accel: b.accel, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Kernel: k, TSCKHz: tscKHz(), Init: st.Init}
 	proc, l, err := b.relaunch(ctx, id, st, h, m, false)
 	if err != nil {
 		return err

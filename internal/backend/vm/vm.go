@@ -179,7 +179,7 @@ func (b *Backend) Isolation() string { return api.IsolationVM }
 
 // Capabilities implements core.Backend.
 func (b *Backend) Capabilities() api.Capabilities {
-	return api.Capabilities{CPULimit: true, MemoryLimit: true, DiskLimit: true, Pause: true, Snapshot: true, OwnKernel: true, Stop: true}
+	return api.Capabilities{CPULimit: true, MemoryLimit: true, DiskLimit: true, Pause: true, Snapshot: true, OwnKernel: true, Stop: true, SystemdInit: true}
 }
 
 // Available implements core.Backend.
@@ -238,6 +238,9 @@ type state struct {
 	CPULimit   float64 `json:"cpu_limit"`
 	MemoryMiB  int64   `json:"memory_mib"`
 	TSCKHz     int64   `json:"tsc_khz"`
+	// Init is the guest's PID 1: api.InitSystemd, or the agent ("" in
+	// records older than systemd support).
+	Init string `json:"init,omitempty"`
 	// Saved: this QEMU's state was written to disk; it only waits to end.
 	Saved bool `json:"saved,omitempty"`
 }
@@ -270,7 +273,7 @@ func (b *Backend) machineFor(sb *core.Sandbox, k *Kernel) machine {
 	if cpus < 1 {
 		cpus = 1
 	}
-	return machine{Accel: b.accel, CPUs: cpus, MemoryMiB: max(sb.MemoryBytes>>20, 128), Kernel: k, TSCKHz: tscKHz()}
+	return machine{Accel: b.accel, CPUs: cpus, MemoryMiB: max(sb.MemoryBytes>>20, 128), Kernel: k, TSCKHz: tscKHz(), Init: sb.Init}
 }
 
 // Create implements core.Backend: it claims the warm vm TakeWarm reserved
@@ -349,7 +352,7 @@ func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
 		machine: m, Disk: filepath.Join(dir, "disk.qcow2"), AgentSock: filepath.Join(dir, "agent.sock"),
 		QMPSock: filepath.Join(dir, "qmp.sock"), ConsoleLog: filepath.Join(dir, "console.log"),
 	}
-	st := state{Accel: m.Accel, Kernel: k.Release, KernelHash: k.Hash, CPUs: m.CPUs, CPULimit: sb.CPUs, MemoryMiB: m.MemoryMiB, TSCKHz: m.TSCKHz}
+	st := state{Accel: m.Accel, Kernel: k.Release, KernelHash: k.Hash, CPUs: m.CPUs, CPULimit: sb.CPUs, MemoryMiB: m.MemoryMiB, TSCKHz: m.TSCKHz, Init: m.Init}
 	if b.cfg.Net != nil {
 		if l.Tap, err = b.cfg.Net.AttachTap(ctx, sb.ID); err != nil {
 			return fmt.Errorf("network: %w", err)
@@ -578,6 +581,9 @@ func decodeState(sb *core.Sandbox) (state, error) {
 func (b *Backend) Describe(sb *core.Sandbox, v *api.Sandbox) {
 	if st, err := decodeState(sb); err == nil {
 		v.Accelerator, v.Boot, v.GuestKernel = st.Accel, st.Boot, st.Kernel
+		if st.Init == api.InitSystemd {
+			v.Init = api.InitSystemd
+		}
 	}
 }
 

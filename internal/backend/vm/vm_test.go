@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/core/conformance"
@@ -187,42 +188,76 @@ func TestMissingKernel(t *testing.T) {
 	}
 }
 
-// TestDevDocker: in a vm of the dev template, dockerd starts and docker
-// runs a locally imported image (no network needed: --network none).
-func TestDevDocker(t *testing.T) {
+// TestDevSystemd: a vm of the dev template boots systemd as PID 1 (its
+// default init), with the agent as a unit: the system reaches running;
+// journald, timers and socket activation work; dockerd was started by
+// systemd, so docker runs a locally imported image right after create.
+func TestDevSystemd(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds the dev template and starts dockerd under TCG: minutes")
+		t.Skip("builds the dev template and boots systemd with dockerd under TCG: minutes")
 	}
-	_, h := newTestBackend(t, testConfig{})
+	b, h := newTestBackend(t, testConfig{})
 	_, devID := testutil.Template(t, "dev")
 	h.TemplateID = devID
 	sb := conformance.NewSandbox("vm-dev", devID)
-	sb.CPUs, sb.MemoryBytes = 2, 2<<30
+	sb.Template, sb.CPUs, sb.MemoryBytes = "dev", 2, 2<<30
+	var err error
+	if sb.Init, err = b.ChooseInit(sb, ""); err != nil || sb.Init != api.InitSystemd {
+		t.Fatalf("init of a dev vm: %q, %v; want systemd", sb.Init, err)
+	}
 	ctx := context.Background()
 	if err := h.Backend.Create(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
 	s := conformance.Adopt(t, h, sb)
+	var v api.Sandbox
+	b.Describe(sb, &v)
+	if v.Init != api.InitSystemd {
+		t.Fatalf("inspect says init %q, want systemd", v.Init)
+	}
 	if err := s.Agent.Configure(ctx, &agent.ConfigureRequest{Hostname: "vm-dev", TimeUnixNano: time.Now().UnixNano()}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Agent.Start(ctx, &agent.ExecRequest{Argv: []string{"sh", "-c", "dockerd >/var/log/dockerd.log 2>&1"}}); err != nil {
-		t.Fatal(err)
+	if comm := s.Sh(t, "cat /proc/1/comm"); comm != "systemd\n" {
+		t.Fatalf("PID 1 is %q, want systemd", comm)
 	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		r, err := s.Exec(t, &agent.ExecRequest{Argv: []string{"docker", "info", "--format", "{{.ServerVersion}}"}})
-		if err == nil && r.Exit.ExitCode == 0 {
-			break
-		}
+	if st := s.Sh(t, "systemctl is-system-running --wait || systemctl --failed --no-legend --plain"); st != "running\n" {
+		t.Fatalf("systemctl is-system-running: %q", st)
+	}
+	if out := s.Sh(t, "systemctl is-active nook-agent docker containerd"); out != "active\nactive\nactive\n" {
+		t.Fatalf("units: %q", out)
+	}
+	if out := s.Sh(t, "hostname; cat /etc/hostname"); out != "vm-dev\nvm-dev\n" {
+		t.Fatalf("hostname: %q", out)
+	}
+	// journald has the agent's unit; a timer fires; a socket unit starts
+	// its service on the first connection.
+	s.Sh(t, "journalctl -u nook-agent --no-pager -q >/dev/null && systemd-run -q --on-active=1 --unit nook-timer touch /tmp/timer-fired")
+	s.Sh(t, `cat >/etc/systemd/system/nook-echo.socket <<'E'
+[Socket]
+ListenStream=127.0.0.1:7777
+Accept=yes
+E
+cat >/etc/systemd/system/nook-echo@.service <<'E'
+[Service]
+ExecStart=/bin/cat
+StandardInput=socket
+E
+systemctl daemon-reload && systemctl start nook-echo.socket`)
+	if out := s.Sh(t, `bash -c 'exec 3<>/dev/tcp/127.0.0.1/7777; echo ping >&3; read -t 30 l <&3; echo "$l"'`); out != "ping\n" {
+		t.Fatalf("socket activation: %q", out)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for s.Sh(t, "test -e /tmp/timer-fired && echo yes || true") != "yes\n" {
 		if time.Now().After(deadline) {
-			t.Fatalf("dockerd did not come up: %s", s.Sh(t, "tail -20 /var/log/dockerd.log"))
+			t.Fatalf("the timer did not fire: %s", s.Sh(t, "systemctl status nook-timer.timer --no-pager || true"))
 		}
-		time.Sleep(time.Second)
+		time.Sleep(200 * time.Millisecond)
 	}
-	// A minimal image from the guest's own dash and libc, imported locally.
-	s.Sh(t, "tar -C / -cf /tmp/mini.tar bin lib lib64 usr/bin/dash usr/lib/x86_64-linux-gnu/libc.so.6 usr/lib64/ld-linux-x86-64.so.2 usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 && docker import /tmp/mini.tar local/mini")
-	out := s.Sh(t, "docker run --rm --network none local/mini /usr/bin/dash -c 'echo hello from docker in a vm'")
+	// A minimal image from the guest's own dash and libc, imported locally,
+	// run on docker's default bridge network.
+	s.Sh(t, "tar -C / -cf /tmp/mini.tar bin lib lib64 usr/bin/dash usr/lib/x86_64-linux-gnu/libc.so.6 usr/lib64/ld-linux-x86-64.so.2 usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 && docker import /tmp/mini.tar local/mini >/dev/null")
+	out := s.Sh(t, "docker run --rm local/mini /usr/bin/dash -c 'echo hello from docker in a vm'")
 	if out != "hello from docker in a vm\n" {
 		t.Fatalf("docker run: %q", out)
 	}
