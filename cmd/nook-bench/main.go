@@ -22,6 +22,7 @@ func main() {
 	flag.StringVar(&cfg.VMCacheDir, "vm-cache-dir", "/var/lib/nook/vm", "vm guest kernel, template images and snapshots")
 	flag.BoolVar(&cfg.VM, "vm", true, "also measure the vm backend (QEMU)")
 	flag.BoolVar(&cfg.OnlyVM, "only-vm", false, "measure only the vm backend")
+	flag.BoolVar(&cfg.OnlyVMShape, "only-vm-shape", false, "measure only vms at the default shape (snapshot, pause, fork) and systemd against agent init")
 	flag.BoolVar(&cfg.OnlyNet, "only-net", false, "measure only sandbox networking")
 	flag.BoolVar(&cfg.OnlySnapshots, "only-snapshots", false, "measure only snapshots, rollbacks and forks (containers and vms) and vm pause/resume")
 	flag.IntVar(&cfg.SnapshotRounds, "snapshot-rounds", 20, "vm pause/resume rounds (forks: half as many)")

@@ -22,6 +22,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/backend/vm"
 	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/runcbin"
@@ -39,12 +40,15 @@ type Config struct {
 	VMCacheDir   string // guest kernel, vm template images and snapshots
 	VM           bool   // also measure the vm backend
 	OnlyVM       bool   // measure only the vm backend
+	OnlyVMShape  bool   // measure only vms at the default shape and systemd vms
 	OnlyNet      bool   // measure only sandbox networking
 	Out          io.Writer
 	coldVM       bool // vm sandboxes boot instead of restoring the template snapshot
 	// containerPause is the daemon's --container-pause ("freeze" unless a
 	// benchmark asks for checkpoints).
 	containerPause string
+	// logs receives the in-process daemon's log (nil: discarded).
+	logs slog.Handler
 	// The vm snapshot benchmarks (snapshots.go).
 	OnlySnapshots  bool // measure only pause, resume, snapshots and forks of vms
 	SnapshotRounds int  // pause/resume rounds (forks: half as many); default 20
@@ -91,7 +95,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if cfg.OnlyVM {
-		return runVM(ctx, cfg, root)
+		return runVMAll(ctx, cfg, root)
+	}
+	if cfg.OnlyVMShape {
+		return runVMShapes(ctx, cfg, root)
 	}
 	if cfg.OnlyNet {
 		return runNetwork(ctx, cfg, root)
@@ -183,10 +190,37 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("network benchmarks: %w", err)
 	}
 	if cfg.VM {
-		if err := runVM(ctx, cfg, root); err != nil {
+		if err := runVMAll(ctx, cfg, root); err != nil {
 			return err
 		}
 		return runSnapshots(ctx, cfg, root)
+	}
+	return nil
+}
+
+// runVMAll runs the vm figures: the small shape's creates, memory and
+// density, then the default shape's snapshots, pause and fork, and
+// systemd against the agent as init.
+func runVMAll(ctx context.Context, cfg Config, root string) error {
+	if err := runVM(ctx, cfg, root); err != nil {
+		return err
+	}
+	return runVMShapes(ctx, cfg, root)
+}
+
+// runVMShapes runs the default shape's figures and systemd's.
+func runVMShapes(ctx context.Context, cfg Config, root string) error {
+	probe := vm.New(vm.Config{StateDir: filepath.Join(root, "probe-shape"), CacheDir: cfg.VMCacheDir, AgentBinary: cfg.AgentBinary,
+		CgroupParent: "nook-bench", Log: slog.New(slog.DiscardHandler), TemplateRootfs: template.NewStore(cfg.TemplatesDir, slog.New(slog.DiscardHandler)).Rootfs})
+	if ok, why, _ := probe.Available(ctx); !ok {
+		fmt.Fprintf(cfg.Out, "\nvm backend not available, default-shape and systemd figures skipped: %s\n", why)
+		return nil
+	}
+	if err := runDefaultShape(ctx, cfg, root); err != nil {
+		return fmt.Errorf("vm at the default shape: %w", err)
+	}
+	if err := runSystemd(ctx, cfg, filepath.Join(root, "systemd")); err != nil {
+		return fmt.Errorf("systemd vms: %w", err)
 	}
 	return nil
 }
@@ -206,6 +240,9 @@ type results struct {
 // returns a client of it and a function that stops it.
 func serve(ctx context.Context, cfg Config, root string, pool int) (*sdk.Client, func(), error) {
 	log := slog.New(slog.DiscardHandler)
+	if cfg.logs != nil {
+		log = slog.New(cfg.logs)
+	}
 	sock := filepath.Join(root, "nook.sock")
 	ready := make(chan struct{})
 	sctx, stop := context.WithCancel(ctx)

@@ -142,8 +142,14 @@ func vmCreates(ctx context.Context, cfg Config, root string, pool, n int, cold b
 }
 
 func vmCreate(ctx context.Context, cl *sdk.Client, name string) (time.Duration, error) {
+	return vmCreateReq(ctx, cl, api.CreateSandboxRequest{Name: name, Isolation: api.IsolationVM, CPUs: vmCPUs, Memory: vmMemory})
+}
+
+// vmCreateReq times a create to the first byte of `echo hi`.
+func vmCreateReq(ctx context.Context, cl *sdk.Client, req api.CreateSandboxRequest) (time.Duration, error) {
+	name := req.Name
 	start := time.Now()
-	if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: name, Isolation: api.IsolationVM, CPUs: vmCPUs, Memory: vmMemory}); err != nil {
+	if _, err := cl.CreateSandbox(ctx, req); err != nil {
 		return 0, err
 	}
 	fw := &firstWrite{start: start}
@@ -184,19 +190,9 @@ func idleMemory(ctx context.Context, cfg Config, root string) (memFigures, error
 			return m, err
 		}
 		rss, pss := qemuMemory(filepath.Join(root, "data", "vms", sb.ID))
-		var b strings.Builder
-		cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"sh", "-c", "grep -E '^(MemTotal|MemFree):' /proc/meminfo"}}, &b, io.Discard)
-		var total, free int64
-		for _, l := range strings.Split(b.String(), "\n") {
-			if strings.HasPrefix(l, "MemTotal:") {
-				total = parseKB(l)
-			} else if strings.HasPrefix(l, "MemFree:") {
-				free = parseKB(l)
-			}
-		}
 		m.rss += rss / k
 		m.pss += pss / k
-		m.guest += (total - free) / k
+		m.guest += guestUsed(ctx, cl, name) / k
 	}
 	for i := 0; i < k; i++ {
 		cl.DeleteSandbox(ctx, fmt.Sprintf("idle-%d", i))
@@ -204,15 +200,25 @@ func idleMemory(ctx context.Context, cfg Config, root string) (memFigures, error
 	return m, nil
 }
 
+// guestUsed is the memory a vm's guest uses (MemTotal - MemFree).
+func guestUsed(ctx context.Context, cl *sdk.Client, name string) int64 {
+	var b strings.Builder
+	cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"sh", "-c", "grep -E '^(MemTotal|MemFree):' /proc/meminfo"}}, &b, io.Discard)
+	var total, free int64
+	for _, l := range strings.Split(b.String(), "\n") {
+		if strings.HasPrefix(l, "MemTotal:") {
+			total = parseKB(l)
+		} else if strings.HasPrefix(l, "MemFree:") {
+			free = parseKB(l)
+		}
+	}
+	return total - free
+}
+
 // qemuMemory reads the RSS and PSS of the QEMU serving a vm directory.
 func qemuMemory(dir string) (rss, pss int64) {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || !strings.Contains(string(b), dir+"/disk.qcow2") {
-			continue
-		}
-		sm, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "smaps_rollup"))
+	for _, p := range qemuProcDirs(dir) {
+		sm, _ := os.ReadFile(filepath.Join(p, "smaps_rollup"))
 		for _, l := range strings.Split(string(sm), "\n") {
 			if strings.HasPrefix(l, "Rss:") {
 				rss = parseKB(l)
@@ -222,6 +228,19 @@ func qemuMemory(dir string) (rss, pss int64) {
 		}
 	}
 	return rss, pss
+}
+
+// qemuProcDirs are the /proc directories of the QEMU serving a vm
+// directory (one, or none).
+func qemuProcDirs(dir string) []string {
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), dir+"/disk.qcow2") {
+			out = append(out, filepath.Dir(p))
+		}
+	}
+	return out
 }
 
 type density struct {

@@ -35,7 +35,8 @@ const (
 	webDenied  = "198.51.100.20" // denied.test: resolvable only by the world
 	worldDNS   = "203.0.113.53"  // the upstream resolver
 	metadataIP = "169.254.169.254"
-	hostPort   = "9090" // a host service on 0.0.0.0 in the simulated host
+	debMirror  = "203.0.113.80" // deb.debian.org in the world: a proxy of Debian's mirror (serveMirror)
+	hostPort   = "9090"         // a host service on 0.0.0.0 in the simulated host
 )
 
 // world is a simulated outside world: web servers, a DNS zone and a
@@ -50,7 +51,7 @@ func newWorld(t *testing.T) *world {
 	t.Helper()
 	nettest.RequireRoot(t)
 	w := &world{topo: nettest.New(t)}
-	for _, a := range []string{webAllowed, webCIDR, webDenied, worldDNS, metadataIP} {
+	for _, a := range []string{webAllowed, webCIDR, webDenied, worldDNS, metadataIP, debMirror} {
 		w.topo.AddWorldAddr(t, netip.MustParseAddr(a))
 	}
 	w.serveHTTP(t, w.topo.World, webAllowed+":80", "allowed-web")
@@ -75,10 +76,10 @@ func (w *world) serveHTTP(t *testing.T, ns netns.NsHandle, addr, body string) {
 }
 
 // serveDNS answers the zone test.: allowed.test and its subdomains,
-// denied.test; everything else NXDOMAIN.
+// denied.test, and deb.debian.org (debMirror); everything else NXDOMAIN.
 func (w *world) serveDNS(t *testing.T) {
 	t.Helper()
-	zone := map[string]string{"allowed.test.": webAllowed, "www.allowed.test.": webAllowed, "denied.test.": webDenied}
+	zone := map[string]string{"allowed.test.": webAllowed, "www.allowed.test.": webAllowed, "denied.test.": webDenied, "deb.debian.org.": debMirror}
 	handler := dns.HandlerFunc(func(rw dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)

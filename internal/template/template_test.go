@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/errdefs"
 )
 
@@ -90,5 +92,27 @@ func TestRemoveAndGC(t *testing.T) {
 	// The build a sandbox still uses stays until it is released.
 	if _, err := os.Stat(filepath.Join(dir, "base", "old", "rootfs")); err != nil {
 		t.Fatal("removed a build in use")
+	}
+}
+
+// A build of a built-in template whose recipe has changed since (a newer
+// nook's dev has systemd) is stale: EnsureBuilt builds it again.
+func TestStale(t *testing.T) {
+	dev, _ := recipe("dev")
+	for _, c := range []struct {
+		tpl  api.Template
+		want bool
+	}{
+		{api.Template{Name: "dev", Packages: dev.Packages}, false},
+		{api.Template{Name: "dev", Packages: dev.Packages[:len(dev.Packages)-1]}, true},
+		{api.Template{Name: "dev", Packages: append(slices.Clone(dev.Packages), "extra")}, true},
+		{api.Template{Name: "mine", Packages: []string{"x"}}, false}, // not nook's recipe
+	} {
+		if got := stale(c.tpl); got != c.want {
+			t.Errorf("stale(%s with %d packages) = %v, want %v", c.tpl.Name, len(c.tpl.Packages), got, c.want)
+		}
+	}
+	if !slices.Contains(dev.Packages, "systemd") {
+		t.Error("the dev template has no systemd")
 	}
 }

@@ -4,7 +4,9 @@
 // sandbox, while it still runs from the initramfs: load the kernel modules
 // the initramfs carries (Debian's kernel has virtio and ext4 as modules),
 // mount the sandbox's root disk, move into it, and set up the mounts a
-// Linux userland expects. Then the agent serves over virtio-serial.
+// Linux userland expects. Then the agent serves over virtio-serial, or,
+// in a vm that boots systemd (systemd.go), hands PID 1 to systemd, which
+// starts the agent again as a unit that serves.
 package guestinit
 
 import (

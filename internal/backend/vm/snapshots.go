@@ -138,6 +138,11 @@ func (b *Backend) Snapshot(ctx context.Context, sb *core.Sandbox, snapID string,
 	} else {
 		restarted = r
 	}
+	if live {
+		// From the save's QMP stop to the cont (or the restart): the
+		// guest stood still this long (make bench reads it).
+		b.cfg.Log.Debug("vm snapshot taken", "sandbox", id, "guest_stopped", time.Since(start))
+	}
 	return core.SnapshotInfo{Memory: true, SizeBytes: b.SnapshotUsage(snapID), Restarted: restarted}, nil
 }
 
