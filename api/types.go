@@ -48,6 +48,9 @@ type Sandbox struct {
 	Accelerator string `json:"accelerator,omitempty"`
 	Boot        string `json:"boot,omitempty"`
 	GuestKernel string `json:"guest_kernel,omitempty"`
+	// GuestKernelFrom says whose kernel it is: "nook" (the daemon's) or
+	// "template" (the template's own).
+	GuestKernelFrom string `json:"guest_kernel_from,omitempty"`
 	// Init is what runs as the sandbox's PID 1: "systemd" or "agent".
 	Init string `json:"init,omitempty"`
 	// SnapshotsBytes is the disk the sandbox's snapshots really use (their

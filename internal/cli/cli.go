@@ -372,7 +372,11 @@ func inspectCmd() *cobra.Command {
 				fmt.Fprintf(tw, "init:\t%s\n", tsafe(sb.Init))
 			}
 			if sb.Accelerator != "" {
-				fmt.Fprintf(tw, "accelerator:\t%s\nguest kernel:\t%s\nstarted by:\t%s\n", tsafe(sb.Accelerator), tsafe(sb.GuestKernel), tsafe(sb.Boot))
+				kernel := tsafe(sb.GuestKernel)
+				if sb.GuestKernelFrom == "template" {
+					kernel += " (the template's own)"
+				}
+				fmt.Fprintf(tw, "accelerator:\t%s\nguest kernel:\t%s\nstarted by:\t%s\n", tsafe(sb.Accelerator), kernel, tsafe(sb.Boot))
 			}
 			fmt.Fprintf(tw, "created:\t%s\n", sb.CreatedAt.Local().Format(time.RFC3339))
 			if sb.Expired {

@@ -334,31 +334,42 @@ func prepareKernel(ctx context.Context, cacheDir, kernelRoot, agentBinary string
 	modDir := filepath.Join(cacheDir, src.release+"-modules-"+hex.EncodeToString(kernelSum)[:16])
 	k := &Kernel{Release: src.release, Vmlinux: filepath.Join(dir, "vmlinux"), Initrd: filepath.Join(dir, "initrd.cpio"),
 		Modules: filepath.Join(modDir, "modules.ext4"), Hash: hash}
+	if _, err := os.Stat(k.Initrd); err != nil {
+		// A kernel that turns out not to boot leaves nothing in the cache.
+		if err := buildKernelDir(ctx, src, k, agentBinary); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
 	if _, err := os.Stat(k.Modules); err != nil {
 		if err := os.MkdirAll(modDir, 0o700); err != nil {
 			return nil, err
 		}
 		if err := buildModulesImage(ctx, src, k.Modules); err != nil {
+			os.RemoveAll(modDir)
 			return nil, err
 		}
 	}
-	if _, err := os.Stat(k.Initrd); err == nil {
-		return k, nil
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
+	return k, nil
+}
+
+// buildKernelDir extracts a kernel's vmlinux (refusing one without the
+// PVH entry point) and writes its initramfs, the last file it makes.
+func buildKernelDir(ctx context.Context, src *kernelSource, k *Kernel, agentBinary string) error {
+	if err := os.MkdirAll(filepath.Dir(k.Vmlinux), 0o700); err != nil {
+		return err
 	}
 	if err := extractVmlinux(ctx, src.vmlinuz, k.Vmlinux); err != nil {
-		return nil, err
+		return err
+	}
+	if err := checkPVH(k.Vmlinux); err != nil {
+		return err
 	}
 	mods, err := moduleOrder(filepath.Join(src.root, "lib", "modules", src.release), guestModules)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := buildInitramfs(k.Initrd, agentBinary, mods); err != nil {
-		return nil, err
-	}
-	return k, nil
+	return buildInitramfs(k.Initrd, agentBinary, mods)
 }
 
 // buildModulesImage makes the read-only disk of the kernel's modules, with

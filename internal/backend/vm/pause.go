@@ -330,7 +330,7 @@ func (b *Backend) startSaved(ctx context.Context, id string, st state) error {
 		return errdefs.Exhausted("not enough free memory to start the vm: it needs about %s, the host has %s available",
 			core.FormatBytes(fi.Size()+(256<<20)), core.FormatBytes(avail))
 	}
-	k, err := b.ensureKernel(ctx)
+	k, err := b.stateKernel(ctx, st)
 	if err != nil {
 		return err
 	}

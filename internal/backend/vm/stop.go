@@ -160,7 +160,7 @@ func (b *Backend) boot(ctx context.Context, id string) error {
 		syscall.Kill(pid, syscall.SIGKILL)
 		waitGone(pid, 5*time.Second)
 	}
-	k, err := b.ensureKernel(ctx)
+	k, err := b.stateKernel(ctx, st)
 	if err != nil {
 		return err
 	}

@@ -86,8 +86,9 @@ type Backend struct {
 	accel string
 	why   string // why this accelerator
 
-	kmu    sync.Mutex
-	kernel *Kernel
+	kmu      sync.Mutex
+	kernel   *Kernel
+	tkernels map[string]*Kernel // templates' own kernels by template build; nil: it has none (tplkernel.go)
 
 	smu   sync.Mutex
 	slock map[string]*sync.Mutex // per template snapshot, in this process (flock across processes)
@@ -140,7 +141,7 @@ func New(cfg Config) *Backend {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	b := &Backend{cfg: cfg, slock: map[string]*sync.Mutex{}, rams: map[string]*sealedRAM{}}
+	b := &Backend{cfg: cfg, slock: map[string]*sync.Mutex{}, rams: map[string]*sealedRAM{}, tkernels: map[string]*Kernel{}}
 	b.accel, b.why = DetectAccel(cfg.Accel)
 	b.pool = newPool(b, cfg.WarmPool)
 	return b
@@ -241,6 +242,9 @@ type state struct {
 	// Init is the guest's PID 1: api.InitSystemd, or the agent ("" in
 	// records older than systemd support).
 	Init string `json:"init,omitempty"`
+	// KernelTemplate is the template build whose own kernel the vm boots
+	// ("": the daemon's).
+	KernelTemplate string `json:"kernel_template,omitempty"`
 	// Saved: this QEMU's state was written to disk; it only waits to end.
 	Saved bool `json:"saved,omitempty"`
 }
@@ -253,15 +257,11 @@ func (b *Backend) ensureKernel(ctx context.Context) (*Kernel, error) {
 		return b.kernel, nil
 	}
 	k, err := prepareKernel(ctx, filepath.Join(b.cfg.CacheDir, "kernel"), b.cfg.KernelRoot, b.cfg.AgentBinary)
+	if err == nil {
+		err = publicKernel(k)
+	}
 	if err != nil {
 		return nil, errdefs.Unavailable("vm guest kernel: %v", err)
-	}
-	// QEMU, unprivileged, reopens them through the descriptors it is
-	// given: they are public (Debian's kernel, nook's agent).
-	for _, f := range []string{k.Vmlinux, k.Initrd} {
-		if err := os.Chmod(f, 0o444); err != nil {
-			return nil, errdefs.Unavailable("vm guest kernel: %v", err)
-		}
 	}
 	b.kernel = k
 	return k, nil
@@ -322,7 +322,7 @@ func (b *Backend) growDisk(ctx context.Context, sb *core.Sandbox) error {
 }
 
 func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
-	k, err := b.ensureKernel(ctx)
+	k, ownKernel, err := b.kernelFor(ctx, sb.TemplateID)
 	if err != nil {
 		return err
 	}
@@ -353,6 +353,9 @@ func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
 		QMPSock: filepath.Join(dir, "qmp.sock"), ConsoleLog: filepath.Join(dir, "console.log"),
 	}
 	st := state{Accel: m.Accel, Kernel: k.Release, KernelHash: k.Hash, CPUs: m.CPUs, CPULimit: sb.CPUs, MemoryMiB: m.MemoryMiB, TSCKHz: m.TSCKHz, Init: m.Init}
+	if ownKernel {
+		st.KernelTemplate = sb.TemplateID
+	}
 	if b.cfg.Net != nil {
 		if l.Tap, err = b.cfg.Net.AttachTap(ctx, sb.ID); err != nil {
 			return fmt.Errorf("network: %w", err)
@@ -583,6 +586,12 @@ func (b *Backend) Describe(sb *core.Sandbox, v *api.Sandbox) {
 		v.Accelerator, v.Boot, v.GuestKernel = st.Accel, st.Boot, st.Kernel
 		if st.Init == api.InitSystemd {
 			v.Init = api.InitSystemd
+		}
+		if st.Kernel != "" {
+			v.GuestKernelFrom = "nook"
+			if st.KernelTemplate != "" {
+				v.GuestKernelFrom = "template"
+			}
 		}
 	}
 }
