@@ -197,12 +197,18 @@ type stopFigures struct{ stop, start, reboot []time.Duration }
 // snapStopStart times stops, starts (to the first exec output) and guest
 // reboots (from the reboot to the first exec output of the new boot).
 func snapStopStart(ctx context.Context, cl *sdk.Client, n int) (stopFigures, error) {
-	var f stopFigures
 	const name = "snap-stop"
 	if _, err := snapCreate(ctx, cl, name); err != nil {
-		return f, err
+		return stopFigures{}, err
 	}
 	defer cl.DeleteSandbox(context.Background(), name)
+	return stopStart(ctx, cl, name, "echo b > /proc/sysrq-trigger", n)
+}
+
+// stopStart times n stops and starts of a running vm, then n reboots
+// from inside it by rebootCmd.
+func stopStart(ctx context.Context, cl *sdk.Client, name, rebootCmd string, n int) (stopFigures, error) {
+	var f stopFigures
 	for i := 0; i < n; i++ {
 		t0 := time.Now()
 		if _, err := cl.StopSandbox(ctx, name); err != nil {
@@ -226,7 +232,7 @@ func snapStopStart(ctx context.Context, cl *sdk.Client, n int) (stopFigures, err
 		}
 		t0 := time.Now()
 		// The exec does not come back: the machine resets under it.
-		cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"sh", "-c", "echo b > /proc/sysrq-trigger"}}, io.Discard, io.Discard)
+		cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"sh", "-c", rebootCmd}}, io.Discard, io.Discard)
 		deadline := t0.Add(2 * time.Minute)
 		for {
 			var now bytes.Buffer
@@ -246,6 +252,14 @@ func snapStopStart(ctx context.Context, cl *sdk.Client, n int) (stopFigures, err
 }
 
 func snapColdBoots(ctx context.Context, cfg Config, root string, n int) ([]time.Duration, error) {
+	return coldBoots(ctx, cfg, root, n, func(name string) api.CreateSandboxRequest {
+		return api.CreateSandboxRequest{Name: name, Isolation: api.IsolationVM, CPUs: snapCPUs, Memory: snapMemory}
+	})
+}
+
+// coldBoots times n creates of req(name) to the first exec output through
+// a daemon with template snapshots off (every vm boots).
+func coldBoots(ctx context.Context, cfg Config, root string, n int, req func(name string) api.CreateSandboxRequest) ([]time.Duration, error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, err
 	}
@@ -257,7 +271,7 @@ func snapColdBoots(ctx context.Context, cfg Config, root string, n int) ([]time.
 	var ds []time.Duration
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("cold-%d", i)
-		d, err := snapCreate(ctx, cl, name)
+		d, err := vmCreateReq(ctx, cl, req(name))
 		if err != nil {
 			cl.DeleteSandbox(context.Background(), name)
 			return nil, err

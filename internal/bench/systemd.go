@@ -63,6 +63,19 @@ func runSystemd(ctx context.Context, cfg Config, root string) error {
 			}
 		}
 	}
+	fmt.Fprintln(out, "nook: a dev vm: stop, then start -> first exec output, 3 times; systemctl reboot -> first exec output in the new boot, 3 times; baseline: 2 cold boots of dev (snapshots off)...")
+	if _, err := vmCreateReq(ctx, cl, req(1, "sd-stop")); err != nil {
+		return err
+	}
+	ss, err := stopStart(ctx, cl, "sd-stop", "systemctl reboot", 3)
+	cl.DeleteSandbox(ctx, "sd-stop")
+	if err != nil {
+		return err
+	}
+	cold, err := coldBoots(ctx, cfg, filepath.Join(root, "cold"), 2, func(name string) api.CreateSandboxRequest { return req(1, name) })
+	if err != nil {
+		return err
+	}
 	fmt.Fprintln(out, "nook: 3 idle vms of each, memory and CPU after 20 s...")
 	idle := make([]idleFigures, len(kinds))
 	for i := range kinds {
@@ -75,6 +88,10 @@ func runSystemd(ctx context.Context, cfg Config, root string) error {
 	fmt.Fprintf(tw, "systemd vm (%d vCPUs, %s)\tp50\tp99\tbaseline\tbaseline p50\tratio p50\ttarget\n", defaultCPUs, defaultMemory)
 	fmt.Fprintf(tw, "create dev (systemd) -> first exec output\t%s\t%s\tcreate base (agent init)\t%s\t%.2fx\t<= 1.2x\n",
 		ms(pct(times[1], .5)), ms(pct(times[1], .99)), ms(pct(times[0], .5)), float64(pct(times[1], .5))/float64(pct(times[0], .5)))
+	coldRow := fmt.Sprintf("cold boot of dev -> first exec output\t%s", ms(pct(cold, .5)))
+	fmt.Fprintf(tw, "stop of a dev vm (systemd powers off)\t%s\t%s\t-\t-\t-\t-\n", ms(pct(ss.stop, .5)), ms(pct(ss.stop, .99)))
+	fmt.Fprintf(tw, "start of a stopped dev vm -> first exec output\t%s\t%s\t%s\t%.2fx\t-\n", ms(pct(ss.start, .5)), ms(pct(ss.start, .99)), coldRow, float64(pct(ss.start, .5))/float64(pct(cold, .5)))
+	fmt.Fprintf(tw, "systemctl reboot -> first exec output in the new boot\t%s\t%s\t%s\t%.2fx\t-\n", ms(pct(ss.reboot, .5)), ms(pct(ss.reboot, .99)), coldRow, float64(pct(ss.reboot, .5))/float64(pct(cold, .5)))
 	if err := tw.Flush(); err != nil {
 		return err
 	}
