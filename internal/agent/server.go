@@ -66,7 +66,9 @@ func NewServer(log *slog.Logger, reap, identity bool) *Server {
 	env := map[string]string{}
 	for _, kv := range os.Environ() {
 		k, v, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "NOOK_AGENT_") {
+		// The agent's own settings, and what systemd tells the unit about
+		// itself (its journal stream, invocation): not the commands'.
+		if strings.HasPrefix(k, "NOOK_AGENT_") || k == "INVOCATION_ID" || k == "JOURNAL_STREAM" || k == "SYSTEMD_EXEC_PID" {
 			continue
 		}
 		env[k] = v

@@ -479,8 +479,11 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	// no rebuild or removal may delete that build (they count records).
 	// The build (minutes, if it is missing) happens outside the lock, so
 	// that no create waits for another template's build.
-	if _, err := m.templates.EnsureBuilt(ctx, tplName, progress); err != nil {
+	before, _ := m.templates.Get(tplName)
+	if t, err := m.templates.EnsureBuilt(ctx, tplName, progress); err != nil {
 		return nil, err
+	} else if before.ID != "" && t.ID != before.ID {
+		m.afterBuild(ctx, tplName, t) // rebuilt from a newer recipe
 	}
 	m.tplMu.RLock()
 	tplLocked := true
@@ -1319,6 +1322,13 @@ func (m *Manager) BuildTemplate(ctx context.Context, name string, w io.Writer) (
 	if err != nil {
 		return t, err
 	}
+	m.afterBuild(ctx, name, t)
+	return t, nil
+}
+
+// afterBuild moves the warm pools to a template's new build t and removes
+// the builds nothing uses any more.
+func (m *Manager) afterBuild(ctx context.Context, name string, t api.Template) {
 	m.tplMu.Lock()
 	defer m.tplMu.Unlock()
 	// Warm sandboxes of the old build would pin it: start over with the new one.
@@ -1331,7 +1341,6 @@ func (m *Manager) BuildTemplate(ctx context.Context, name string, w io.Writer) (
 	if err := m.templates.GC(ctx, name, m.inUse(ctx)); err != nil {
 		m.log.Warn("remove unused template builds", "template", name, "err", err)
 	}
-	return t, nil
 }
 
 // RemoveTemplate removes a template nothing uses.

@@ -211,7 +211,12 @@ func (d *daemon) nook(args ...string) (result, error) {
 }
 
 func (d *daemon) nookEnv(env []string, args ...string) (result, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	return d.nookWithin(2*time.Minute, env, args...)
+}
+
+// nookWithin runs the CLI, killed after timeout.
+func (d *daemon) nookWithin(timeout time.Duration, env []string, args ...string) (result, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, d.bin, args...)
 	cmd.Env = append(os.Environ(), env...)

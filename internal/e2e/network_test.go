@@ -517,7 +517,13 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
 	// A bound, not a speed check: python's first start in a TCG vm on a
 	// loaded host takes well over 15 s.
-	deadline := time.Now().Add(90 * time.Second)
+	waitWithin(t, what, 90*time.Second, ok)
+}
+
+// waitWithin waits until ok, failing the test after bound.
+func waitWithin(t *testing.T, what string, bound time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
 	for !ok() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

@@ -222,14 +222,22 @@ func (s *Store) EnsureBuilt(ctx context.Context, name string, progress io.Writer
 		return t, err
 	}
 	return s.once(ctx, name, progress, func(ctx context.Context) (api.Template, error) {
-		if t, err := s.Get(name); err == nil && !stale(t) { // another process built it while we waited for the lock
-			return t, nil
+		old, oldErr := s.Get(name)
+		if oldErr == nil && !stale(old) { // another process built it while we waited for the lock
+			return old, nil
 		}
-		if err == nil {
+		if oldErr == nil {
 			fmt.Fprintf(orDiscard(progress), "template %s was built from an older recipe: building it again\n", name)
 		}
 		r, _ := recipe(name)
-		return s.build(ctx, r, orDiscard(progress))
+		t, err := s.build(ctx, r, orDiscard(progress))
+		if err != nil && oldErr == nil {
+			// The build that exists still works: keep using it.
+			fmt.Fprintf(orDiscard(progress), "rebuilding template %s failed (%v): using its build %s\n", name, err, old.ID)
+			s.log.Warn("rebuild of a template from a newer recipe failed: its older build stays in use", "template", name, "build", old.ID, "err", err)
+			return old, nil
+		}
+		return t, err
 	})
 }
 

@@ -34,14 +34,19 @@ const (
 
 // agentUnit runs the agent under systemd. It is ordered before
 // sysinit.target (no default dependencies: it answers as early as an
-// agent that is PID 1); the commands it starts live in its cgroup and
-// outlive it if it restarts (KillMode=process); an out-of-memory kill of
-// one of them stops nothing else (OOMPolicy=continue).
+// agent that is PID 1); it is restarted whenever it ends, however often
+// (no start limit), and survives isolating another target; the commands
+// it starts live in its cgroup and outlive it if it restarts
+// (KillMode=process); an out-of-memory kill of one of them stops nothing
+// else (OOMPolicy=continue). No OOMScoreAdjust: its commands would
+// inherit it.
 const agentUnit = `# Written by nook-agent at boot: the nook daemon's way into this sandbox.
 [Unit]
 Description=nook agent (the nook daemon's way into this sandbox)
 DefaultDependencies=no
 Before=sysinit.target
+StartLimitIntervalSec=0
+IgnoreOnIsolate=yes
 
 [Service]
 Environment=` + GuestEnv + `

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -39,20 +38,20 @@ func (b *Backend) ChooseInit(sb *core.Sandbox, requested string) (string, error)
 }
 
 // hasSystemd reports whether a template build's root filesystem has
-// systemd. The path is looked up one component at a time within the
-// rootfs (a template's symlinks never lead the daemon out of it); Debian's
-// /lib is a relative link to usr/lib.
+// systemd, looked up through an os.Root (a template's symlinks never lead
+// the daemon outside it; Debian's /lib is a relative link to usr/lib).
 func (b *Backend) hasSystemd(templateID string) (bool, error) {
 	rootfs, err := b.cfg.TemplateRootfs(templateID)
 	if err != nil {
 		return false, err
 	}
-	for _, p := range []string{"usr" + guestinit.SystemdPath, strings.TrimPrefix(guestinit.SystemdPath, "/")} {
-		if fi, err := os.Lstat(filepath.Join(rootfs, p)); err == nil && fi.Mode().IsRegular() {
-			return true, nil
-		}
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return false, err
 	}
-	return false, nil
+	defer root.Close()
+	fi, err := root.Lstat(strings.TrimPrefix(guestinit.SystemdPath, "/"))
+	return err == nil && fi.Mode().IsRegular(), nil
 }
 
 // systemdTimeout bounds how long a template boot waits for systemd to
@@ -80,6 +79,20 @@ func (b *Backend) waitSystemd(ctx context.Context, sock string) error {
 	return fmt.Errorf("the guest's systemd did not start up (is-system-running: %q, exit %d): failed units: %s", state, code, strings.TrimSpace(failed))
 }
 
+// servicesUp waits, after a systemd guest's cold boot (a start, a
+// reboot, a create without a template snapshot), until systemd has
+// started its services, so that what the machine runs at boot answers
+// when the call returns. A guest that does not get there is logged, not
+// failed: its agent answers, and the user can look.
+func (b *Backend) servicesUp(ctx context.Context, id, sock string, m machine) {
+	if m.Init != api.InitSystemd {
+		return
+	}
+	if err := b.waitSystemd(ctx, sock); err != nil {
+		b.cfg.Log.Warn("vm guest's systemd did not finish starting up", "sandbox", id, "err", err)
+	}
+}
+
 // guestOutput runs a shell script in a vm through the agent on sock (on
 // a connection of its own, closed after) and returns its standard output
 // (up to 64 KiB), its standard error (up to 4 KiB) and its exit code.
@@ -91,10 +104,16 @@ func guestOutput(ctx context.Context, sock, script string) (stdout, stderr strin
 		return "", "", 0, err
 	}
 	defer p.Close()
+	// The stream's reads do not see ctx: closing it ends a read that a
+	// guest never answers (a sync stuck on a dead mount, a hung unit).
+	defer context.AfterFunc(ctx, func() { p.Close() })()
 	var out, errOut []byte
 	for {
 		kind, data, err := p.Next()
 		if err != nil {
+			if ctx.Err() != nil {
+				return "", "", 0, fmt.Errorf("%s: %w", script, ctx.Err())
+			}
 			return "", "", 0, err
 		}
 		switch kind {

@@ -123,8 +123,10 @@ func (b *Backend) quit(ctx context.Context, id string, pid int) {
 }
 
 // Start implements core.Stopper: the vm boots afresh from its disk (a
-// cold boot with the daemon's guest kernel) with its shape, network and
-// QEMU user. It waits until the guest's agent answers.
+// cold boot of the kernel it was created with) with its shape, init,
+// network and QEMU user. It waits until the guest's agent answers, and a
+// systemd guest until systemd has started its services (bounded: one
+// that does not is logged, not failed).
 func (b *Backend) Start(ctx context.Context, sb *core.Sandbox) error {
 	defer b.operate(sb.ID)()
 	if err := b.boot(ctx, sb.ID); err != nil {
@@ -184,6 +186,7 @@ func (b *Backend) boot(ctx context.Context, id string) error {
 		<-proc.exited
 		return err
 	}
+	b.servicesUp(ctx, id, l.AgentSock, m)
 	if err := os.Remove(b.stoppedFile(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -34,7 +35,11 @@ func (b *Backend) kernelFor(ctx context.Context, templateID string) (k *Kernel, 
 	}
 	b.kmu.Lock()
 	k, known := b.tkernels[templateID]
+	kerr := b.tkernelErr[templateID]
 	b.kmu.Unlock()
+	if kerr != nil {
+		return nil, false, kerr
+	}
 	if known && k == nil {
 		k, err = b.ensureKernel(ctx)
 		return k, false, err
@@ -63,7 +68,12 @@ func (b *Backend) kernelFor(ctx context.Context, templateID string) (k *Kernel, 
 		err = publicKernel(k)
 	}
 	if err != nil {
-		return nil, false, errdefs.Precondition("template %s carries a kernel nook cannot boot: %v", templateID, err)
+		os.RemoveAll(staged)
+		err = errdefs.Precondition("template %s carries a kernel nook cannot boot: %v", templateID, err)
+		b.kmu.Lock()
+		b.tkernelErr[templateID] = err
+		b.kmu.Unlock()
+		return nil, false, err
 	}
 	b.kmu.Lock()
 	b.tkernels[templateID] = k
@@ -114,6 +124,9 @@ func stageTemplateKernel(ctx context.Context, rootfs, dst string) (ok bool, err 
 	release := ""
 	for _, n := range names {
 		r := strings.TrimPrefix(n, "vmlinuz-")
+		if !releaseRE.MatchString(r) {
+			continue
+		}
 		if fi, err := root.Stat(filepath.Join("lib", "modules", r, "kernel")); err == nil && fi.IsDir() {
 			release = r
 			break
@@ -221,3 +234,7 @@ func checkPVH(vmlinux string) error {
 }
 
 func align4(n uint64) uint64 { return (n + 3) &^ 3 }
+
+// releaseRE is a kernel release as a file name may carry it (no "..",
+// no "/").
+var releaseRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+~-]*$`)

@@ -89,6 +89,8 @@ type Backend struct {
 	kmu      sync.Mutex
 	kernel   *Kernel
 	tkernels map[string]*Kernel // templates' own kernels by template build; nil: it has none (tplkernel.go)
+	// tkernelErr: why a template build's own kernel cannot boot, once seen.
+	tkernelErr map[string]error
 
 	smu   sync.Mutex
 	slock map[string]*sync.Mutex // per template snapshot, in this process (flock across processes)
@@ -141,7 +143,7 @@ func New(cfg Config) *Backend {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	b := &Backend{cfg: cfg, slock: map[string]*sync.Mutex{}, rams: map[string]*sealedRAM{}, tkernels: map[string]*Kernel{}}
+	b := &Backend{cfg: cfg, slock: map[string]*sync.Mutex{}, rams: map[string]*sealedRAM{}, tkernels: map[string]*Kernel{}, tkernelErr: map[string]error{}}
 	b.accel, b.why = DetectAccel(cfg.Accel)
 	b.pool = newPool(b, cfg.WarmPool)
 	return b
@@ -421,7 +423,11 @@ func (b *Backend) createNew(ctx context.Context, sb *core.Sandbox) (err error) {
 		b.cfg.Log.Debug("vm restored", "sandbox", sb.ID, "start", t1.Sub(t0), "qmp", t2.Sub(t1), "restore", time.Since(t2))
 		return nil
 	}
-	return b.waitBoot(ctx, proc, l.AgentSock, dir)
+	if err := b.waitBoot(ctx, proc, l.AgentSock, dir); err != nil {
+		return err
+	}
+	b.servicesUp(ctx, sb.ID, l.AgentSock, m)
+	return nil
 }
 
 // qemuProc is a started QEMU.
