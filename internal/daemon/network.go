@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nookhq/nook/api"
@@ -79,8 +80,16 @@ type sandboxNets struct {
 	store *store.Store
 	log   *slog.Logger
 
-	// allocMu makes choosing a free subnet and attaching it one step.
+	// allocMu guards choosing a free subnet: a subnet chosen is pending
+	// (reserved for its sandbox) until the attachment holds it, and the
+	// attachment's kernel work runs without the lock, so that creates
+	// attach in parallel.
 	allocMu sync.Mutex
+	pending map[string]netip.Prefix
+	// reconciled: the daemon's start has adopted every attachment the
+	// kernel holds, so network.Manager's own records name every subnet in
+	// use (before that, subnetFor lists the kernel's links).
+	reconciled atomic.Bool
 
 	mu    sync.Mutex
 	state map[string]*netState // sandboxes with a record, by ID
@@ -136,12 +145,11 @@ func (n *sandboxNets) close() {
 
 // AttachNetns implements core.NetHooks.
 func (n *sandboxNets) AttachNetns(ctx context.Context, id, netnsPath string) error {
-	n.allocMu.Lock()
-	defer n.allocMu.Unlock()
-	subnet, err := n.subnetFor(ctx, id)
+	subnet, done, err := n.reserve(ctx, id)
 	if err != nil {
 		return err
 	}
+	defer done()
 	if err := n.mgr.AttachContainer(ctx, id, subnet, netnsPath); err != nil {
 		return err
 	}
@@ -150,12 +158,11 @@ func (n *sandboxNets) AttachNetns(ctx context.Context, id, netnsPath string) err
 
 // AttachTap implements core.NetHooks.
 func (n *sandboxNets) AttachTap(ctx context.Context, id string) (string, error) {
-	n.allocMu.Lock()
-	defer n.allocMu.Unlock()
-	subnet, err := n.subnetFor(ctx, id)
+	subnet, done, err := n.reserve(ctx, id)
 	if err != nil {
 		return "", err
 	}
+	defer done()
 	tap, err := n.mgr.SetupTap(ctx, id, subnet)
 	if err != nil {
 		return "", err
@@ -177,10 +184,35 @@ func (n *sandboxNets) Detach(ctx context.Context, id string) error {
 	return n.mgr.Teardown(ctx, id)
 }
 
-// subnetFor returns the subnet a sandbox has (attached now, or recorded),
-// or the lowest free one. The caller holds allocMu.
+// reserve chooses a sandbox's subnet and holds it pending until done is
+// called (once the attachment has it, or has failed).
+func (n *sandboxNets) reserve(ctx context.Context, id string) (netip.Prefix, func(), error) {
+	n.allocMu.Lock()
+	defer n.allocMu.Unlock()
+	subnet, err := n.subnetFor(ctx, id)
+	if err != nil {
+		return netip.Prefix{}, nil, err
+	}
+	if n.pending == nil {
+		n.pending = map[string]netip.Prefix{}
+	}
+	n.pending[id] = subnet
+	return subnet, func() {
+		n.allocMu.Lock()
+		if n.pending[id] == subnet {
+			delete(n.pending, id)
+		}
+		n.allocMu.Unlock()
+	}, nil
+}
+
+// subnetFor returns the subnet a sandbox has (attached now, pending, or
+// recorded), or the lowest free one. The caller holds allocMu.
 func (n *sandboxNets) subnetFor(ctx context.Context, id string) (netip.Prefix, error) {
 	if s, ok := n.mgr.Subnet(id); ok {
+		return s, nil
+	}
+	if s, ok := n.pending[id]; ok {
 		return s, nil
 	}
 	n.mu.Lock()
@@ -208,6 +240,18 @@ func (n *sandboxNets) subnetFor(ctx context.Context, id string) (netip.Prefix, e
 			return p, nil
 		}
 		taken = append(taken, p)
+	}
+	for pid, s := range n.pending {
+		if pid != id {
+			taken = append(taken, s)
+		}
+	}
+	if n.reconciled.Load() {
+		// The manager's records: every attachment since the start's
+		// adoption was made through it (no listing of the kernel's links
+		// and addresses, which costs per sandbox alive).
+		taken = append(taken, n.mgr.Subnets(id)...)
+		return n.mgr.Pool().Allocate(taken)
 	}
 	atts, err := n.mgr.List(ctx)
 	if err != nil {
@@ -720,6 +764,9 @@ func (n *sandboxNets) reconcile(ctx context.Context, sbs []*core.Sandbox) error 
 	removed, err := n.mgr.Reconcile(ctx, keep)
 	if len(removed) > 0 {
 		n.log.Info("removed orphaned sandbox networks", "ids", strings.Join(removed, ","))
+	}
+	if err == nil {
+		n.reconciled.Store(true)
 	}
 	return err
 }

@@ -513,6 +513,62 @@ func TestNetworkBadInput(t *testing.T) {
 	checkNoNetworkLeft(t, w, d)
 }
 
+// Creates attach their networks in parallel (the subnet lock is held only
+// for the choice): each gets a subnet of its own and reaches what its
+// policy allows; a pool too small for all of them refuses the rest
+// cleanly, and a subnet freed by rm is given out again.
+func TestNetworkParallelCreates(t *testing.T) {
+	w := newWorld(t)
+	// 10.89.0.0/27 holds 8 /30s: 8 places for 10 creates.
+	d := newDaemonIn(t, w.hostPath(), netDaemonArgs("--net-pool", "10.89.0.0/27", "--warm-pool", "-1")...)
+	const n = 10
+	var wg sync.WaitGroup
+	results := make([]result, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			results[i], _ = d.nook("create", "--name", fmt.Sprintf("p%d", i), "--allow", "allowed.test")
+		}(i)
+	}
+	wg.Wait()
+	subnets := map[string]string{}
+	made := 0
+	for i, r := range results {
+		name := fmt.Sprintf("p%d", i)
+		if r.code != 0 {
+			if !strings.Contains(r.stderr, "network address pool exhausted") {
+				t.Fatalf("create %s: exit %d: %s", name, r.code, r.stderr)
+			}
+			continue
+		}
+		made++
+		addr := d.network(name).Address
+		if other, ok := subnets[addr]; ok {
+			t.Fatalf("%s and %s both have %s", name, other, addr)
+		}
+		subnets[addr] = name
+		d.mustReach(name, "http://allowed.test/", "allowed-web")
+	}
+	if made != 8 {
+		t.Fatalf("%d of %d parallel creates succeeded with 8 subnets free", made, n)
+	}
+	var sbs []api.Sandbox
+	json.Unmarshal([]byte(d.must("ls", "--json")), &sbs)
+	if len(sbs) != made {
+		t.Fatalf("ls shows %d sandboxes after %d creates", len(sbs), made)
+	}
+	victim := sbs[0].Name
+	d.must("rm", victim)
+	d.must("create", "--name", "again", "--allow", "allowed.test")
+	d.mustReach("again", "http://allowed.test/", "allowed-web")
+	for _, sb := range sbs[1:] {
+		d.must("rm", sb.Name)
+	}
+	d.must("rm", "again")
+	checkNoNetworkLeft(t, w, d)
+}
+
 func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
 	// A bound, not a speed check: python's first start in a TCG vm on a

@@ -141,6 +141,20 @@ func (m *Manager) Adopt(ctx context.Context, id string, subnet netip.Prefix) (Ki
 	return kind, m.finishSetup(id, iface, kind, subnet, "", link.Attrs().Index, true)
 }
 
+// Subnets returns the subnets of every sandbox the manager has attached
+// or adopted, but id's.
+func (m *Manager) Subnets(id string) []netip.Prefix {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]netip.Prefix, 0, len(m.sandboxes))
+	for sid, sb := range m.sandboxes {
+		if sid != id && sb.subnet.IsValid() {
+			out = append(out, sb.subnet)
+		}
+	}
+	return out
+}
+
 // Subnet returns the subnet of a sandbox this Manager attached or adopted.
 func (m *Manager) Subnet(id string) (netip.Prefix, bool) {
 	m.mu.Lock()
