@@ -142,14 +142,19 @@ func (m *Manager) Adopt(ctx context.Context, id string, subnet netip.Prefix) (Ki
 }
 
 // Subnets returns the subnets of every sandbox the manager has attached
-// or adopted, but id's.
+// or adopted, or is tearing down, but id's.
 func (m *Manager) Subnets(id string) []netip.Prefix {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]netip.Prefix, 0, len(m.sandboxes))
+	out := make([]netip.Prefix, 0, len(m.sandboxes)+len(m.tearing))
 	for sid, sb := range m.sandboxes {
 		if sid != id && sb.subnet.IsValid() {
 			out = append(out, sb.subnet)
+		}
+	}
+	for sid, s := range m.tearing {
+		if sid != id && s.IsValid() {
+			out = append(out, s)
 		}
 	}
 	return out

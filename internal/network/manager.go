@@ -153,6 +153,9 @@ type Manager struct {
 	locks     keylock.Map // serializes operations per sandbox ID
 	sandboxes map[string]*sandbox
 	byIndex   map[int]string
+	// tearing holds the subnets of sandboxes being torn down until their
+	// link, rules and flows are gone: Subnets counts them as taken.
+	tearing map[string]netip.Prefix
 }
 
 type sandbox struct {
@@ -197,6 +200,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		log:       cfg.Log,
 		sandboxes: map[string]*sandbox{},
 		byIndex:   map[int]string{},
+		tearing:   map[string]netip.Prefix{},
 	}
 	if cfg.HostNetns > 0 {
 		fd, err := unix.Dup(int(cfg.HostNetns))
@@ -644,6 +648,12 @@ func (m *Manager) teardown(ctx context.Context, id string) error {
 		subnet = sb.subnet
 		delete(m.byIndex, sb.ifindex)
 		delete(m.sandboxes, id)
+		m.tearing[id] = subnet
+		defer func() {
+			m.mu.Lock()
+			delete(m.tearing, id)
+			m.mu.Unlock()
+		}()
 	}
 	m.mu.Unlock()
 	if sb != nil {
