@@ -292,16 +292,23 @@ func (m *Manager) alignStopped(ctx context.Context, sb *core.Sandbox) {
 	}
 }
 
-// syncGuest runs sync(1) in a sandbox and waits for it.
+// syncGuest runs sync(1) in a sandbox and waits for it, for no longer
+// than ctx allows.
 func syncGuest(ctx context.Context, c *agent.Client) error {
 	p, err := c.Exec(ctx, &agent.ExecRequest{Argv: []string{"sync"}})
 	if err != nil {
 		return err
 	}
 	defer p.Close()
+	// The stream's reads do not see ctx: closing it ends a sync the guest
+	// never finishes (a dead mount).
+	defer context.AfterFunc(ctx, func() { p.Close() })()
 	for {
 		kind, _, err := p.Next()
 		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
 			return err
 		}
 		if kind == api.FrameExit {

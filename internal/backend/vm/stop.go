@@ -40,10 +40,11 @@ const bootMark = "--- nook: boot ---"
 
 func (b *Backend) stoppedFile(id string) string { return filepath.Join(b.dir(id), "stopped") }
 
-// Stop implements core.Stopper: the guest is shut down (a systemd guest
-// powers off, stopping its services, for up to shutdownGrace; an agent
-// guest syncs its disks), then QEMU is asked to quit (it flushes its disk
-// layers), killed if it does not, and a pause's saved state is dropped.
+// Stop implements core.Stopper: a systemd guest is powered off (its
+// services stopped, for up to shutdownGrace; the daemon has had every
+// guest sync before a stop), then QEMU is asked to quit (it flushes its
+// disk layers), killed if it does not, and a pause's saved state is
+// dropped.
 func (b *Backend) Stop(ctx context.Context, id string) error {
 	defer b.operate(id)()
 	dir := b.dir(id)
@@ -84,20 +85,17 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 // shutdownGrace bounds a systemd guest's power off in Stop.
 const shutdownGrace = 30 * time.Second
 
-// shutdownGuest asks a running guest to shut down cleanly: a systemd
-// guest powers off (QEMU exits when it has), waited for up to
-// shutdownGrace; an agent guest, which has no services to stop, syncs.
-// A guest that does not answer is left to quit.
+// shutdownGuest has a running systemd guest power off (QEMU exits when
+// it has), waited for up to shutdownGrace. An agent guest has no services
+// to stop (the daemon's stop has synced its disks already). A guest that
+// does not answer is left to quit.
 func (b *Backend) shutdownGuest(ctx context.Context, id string, st state) {
+	if st.Init != api.InitSystemd {
+		return
+	}
 	sock := filepath.Join(b.dir(id), "agent.sock")
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if st.Init != api.InitSystemd {
-		if _, _, _, err := guestOutput(actx, sock, "sync"); err != nil {
-			b.cfg.Log.Debug("sync before stop", "sandbox", id, "err", err)
-		}
-		return
-	}
 	if _, _, code, err := guestOutput(actx, sock, "systemctl poweroff --no-block"); err != nil || code != 0 {
 		b.cfg.Log.Warn("vm guest did not take the power off: stopping it", "sandbox", id, "exit", code, "err", err)
 		return
