@@ -76,7 +76,7 @@ func runDefaultShape(ctx context.Context, cfg Config, root string) error {
 		later, laterStop = append(later, time.Since(t0)), append(laterStop, stops.last())
 	}
 	fmt.Fprintf(out, "nook: pause (saved to disk), then resume, %d times; fork -> first exec output in the fork, %d times...\n", n, n)
-	var pauses, forks []time.Duration
+	var pauses []time.Duration
 	for i := 0; i < n; i++ {
 		t0 := time.Now()
 		if _, err := cl.PauseSandbox(ctx, src); err != nil {
@@ -87,20 +87,9 @@ func runDefaultShape(ctx context.Context, cfg Config, root string) error {
 			return err
 		}
 	}
-	for i := 0; i < n; i++ {
-		name := fmt.Sprintf("shape-fork-%d", i)
-		t0 := time.Now()
-		if _, err := cl.Fork(ctx, src, api.ForkRequest{Name: name}); err != nil {
-			return err
-		}
-		d, err := firstOutput(ctx, cl, name, t0)
-		if err != nil {
-			return err
-		}
-		forks = append(forks, d)
-		if err := cl.DeleteSandbox(ctx, name); err != nil {
-			return err
-		}
+	forks, _, err := forkOnes(ctx, cl, src, "shape-fork", n)
+	if err != nil {
+		return err
 	}
 	if err := cl.DeleteSandbox(ctx, src); err != nil {
 		return err

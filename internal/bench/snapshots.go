@@ -330,6 +330,28 @@ func snapPauseResume(ctx context.Context, cl *sdk.Client, n int) (pauseFigures, 
 	return f, nil
 }
 
+// forkOnes forks src n times (prefix-0, prefix-1, ...), timing each to
+// the first exec output in the fork and its fork call, and removes each.
+func forkOnes(ctx context.Context, cl *sdk.Client, src, prefix string, n int) (toExec, calls []time.Duration, err error) {
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("%s-%d", prefix, i)
+		t0 := time.Now()
+		if _, err := cl.Fork(ctx, src, api.ForkRequest{Name: name}); err != nil {
+			return nil, nil, err
+		}
+		call := time.Since(t0)
+		d, err := firstOutput(ctx, cl, name, t0)
+		if err != nil {
+			return nil, nil, err
+		}
+		toExec, calls = append(toExec, d), append(calls, call)
+		if err := cl.DeleteSandbox(ctx, name); err != nil {
+			return nil, nil, err
+		}
+	}
+	return toExec, calls, nil
+}
+
 type forkFigures struct {
 	one, oneCall []time.Duration
 	ten, tenCall time.Duration
@@ -348,21 +370,9 @@ func snapForks(ctx context.Context, cl *sdk.Client, n int) (forkFigures, error) 
 	if _, err := cl.Exec(ctx, src, api.ExecRequest{Cmd: []string{"sh", "-c", "echo state > /root/state; sync"}}, io.Discard, io.Discard); err != nil {
 		return f, err
 	}
-	for i := 0; i < n; i++ {
-		name := fmt.Sprintf("snap-fork-%d", i)
-		t0 := time.Now()
-		if _, err := cl.Fork(ctx, src, api.ForkRequest{Name: name}); err != nil {
-			return f, err
-		}
-		call := time.Since(t0)
-		d, err := firstOutput(ctx, cl, name, t0)
-		if err != nil {
-			return f, err
-		}
-		f.one, f.oneCall = append(f.one, d), append(f.oneCall, call)
-		if err := cl.DeleteSandbox(ctx, name); err != nil {
-			return f, err
-		}
+	var err error
+	if f.one, f.oneCall, err = forkOnes(ctx, cl, src, "snap-fork", n); err != nil {
+		return f, err
 	}
 	t0 := time.Now()
 	sbs, err := cl.Fork(ctx, src, api.ForkRequest{Count: 10, Name: "snap-ten"})
