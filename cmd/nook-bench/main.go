@@ -28,6 +28,8 @@ func main() {
 	flag.IntVar(&cfg.SnapshotRounds, "snapshot-rounds", 20, "vm pause/resume rounds (forks: half as many)")
 	flag.IntVar(&cfg.PausedVMs, "paused-vms", 100, "paused vms whose CPU and RSS are measured")
 	flag.IntVar(&cfg.SnapshotChain, "snapshot-chain", 20, "snapshots in the chain whose disk use is measured")
+	density := flag.Int("density", 0, "measure only density: every per-sandbox operation with 10 and with N container sandboxes alive")
+	flag.IntVar(&cfg.DensityN, "density-n", 200, "container sandboxes alive in the full run's density figures (0: none)")
 	flag.Parse()
 	cfg.Out = os.Stdout
 	if cfg.Creates < 20 {
@@ -38,6 +40,13 @@ func main() {
 	signal.Ignore(syscall.SIGPIPE)
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
+	if *density > 0 {
+		if _, err := bench.RunDensity(ctx, cfg, *density); err != nil {
+			fmt.Fprintln(os.Stderr, "nook-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := bench.Run(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "nook-bench:", err)
 		os.Exit(1)

@@ -42,6 +42,7 @@ type Config struct {
 	OnlyVM       bool   // measure only the vm backend
 	OnlyVMShape  bool   // measure only vms at the default shape and systemd vms
 	OnlyNet      bool   // measure only sandbox networking
+	DensityN     int    // sandboxes alive in the density figures (0: none)
 	Out          io.Writer
 	coldVM       bool // vm sandboxes boot instead of restoring the template snapshot
 	// containerPause is the daemon's --container-pause ("freeze" unless a
@@ -188,6 +189,12 @@ func Run(ctx context.Context, cfg Config) error {
 	fmt.Fprintln(cfg.Out)
 	if err := runNetwork(ctx, cfg, root); err != nil {
 		return fmt.Errorf("network benchmarks: %w", err)
+	}
+	if cfg.DensityN > 0 {
+		fmt.Fprintln(cfg.Out)
+		if _, err := RunDensity(ctx, cfg, cfg.DensityN); err != nil {
+			return fmt.Errorf("density: %w", err)
+		}
 	}
 	if cfg.VM {
 		if err := runVMAll(ctx, cfg, root); err != nil {

@@ -162,40 +162,164 @@ func (s *simNet) sink() (<-chan float64, func(), error) {
 	return rates, func() { ln.Close() }, nil
 }
 
-// netDaemon runs `nook serve` in the simulated host.
+// netDaemon runs `nook serve` in the simulated host, with or without
+// sandbox networking and no warm pool.
 func netDaemon(ctx context.Context, cfg Config, s *simNet, root string, network bool) (*sdk.Client, func(), error) {
-	bin := filepath.Join(filepath.Dir(cfg.AgentBinary), "nook")
-	sock := filepath.Join(root, "nook.sock")
-	cmd := exec.CommandContext(ctx, "nsenter", fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), int(s.host)), bin, "serve",
-		"--data-dir", filepath.Join(root, "data"), "--run-dir", filepath.Join(root, "run"), "--socket", sock,
-		"--templates-dir", cfg.TemplatesDir, "--agent", cfg.AgentBinary, "--cgroup-parent", "nook-bench-net",
-		"--warm-pool", "-1", "--dns-upstream", benchDNS+":53", fmt.Sprintf("--network=%v", network))
-	var log strings.Builder
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
+	d, err := startProcDaemon(ctx, cfg, s, root, "--warm-pool", "-1", fmt.Sprintf("--network=%v", network))
+	if err != nil {
 		return nil, nil, err
 	}
-	stop := func() {
-		cmd.Process.Signal(unix.SIGTERM)
-		cmd.Wait()
-		removeCgroups("nook-bench-net")
+	return d.cl, d.stop, nil
+}
+
+// procDaemon is `nook serve` run as its own process in the simulated
+// host, so that it can be killed.
+type procDaemon struct {
+	cfg  Config
+	s    *simNet
+	root string
+	args []string
+	cl   *sdk.Client
+	log  *logBuf
+	cmd  *exec.Cmd
+}
+
+func startProcDaemon(ctx context.Context, cfg Config, s *simNet, root string, args ...string) (*procDaemon, error) {
+	d := &procDaemon{cfg: cfg, s: s, root: root, args: args, log: &logBuf{}}
+	if err := d.start(ctx); err != nil {
+		return nil, err
 	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if c, err := net.Dial("unix", sock); err == nil {
+	cl, err := sdk.New("unix://"+d.socket(), "")
+	if err != nil {
+		d.stop()
+		return nil, err
+	}
+	d.cl = cl
+	return d, nil
+}
+
+func (d *procDaemon) socket() string { return filepath.Join(d.root, "nook.sock") }
+
+func (d *procDaemon) cgroup() string { return "nook-bench-net" }
+
+func (d *procDaemon) pid() int { return d.cmd.Process.Pid }
+
+// start runs the daemon (nsenter execs it: the process is the daemon) and
+// waits until it answers.
+func (d *procDaemon) start(ctx context.Context) error {
+	bin := filepath.Join(filepath.Dir(d.cfg.AgentBinary), "nook")
+	args := append([]string{fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), int(d.s.host)), bin, "serve",
+		"--data-dir", filepath.Join(d.root, "data"), "--run-dir", filepath.Join(d.root, "run"), "--socket", d.socket(),
+		"--templates-dir", d.cfg.TemplatesDir, "--agent", d.cfg.AgentBinary, "--cgroup-parent", d.cgroup(),
+		"--dns-upstream", benchDNS + ":53"}, d.args...)
+	if sock := os.Getenv("NOOK_BENCH_DEBUG_SOCKET"); sock != "" {
+		args = append(args, "--debug-socket", sock) // profiles of the daemon under test
+	}
+	d.cmd = exec.CommandContext(ctx, "nsenter", args...)
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	if err := d.cmd.Start(); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if c, err := net.Dial("unix", d.socket()); err == nil {
 			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			d.cmd.Process.Kill()
+			d.cmd.Wait()
+			return fmt.Errorf("daemon in the simulated host did not start:\n%s", d.log.String())
+		}
+	}
+}
+
+// stop removes every sandbox left (a run cut short) and stops the daemon.
+func (d *procDaemon) stop() {
+	if d.cl != nil {
+		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		if sbs, err := d.cl.ListSandboxes(dctx); err == nil {
+			names := make([]string, len(sbs))
+			for i, sb := range sbs {
+				names[i] = sb.Name
+			}
+			for len(names) > 0 {
+				k := min(10, len(names))
+				parallel(names[:k], func(name string) error { return d.cl.DeleteSandbox(dctx, name) })
+				names = names[k:]
+			}
+		}
+		cancel()
+	}
+	d.cmd.Process.Signal(unix.SIGTERM)
+	d.cmd.Wait()
+	removeCgroups(d.cgroup())
+}
+
+// burst creates names in parallel (128M each) and returns each create's
+// latency.
+func (d *procDaemon) burst(ctx context.Context, names []string) ([]time.Duration, error) {
+	return parallel(names, func(name string) error {
+		_, err := d.cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: name, Memory: "128M"})
+		return err
+	})
+}
+
+// settle waits until the warm pool is full again: the count of runc
+// containers has stopped changing.
+func (d *procDaemon) settle(ctx context.Context) error {
+	count := func() int {
+		es, _ := os.ReadDir(filepath.Join(d.root, "run", "runc"))
+		return len(es)
+	}
+	last, same := -1, 0
+	for deadline := time.Now().Add(60 * time.Second); same < 4; {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the daemon's warm pool did not settle in 60s")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+		if c := count(); c == last {
+			same++
+		} else {
+			last, same = c, 0
+		}
+	}
+	return nil
+}
+
+// readopt kills the daemon with SIGKILL, starts it again and returns how
+// long until it lists all n sandboxes running, and until last answers an
+// exec.
+func (d *procDaemon) readopt(ctx context.Context, last string, n int) (listed, execd time.Duration, err error) {
+	d.cmd.Process.Kill()
+	d.cmd.Wait()
+	start := time.Now()
+	if err := d.start(ctx); err != nil {
+		return 0, 0, err
+	}
+	for deadline := start.Add(5 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		sbs, err := d.cl.ListSandboxes(ctx)
+		running := 0
+		for _, sb := range sbs {
+			if sb.State == api.StateRunning {
+				running++
+			}
+		}
+		if err == nil && running >= n {
 			break
 		}
 		if time.Now().After(deadline) {
-			stop()
-			return nil, nil, fmt.Errorf("daemon in the simulated host did not start:\n%s", log.String())
+			return 0, 0, fmt.Errorf("after a restart, %d of %d sandboxes running in 5m (%v)", running, n, err)
 		}
 	}
-	cl, err := sdk.New("unix://"+sock, "")
-	if err != nil {
-		stop()
-		return nil, nil, err
+	listed = time.Since(start)
+	if st, err := d.cl.Exec(ctx, last, api.ExecRequest{Cmd: []string{"true"}}, io.Discard, io.Discard); err != nil || st.ExitCode != 0 {
+		return 0, 0, fmt.Errorf("exec after restart: %v %+v", err, st)
 	}
-	return cl, stop, nil
+	return listed, time.Since(start), nil
 }
 
 // coldCreates times n creates to first exec output on a daemon without a

@@ -218,6 +218,7 @@ func serveCmd() *cobra.Command {
 	c.Flags().DurationVar(&cfg.Daemon.MinIdlePause, "min-idle-pause", 0, "the shortest idle pause accepted (tests)")
 	c.Flags().MarkHidden("min-idle-pause")
 	c.Flags().BoolVar(&debug, "debug", false, "log every API request")
+	c.Flags().StringVar(&cfg.DebugSocket, "debug-socket", "", "serve the daemon's Go runtime profiles (net/http/pprof) on this unix socket `PATH`, root only, e.g. curl --unix-socket PATH http://nook/debug/pprof/profile > cpu.pprof")
 	netFlags.add(c)
 	return c
 }

@@ -533,9 +533,10 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 		}
 	}
 	defer unlock()
+	warm := false
 	if wp, ok := b.(core.WarmPool); ok {
 		if id, ok := wp.TakeWarm(sb); ok {
-			sb.ID = id
+			sb.ID, warm = id, true
 		}
 	}
 	if err := m.store.InsertSandbox(ctx, sb); err != nil {
@@ -567,7 +568,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	m.idle.touch(sb.ID)
 	m.log.Info("sandbox created", "sandbox", sb.Name, "id", sb.ID, "template", sb.TemplateID, "duration", time.Since(start),
-		"backend", backendDone.Sub(start), "agent", time.Since(backendDone))
+		"backend", backendDone.Sub(start), "agent", time.Since(backendDone), "warm", warm)
 	return sb, nil
 }
 

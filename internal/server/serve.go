@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -40,6 +41,9 @@ type Config struct {
 	Fingerprint func(string)
 	// Ready, if set, is called once the listeners accept connections.
 	Ready func()
+	// DebugSocket, if set, is a unix socket (root only) serving Go's
+	// profiles (net/http/pprof) for diagnosing the daemon.
+	DebugSocket string
 }
 
 // Serve runs the daemon until ctx ends. Sandboxes keep running after it
@@ -76,6 +80,20 @@ func Serve(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("another nook daemon is already using %s (stop it first)", dataDir)
 	}
 
+	if cfg.DebugSocket != "" {
+		// Up before the daemon's start, so that its re-adoption of
+		// sandboxes can be profiled too.
+		dl, err := listenUnix(cfg.DebugSocket)
+		if err != nil {
+			return fmt.Errorf("debug socket: %w", err)
+		}
+		ds := &http.Server{Handler: debugHandler(), ReadHeaderTimeout: 10 * time.Second}
+		go ds.Serve(dl)
+		defer func() {
+			ds.Close()
+			os.Remove(cfg.DebugSocket)
+		}()
+	}
 	m, err := daemon.New(ctx, cfg.Daemon)
 	if err != nil {
 		return err
@@ -135,6 +153,17 @@ func Serve(ctx context.Context, cfg Config) error {
 	os.Remove(cfg.Socket)
 	log.Info("nook daemon stopped; sandboxes keep running")
 	return err
+}
+
+// debugHandler serves Go's profiles, as net/http/pprof registers them.
+func debugHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }
 
 // listenUnix listens on a unix socket only root can use, replacing a stale

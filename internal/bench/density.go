@@ -1,0 +1,438 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/procfs"
+)
+
+// The density benchmark (nook-bench -density N): what every per-sandbox
+// operation costs with 10 sandboxes alive and with N, on one daemon with
+// sandbox networking in a simulated host.
+
+// DensityResult is what RunDensity measured; the e2e regression test
+// checks its ratios.
+type DensityResult struct {
+	N int
+	// At10, AtN and After are the probes with 10 sandboxes alive, with N,
+	// and with 10 again after the N were removed.
+	At10, AtN, After Probe
+	// Growth: each create's latency while the N were made, in order, and
+	// whether it came from the warm pool.
+	Growth []Create
+	// IdleCPU is the daemon's CPU use while the N sit idle (1 = a core);
+	// IdleRSS its resident memory then; HostMemPer the host memory each
+	// sandbox takes.
+	IdleCPU    float64
+	IdleRSS    int64
+	HostMemPer int64
+	// Readopt is from the start of a daemon after kill -9 until it
+	// answers with all N running; ReadoptExec until the last answers an
+	// exec too.
+	Readopt, ReadoptExec time.Duration
+	// Teardown is each rm of the N-10 while they go, in bursts of 10.
+	Teardown []time.Duration
+}
+
+// Create is one create's latency and where it came from.
+type Create struct {
+	D    time.Duration
+	Warm bool
+}
+
+// Probe is one round of every per-sandbox operation.
+type Probe struct {
+	Cold, Warm                            []time.Duration // a burst of 10 parallel creates
+	Exec, Pause, Resume, Snapshot, Policy []time.Duration
+	Remove                                []time.Duration
+}
+
+// logBuf keeps a daemon's log and answers which creates were warm.
+type logBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// warm reports, for each sandbox the log says was created, whether it
+// came from the warm pool.
+func (l *logBuf) warm() map[string]bool {
+	out := map[string]bool{}
+	sc := bufio.NewScanner(strings.NewReader(l.String()))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, `msg="sandbox created"`) {
+			continue
+		}
+		var name string
+		var warm bool
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "sandbox="); ok {
+				name = v
+			} else if v, ok := strings.CutPrefix(f, "warm="); ok {
+				warm = v == "true"
+			}
+		}
+		out[name] = warm
+	}
+	return out
+}
+
+// RunDensity measures density at n sandboxes (see Result), printing a
+// table beside the same operations at 10.
+func RunDensity(ctx context.Context, cfg Config, n int) (*DensityResult, error) {
+	if n < 20 {
+		n = 20
+	}
+	root, err := os.MkdirTemp("", "nookdensity")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(root)
+	if err := os.Chmod(root, 0o711); err != nil {
+		return nil, err
+	}
+	s, err := newSimNet()
+	if err != nil {
+		return nil, fmt.Errorf("simulated network: %w", err)
+	}
+	defer s.close()
+	stopDNS, err := s.serveDNS()
+	if err != nil {
+		return nil, err
+	}
+	defer stopDNS()
+
+	d, err := startProcDaemon(ctx, cfg, s, filepath.Join(root, "density"), "--container-pause", "freeze")
+	if err != nil {
+		return nil, err
+	}
+	defer d.stop()
+	res := &DensityResult{N: n}
+	out := cfg.Out
+	g := &grower{d: d}
+	memBefore := memAvailable()
+	fmt.Fprintf(out, "density: 10 sandboxes, then every operation once...\n")
+	if err := g.grow(ctx, 10); err != nil {
+		return nil, err
+	}
+	if res.At10, err = probe(ctx, d, "p10"); err != nil {
+		return nil, fmt.Errorf("probe at 10: %w", err)
+	}
+	fmt.Fprintf(out, "density: growing to %d in bursts of 10...\n", n)
+	if err := g.grow(ctx, n); err != nil {
+		return nil, err
+	}
+	res.Growth = g.creates
+	if res.AtN, err = probe(ctx, d, "pn"); err != nil {
+		return nil, fmt.Errorf("probe at %d: %w", n, err)
+	}
+	// Idle: the warm pool refilled, nothing asked of the daemon.
+	if err := d.settle(ctx); err != nil {
+		return nil, err
+	}
+	res.HostMemPer = (memBefore - memAvailable()) / int64(n)
+	window := 20 * time.Second
+	if n < 500 {
+		window = 10 * time.Second
+	}
+	fmt.Fprintf(out, "density: daemon idle with %d sandboxes for %s...\n", n, window)
+	if res.IdleCPU, err = cpuOver(ctx, d.pid(), window); err != nil {
+		return nil, err
+	}
+	res.IdleRSS = rssOf(d.pid())
+
+	fmt.Fprintf(out, "density: kill -9 of the daemon, and its restart with %d sandboxes...\n", n)
+	if res.Readopt, res.ReadoptExec, err = d.readopt(ctx, g.names[len(g.names)-1], n); err != nil {
+		return nil, err
+	}
+
+	fmt.Fprintf(out, "density: removing %d in bursts of 10...\n", n-10)
+	if res.Teardown, err = g.shrink(ctx, 10); err != nil {
+		return nil, err
+	}
+	if res.After, err = probe(ctx, d, "pa"); err != nil {
+		return nil, fmt.Errorf("probe after teardown: %w", err)
+	}
+	if _, err := g.shrink(ctx, 0); err != nil {
+		return nil, err
+	}
+	res.print(out)
+	return res, nil
+}
+
+// grower creates and removes the bulk of the sandboxes.
+type grower struct {
+	d       *procDaemon
+	names   []string
+	creates []Create
+}
+
+// grow creates sandboxes in bursts of 10 parallel creates until n are alive.
+func (g *grower) grow(ctx context.Context, n int) error {
+	for len(g.names) < n {
+		burst := min(10, n-len(g.names))
+		names := make([]string, burst)
+		for i := range names {
+			names[i] = fmt.Sprintf("d%05d", len(g.names)+i)
+		}
+		ds, err := g.d.burst(ctx, names)
+		if err != nil {
+			return err
+		}
+		warm := g.d.log.warm()
+		for i, name := range names {
+			g.creates = append(g.creates, Create{D: ds[i], Warm: warm[name]})
+		}
+		g.names = append(g.names, names...)
+	}
+	return nil
+}
+
+// shrink removes sandboxes, 10 at a time in parallel, until n are left,
+// and returns each rm's latency.
+func (g *grower) shrink(ctx context.Context, n int) ([]time.Duration, error) {
+	var out []time.Duration
+	for len(g.names) > n {
+		k := min(10, len(g.names)-n)
+		batch := g.names[len(g.names)-k:]
+		ds, err := parallel(batch, func(name string) error { return g.d.cl.DeleteSandbox(ctx, name) })
+		if err != nil {
+			return out, err
+		}
+		out = append(out, ds...)
+		g.names = g.names[:len(g.names)-k]
+	}
+	return out, nil
+}
+
+// parallel runs fn for each name at once and returns each one's latency.
+func parallel(names []string, fn func(string) error) ([]time.Duration, error) {
+	ds := make([]time.Duration, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.Now()
+			errs[i] = fn(name)
+			ds[i] = time.Since(t)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", names[i], err)
+		}
+	}
+	return ds, nil
+}
+
+// probe times every per-sandbox operation on sandboxes it makes (a burst of
+// 10 creates) and removes again.
+func probe(ctx context.Context, d *procDaemon, prefix string) (Probe, error) {
+	var p Probe
+	if err := d.settle(ctx); err != nil {
+		return p, err
+	}
+	names := make([]string, 10)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%d", prefix, i)
+	}
+	ds, err := d.burst(ctx, names)
+	if err != nil {
+		return p, err
+	}
+	warm := d.log.warm()
+	for i, name := range names {
+		if warm[name] {
+			p.Warm = append(p.Warm, ds[i])
+		} else {
+			p.Cold = append(p.Cold, ds[i])
+		}
+	}
+	cl := d.cl
+	for i := 0; i < 50; i++ {
+		t := time.Now()
+		if st, err := cl.Exec(ctx, names[0], api.ExecRequest{Cmd: []string{"true"}}, io.Discard, io.Discard); err != nil || st.ExitCode != 0 {
+			return p, fmt.Errorf("exec true: %v %+v", err, st)
+		}
+		p.Exec = append(p.Exec, time.Since(t))
+	}
+	for i := 0; i < 10; i++ {
+		t := time.Now()
+		if _, err := cl.PauseSandbox(ctx, names[1]); err != nil {
+			return p, err
+		}
+		t1 := time.Now()
+		if _, err := cl.ResumeSandbox(ctx, names[1]); err != nil {
+			return p, err
+		}
+		p.Pause, p.Resume = append(p.Pause, t1.Sub(t)), append(p.Resume, time.Since(t1))
+	}
+	for i := 0; i < 5; i++ {
+		t := time.Now()
+		if _, err := cl.CreateSnapshot(ctx, names[2], fmt.Sprintf("s%d", i)); err != nil {
+			return p, err
+		}
+		p.Snapshot = append(p.Snapshot, time.Since(t))
+	}
+	for i := 0; i < 20; i++ {
+		allow := []string{"allowed.test", "203.0.113.0/24"}
+		if i%2 == 1 {
+			allow = []string{"198.51.100.0/24:443"}
+		}
+		t := time.Now()
+		if _, err := cl.SetNetwork(ctx, names[3], api.SetNetworkRequest{Allow: allow}); err != nil {
+			return p, err
+		}
+		p.Policy = append(p.Policy, time.Since(t))
+	}
+	for _, name := range names {
+		t := time.Now()
+		if err := cl.DeleteSandbox(ctx, name); err != nil {
+			return p, err
+		}
+		p.Remove = append(p.Remove, time.Since(t))
+	}
+	return p, nil
+}
+
+// cpuOver is the share of one core pid used over window.
+func cpuOver(ctx context.Context, pid int, window time.Duration) (float64, error) {
+	const tick = 10 * time.Millisecond // USER_HZ
+	t0 := procfs.CPUTicks(pid)
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(window):
+	}
+	t1 := procfs.CPUTicks(pid)
+	return float64(time.Duration(t1-t0)*tick) / float64(time.Since(start)), nil
+}
+
+func (r *DensityResult) print(w io.Writer) {
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "density (containers, 128M, network on)\tp50 at 10\tp50 at %d\tratio\tp50 after teardown to 10\ttarget\n", r.N)
+	line := func(name string, a, b, c []time.Duration) {
+		if len(a) == 0 || len(b) == 0 {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t<= 1.3x\n", name)
+			return
+		}
+		after := "-"
+		if len(c) > 0 {
+			after = ms(pct(c, .5))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2fx\t%s\t<= 1.3x\n", name, ms(pct(a, .5)), ms(pct(b, .5)), Ratio(a, b), after)
+	}
+	line("create, cold (burst of 10)", r.At10.Cold, r.AtN.Cold, r.After.Cold)
+	line("create, warm (burst of 10)", r.At10.Warm, r.AtN.Warm, r.After.Warm)
+	line("exec round trip (true)", r.At10.Exec, r.AtN.Exec, r.After.Exec)
+	line("pause (freeze)", r.At10.Pause, r.AtN.Pause, r.After.Pause)
+	line("resume", r.At10.Resume, r.AtN.Resume, r.After.Resume)
+	line("snapshot (container)", r.At10.Snapshot, r.AtN.Snapshot, r.After.Snapshot)
+	line("network policy change", r.At10.Policy, r.AtN.Policy, r.After.Policy)
+	line("rm", r.At10.Remove, r.AtN.Remove, r.After.Remove)
+	tw.Flush()
+
+	first, last := r.growthSplit()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "growth to %d, bursts of 10\tfirst 100 p50\tfirst 100 p95\tlast 100 p50\tlast 100 p95\tratio p50\n", r.N)
+	for _, kind := range []struct {
+		name string
+		warm bool
+	}{{"create, cold", false}, {"create, warm", true}} {
+		a, b := pick(first, kind.warm), pick(last, kind.warm)
+		if len(a) == 0 || len(b) == 0 {
+			fmt.Fprintf(tw, "%s (%d, %d)\t-\t-\t-\t-\t-\n", kind.name, len(a), len(b))
+			continue
+		}
+		fmt.Fprintf(tw, "%s (%d, %d)\t%s\t%s\t%s\t%s\t%.2fx\n", kind.name, len(a), len(b), ms(pct(a, .5)), ms(pct(a, .95)), ms(pct(b, .5)), ms(pct(b, .95)), Ratio(a, b))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "at %d\tvalue\ttarget\n", r.N)
+	fmt.Fprintf(tw, "daemon CPU, idle\t%.2f%% of a core\t< 3%%\n", 100*r.IdleCPU)
+	fmt.Fprintf(tw, "daemon RSS, idle\t%d MiB\t-\n", r.IdleRSS>>20)
+	fmt.Fprintf(tw, "host memory per sandbox (MemAvailable)\t%.1f MiB\t-\n", float64(r.HostMemPer)/(1<<20))
+	fmt.Fprintf(tw, "restart after kill -9 -> all %d listed running\t%s\t< 10s\n", r.N, ms(r.Readopt))
+	fmt.Fprintf(tw, "restart after kill -9 -> exec answered\t%s\t< 10s\n", ms(r.ReadoptExec))
+	if len(r.Teardown) > 0 {
+		fmt.Fprintf(tw, "rm during teardown, bursts of 10, p50 / p95\t%s / %s\t-\n", ms(pct(r.Teardown, .5)), ms(pct(r.Teardown, .95)))
+	}
+	tw.Flush()
+}
+
+// growthSplit returns the first and the last 100 creates of the growth
+// (fewer when N is small: the first and last fifth).
+func (r *DensityResult) growthSplit() (first, last []Create) {
+	k := min(100, len(r.Growth)/5)
+	return r.Growth[:k], r.Growth[len(r.Growth)-k:]
+}
+
+func pick(cs []Create, warm bool) []time.Duration {
+	var out []time.Duration
+	for _, c := range cs {
+		if c.Warm == warm {
+			out = append(out, c.D)
+		}
+	}
+	return out
+}
+
+// Ratio is b's median over a's.
+func Ratio(a, b []time.Duration) float64 {
+	return float64(pct(b, .5)) / float64(pct(a, .5))
+}
+
+// GrowthRatio is the median create (warm and cold alike) of the last
+// 100 of the growth over the first 100's.
+func (r *DensityResult) GrowthRatio() float64 {
+	first, last := r.growthSplit()
+	all := func(cs []Create) []time.Duration {
+		out := make([]time.Duration, len(cs))
+		for i, c := range cs {
+			out[i] = c.D
+		}
+		return out
+	}
+	return Ratio(all(first), all(last))
+}
+
+// rssOf is a process's resident memory in bytes (VmRSS).
+func rssOf(pid int) int64 {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmRSS:") {
+			return parseKB(l)
+		}
+	}
+	return 0
+}
