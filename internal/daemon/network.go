@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
@@ -94,6 +96,15 @@ type sandboxNets struct {
 	mu    sync.Mutex
 	state map[string]*netState // sandboxes with a record, by ID
 
+	// hostMu guards hostAddrs, the host's own addresses (hostPrefixes),
+	// read again only after an address outside the pool changed (a
+	// netlink subscription clears hostValid): listing them reads every
+	// sandbox's gateway address too.
+	hostMu    sync.Mutex
+	hostAddrs []netip.Prefix
+	hostValid bool
+	hostWatch bool // the subscription runs
+
 	logc chan store.NetLogEntry
 	// qmu guards queued (entries of each sandbox in logc) and dropped
 	// (entries of each sandbox not queued since its last queued one,
@@ -128,8 +139,41 @@ func newSandboxNets(ctx context.Context, cfg Config, st *store.Store) (*sandboxN
 		return nil, fmt.Errorf("sandbox DNS resolver: %w", err)
 	}
 	n.mgr, n.dns = mgr, srv
+	n.watchHostAddrs()
 	go n.writeLog()
 	return n, nil
+}
+
+// watchHostAddrs clears the cache of host addresses whenever an address
+// outside the sandbox pool comes or goes. Without the subscription every
+// hostPrefixes lists them afresh.
+func (n *sandboxNets) watchHostAddrs() {
+	ch := make(chan netlink.AddrUpdate, 256)
+	err := netlink.AddrSubscribeWithOptions(ch, n.stop, netlink.AddrSubscribeOptions{
+		ErrorCallback: func(err error) { n.log.Warn("host address updates", "err", err) },
+	})
+	if err != nil {
+		n.log.Warn("host address updates: not subscribed; host addresses are listed for every policy", "err", err)
+		return
+	}
+	n.hostMu.Lock()
+	n.hostWatch = true
+	n.hostMu.Unlock()
+	pool := n.mgr.Pool().Prefix()
+	go func() {
+		for u := range ch {
+			if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok && pool.Contains(a.Unmap()) {
+				continue // a sandbox's gateway
+			}
+			n.hostMu.Lock()
+			n.hostValid = false
+			n.hostMu.Unlock()
+		}
+		// The subscription ended (an error, or close): no more caching.
+		n.hostMu.Lock()
+		n.hostWatch, n.hostValid = false, false
+		n.hostMu.Unlock()
+	}()
 }
 
 // close stops the resolvers and the log writer. Sandbox interfaces and
@@ -153,7 +197,7 @@ func (n *sandboxNets) AttachNetns(ctx context.Context, id, netnsPath string) err
 	if err := n.mgr.AttachContainer(ctx, id, subnet, netnsPath); err != nil {
 		return err
 	}
-	return n.restore(ctx, id)
+	return n.restore(ctx, id, false)
 }
 
 // AttachTap implements core.NetHooks.
@@ -167,7 +211,7 @@ func (n *sandboxNets) AttachTap(ctx context.Context, id string) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	return tap, n.restore(ctx, id)
+	return tap, n.restore(ctx, id, false)
 }
 
 // Detach implements core.NetHooks.
@@ -267,7 +311,7 @@ func (n *sandboxNets) subnetFor(ctx context.Context, id string) (netip.Prefix, e
 
 // restore applies a known sandbox's policy again after an attachment,
 // which starts deny-all (a vm's tap made again on resume).
-func (n *sandboxNets) restore(ctx context.Context, id string) error {
+func (n *sandboxNets) restore(ctx context.Context, id string, keepFlows bool) error {
 	n.mu.Lock()
 	st := n.state[id]
 	var unexposed map[uint16]uint16
@@ -278,7 +322,7 @@ func (n *sandboxNets) restore(ctx context.Context, id string) error {
 	if st == nil {
 		return nil // a new sandbox: the daemon applies its policy after create
 	}
-	if err := n.apply(ctx, id, st.subnet, st.policy, false); err != nil {
+	if err := n.applyKeep(ctx, id, st.subnet, st.policy, false, keepFlows); err != nil {
 		return err
 	}
 	n.reexpose(ctx, id, st, unexposed)
@@ -315,8 +359,15 @@ func (n *sandboxNets) reexpose(ctx context.Context, id string, st *netState, por
 
 // apply puts a policy into the kernel and the resolver.
 func (n *sandboxNets) apply(ctx context.Context, id string, subnet netip.Prefix, p policy.Policy, resetLearned bool) error {
+	return n.applyKeep(ctx, id, subnet, p, resetLearned, false)
+}
+
+// applyKeep is apply; keepFlows leaves the sandbox's connections for a
+// later network.Manager.CutFlows.
+func (n *sandboxNets) applyKeep(ctx context.Context, id string, subnet netip.Prefix, p policy.Policy, resetLearned, keepFlows bool) error {
 	kp := n.kernelPolicy(p)
 	kp.ResetLearned = resetLearned
+	kp.KeepFlows = keepFlows
 	if err := n.mgr.SetPolicy(ctx, id, kp); err != nil {
 		return err
 	}
@@ -755,12 +806,14 @@ func (n *sandboxNets) reconcile(ctx context.Context, sbs []*core.Sandbox) error 
 			n.log.Warn("adopt sandbox network", "sandbox", sb.Name, "err", err)
 			continue
 		}
-		if err := n.restore(ctx, sb.ID); err != nil {
+		// Connections are judged once for all, below.
+		if err := n.restore(ctx, sb.ID, true); err != nil {
 			n.log.Error("restore sandbox network policy", "sandbox", sb.Name, "err", err)
 			continue
 		}
 		n.log.Info("re-adopted sandbox network", "sandbox", sb.Name, "subnet", st.subnet.String(), "policy", st.policy.String())
 	}
+	n.mgr.CutFlows(ctx)
 	removed, err := n.mgr.Reconcile(ctx, keep)
 	if len(removed) > 0 {
 		n.log.Info("removed orphaned sandbox networks", "ids", strings.Join(removed, ","))
@@ -792,6 +845,13 @@ func (n *sandboxNets) parsePolicy(mode string, allow, deny []string) (policy.Pol
 // hostPrefixes are the host's own addresses and the sandbox pool: no
 // allow rule may name them.
 func (n *sandboxNets) hostPrefixes() []netip.Prefix {
+	n.hostMu.Lock()
+	defer n.hostMu.Unlock()
+	if n.hostValid {
+		return n.hostAddrs
+	}
+	// Valid from here: an update while the list is read clears it again.
+	n.hostValid = n.hostWatch
 	out := []netip.Prefix{n.mgr.Pool().Prefix()}
 	addrs, _ := net.InterfaceAddrs()
 	for _, a := range addrs {
@@ -801,6 +861,7 @@ func (n *sandboxNets) hostPrefixes() []netip.Prefix {
 			}
 		}
 	}
+	n.hostAddrs = out
 	return out
 }
 

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/network/nettest"
 	"github.com/vishvananda/netlink"
@@ -277,7 +279,7 @@ func (e *env) checkClean() {
 		e.t.Fatal(err)
 	}
 	for _, ch := range chains {
-		if strings.HasPrefix(ch.Name, sandboxChainPfx) {
+		if strings.HasPrefix(ch.Name, legacyChainPfx) {
 			e.t.Errorf("chain left: %s", ch.Name)
 		}
 	}
@@ -286,19 +288,37 @@ func (e *env) checkClean() {
 		e.t.Fatal(err)
 	}
 	for _, s := range sets {
-		if strings.HasPrefix(s.Name, "nk") {
+		if strings.HasPrefix(s.Name, ifacePrefix) || s.Name == legacySetFwd {
 			e.t.Errorf("set left: %s", s.Name)
 		}
-		if s.Name == setIfaces || s.Name == setFwd || s.Name == setDNS {
-			elems, err := c.GetSetElements(s)
-			if err != nil {
-				e.t.Fatal(err)
-			}
-			if len(elems) != 0 {
-				e.t.Errorf("set %s has %d elements left", s.Name, len(elems))
-			}
+	}
+	for _, name := range policySets {
+		if n := len(liveElements(e.t, c, e.m.lay.sharedSets[name], "")); n != 0 {
+			e.t.Errorf("set %s has %d elements left", name, n)
 		}
 	}
+}
+
+// liveElements returns the elements of a set keyed by interface iface
+// (every interface: ""), but those expired and waiting for the kernel's
+// gc.
+func liveElements(t testing.TB, c *nftables.Conn, s *nftables.Set, iface string) []nftables.SetElement {
+	t.Helper()
+	elems, err := c.GetSetElements(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []nftables.SetElement
+	for _, el := range elems {
+		if el.IntervalEnd || (s.HasTimeout && el.Expires == 0) {
+			continue
+		}
+		if iface != "" && !bytes.Equal(el.Key[:16], ifnameKey(iface)) {
+			continue
+		}
+		out = append(out, el)
+	}
+	return out
 }
 
 func TestAllowedCIDR(t *testing.T) {
@@ -892,9 +912,15 @@ func TestAttachExistingNetns(t *testing.T) {
 	if err := e.m.AttachContainer(ctx, "sb-runc", subnet, path); err != nil {
 		t.Fatal(err)
 	}
+	// The manager that last set the sandbox up tears it down: it alone
+	// knows what it put in the sets.
+	owner := e.m
 	t.Cleanup(func() {
-		if err := e.m.Teardown(ctx, "sb-runc"); err != nil {
+		if err := owner.Teardown(ctx, "sb-runc"); err != nil {
 			t.Error(err)
+		}
+		if owner != e.m {
+			owner.Close()
 		}
 	})
 	if got, ok := e.m.Subnet("sb-runc"); !ok || got != subnet {
@@ -913,7 +939,7 @@ func TestAttachExistingNetns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m2.Close()
+	owner = m2 // closed after its Teardown
 	if kind, err := m2.Adopt(ctx, "sb-runc", subnet); err != nil || kind != KindVeth {
 		t.Fatalf("Adopt: %v %v", kind, err)
 	}
@@ -998,5 +1024,72 @@ func TestSpoofedSource(t *testing.T) {
 	case p := <-got:
 		t.Fatalf("a spoofed datagram got out: %q", p)
 	case <-time.After(time.Second):
+	}
+}
+
+// A table an earlier nook made (a chain and sets per sandbox, reached
+// through a verdict map) loses those objects when a Manager starts; the
+// sandboxes' elements in the shared sets stay for adoption.
+func TestLegacyLayoutRemoved(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	ns, _ := e.sandbox("sb-new")
+	e.setPolicy("sb-new", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webA, 32)}}})
+	e.reach(ns, webA.String()+":80", "world:")
+
+	c, err := nftables.New(nftables.WithNetNSFd(int(e.topo.Host)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := IfaceName("sb-legacy")
+	tbl := e.m.lay.table
+	ch := c.AddChain(&nftables.Chain{Name: legacyChainPfx + old, Table: tbl})
+	set := &nftables.Set{Table: tbl, Name: old + "-allow", KeyType: nftables.TypeIPAddr, Interval: true}
+	fwd := &nftables.Set{Table: tbl, Name: legacySetFwd, KeyType: nftables.TypeIFName, IsMap: true, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian}
+	for _, s := range []*nftables.Set{set, fwd} {
+		if err := c.AddSet(s, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: []expr.Any{daddr(reg1), &expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID}, &expr.Verdict{Kind: expr.VerdictDrop}}})
+	if err := c.SetAddElements(fwd, []nftables.SetElement{{Key: ifnameKey(old), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: ch.Name}}}); err != nil {
+		t.Fatal(err)
+	}
+	fwdChain := &nftables.Chain{Name: chainForward, Table: tbl}
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: fwdChain, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+		&expr.Lookup{SourceRegister: reg1, SetName: fwd.Name, SetID: fwd.ID, IsDestRegSet: true, DestRegister: 0},
+	}})
+	if err := c.Flush(); err != nil {
+		t.Fatalf("make the legacy objects: %v", err)
+	}
+
+	m2, err := New(ctx, Config{NetnsDir: e.dir, HostNetns: e.topo.Host, Log: e.m.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range chains {
+		if strings.HasPrefix(ch.Name, legacyChainPfx) {
+			t.Errorf("legacy chain %s left", ch.Name)
+		}
+	}
+	sets, err := c.GetSets(tbl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sets {
+		if s.Name == legacySetFwd || strings.HasPrefix(s.Name, ifacePrefix) {
+			t.Errorf("legacy set %s left", s.Name)
+		}
+	}
+	// The live sandbox kept its elements: still reaching what it may.
+	e.reach(ns, webA.String()+":80", "world:")
+	if n := len(m2.stale[IfaceName("sb-new")][setAllow]); n != 1 {
+		t.Errorf("the new manager found %d allow elements of the live sandbox, want 1", n)
 	}
 }

@@ -26,33 +26,40 @@
 //
 // One table, inet nook, owned by nook. Shared sets: pool, blocked (0/8,
 // 127/8, 169.254/16, 224/4, 240/4), private (10/8, 100.64/10, 172.16/12,
-// 192.168/16), dnsports (tcp/udp 53 and 853), ifaces (every sandbox
-// interface), fwd (interface → goto its chain) and dns (interface .
-// gateway . proto . 53: each sandbox's own resolver). Dynamic sets the
-// kernel fills itself, one element per sandbox interface, so setting up a
-// sandbox never rewrites them: conn-<limit> (a connection count per
-// sandbox) and log-<reason> (a log rate limiter per sandbox and reason).
+// 192.168/16) and dnsports (tcp/udp 53 and 853). Every sandbox lives in
+// sets keyed by its interface, shared by all sandboxes: ifaces (every
+// sandbox interface), src (interface . its address), dns (interface .
+// gateway . proto . 53: its own resolver), allow and deny (interface .
+// CIDR ranges), allowp and denyp (interface . CIDR ranges . proto . port
+// ranges), learn and learnp (DNS-learned, with timeouts) and public
+// (interfaces whose policy is public). Setting a sandbox up, changing its
+// policy and removing it only add and delete elements: there is no chain
+// per sandbox, so no commit makes the kernel revalidate the table (which
+// a chain per sandbox, reached through a verdict map, cost: linear in the
+// sandboxes alive). Dynamic sets the kernel fills itself, one element per
+// sandbox interface: conn-<limit> (a connection count per sandbox) and
+// log-<reason> (a log rate limiter per sandbox and reason).
 //
 //	chain forward (filter, policy accept)
 //	  ct state established,related accept
 //	  iifname @ifaces ct state invalid drop
-//	  iifname vmap @fwd                        → sb-<iface>
+//	  iifname @ifaces goto sandbox
 //	  oifname @ifaces goto deny-inbound        nothing opens a connection into a sandbox
 //
-//	chain sb-<iface> (one per sandbox, fixed after setup)
-//	  meta nfproto != ipv4           goto deny-not-ipv4
-//	  ip saddr != <sandbox address>  drop
-//	  ip daddr @pool                 goto deny-sandbox
-//	  ip daddr @blocked              goto deny-blocked
-//	  l4proto . th dport @dnsports   goto deny-dns
-//	  ip daddr @<iface>-deny         goto deny-denied
-//	  ip daddr . l4proto . th dport @<iface>-denyp  goto deny-denied
-//	  ip daddr @<iface>-allow        goto admit    static CIDRs, any port
-//	  ip daddr . l4proto . th dport @<iface>-allowp goto admit  CIDR x port ranges
-//	  ip daddr @private              goto deny-private
-//	  ip daddr @<iface>-learn        goto admit    DNS-learned, with timeouts
-//	  ip daddr . l4proto . th dport @<iface>-learnp goto admit
-//	  ip daddr @<iface>-public       goto admit    0.0.0.0/0 when Policy.Public
+//	chain sandbox (fixed; a sandbox is its elements in the sets)
+//	  meta nfproto != ipv4                        goto deny-not-ipv4
+//	  iifname . ip saddr != @src                  drop      no spoofing
+//	  ip daddr @pool                              goto deny-sandbox
+//	  ip daddr @blocked                           goto deny-blocked
+//	  l4proto . th dport @dnsports                goto deny-dns
+//	  iifname . ip daddr @deny                    goto deny-denied
+//	  iifname . ip daddr . l4proto . th dport @denyp   goto deny-denied
+//	  iifname . ip daddr @allow                   goto admit   static CIDRs, any port
+//	  iifname . ip daddr . l4proto . th dport @allowp  goto admit   CIDR x port ranges
+//	  ip daddr @private                           goto deny-private
+//	  iifname . ip daddr @learn                   goto admit   DNS-learned, with timeouts
+//	  iifname . ip daddr . l4proto . th dport @learnp  goto admit
+//	  iifname @public                             goto admit   Policy.Public
 //	  goto deny-policy
 //
 //	chain input (filter, policy accept)
@@ -73,16 +80,32 @@
 //	  meta l4proto tcp reject with tcp reset
 //	  reject with icmpx admin-prohibited
 //
+// The interval sets with an interface field are concatenations the
+// kernel keeps as pipapo sets, whose lookup is the same for any number of
+// sandboxes' elements (bitmap ANDs). The manager knows what it put in the
+// sets for each sandbox (its compiled policy, its learned addresses), so
+// a policy change deletes exactly the old elements and adds the new ones
+// in one transaction, and a teardown deletes what the sandbox had (each
+// element added and deleted, or given a 1 ms timeout in the timeout sets,
+// so the batch succeeds whether or not the kernel still holds it). At
+// start a Manager reads the sets once and remembers each interface's
+// elements: adopting a sandbox replaces them (deny-all until its policy),
+// and Reconcile removes those of interfaces no sandbox keeps. A table an
+// earlier nook made with a chain and sets per sandbox loses those at
+// start; the daemon then adopts its sandboxes into the shared sets.
+//
 // So deny rules beat allow rules; allow CIDRs may open private ranges but
 // never the always-blocked ranges or the pool; DNS-learned addresses open
 // neither (DNS rebinding reaches nothing private); and DNS goes only to the
 // sandbox's own gateway, where the daemon's resolver listens on
 // Gateway(subnet):53 in the host namespace. Port rules cover TCP and UDP.
 //
-// A policy lives in the sets alone: SetPolicy replaces them in one
-// transaction without touching rules (replacing rules costs an RCU grace
-// period). New connections see it at once; existing connections the new
-// policy refuses are cut by deleting their conntrack entries. An expired
+// A policy lives in the sets alone: SetPolicy replaces its elements in
+// one transaction without touching rules (replacing rules costs an RCU
+// grace period). New connections see it at once; existing connections the
+// new policy refuses are cut by deleting their conntrack entries (after a
+// restart, CutFlows judges every sandbox's connections in one read of the
+// conntrack table). An expired
 // learned address refuses new connections; established ones continue.
 //
 // Refused TCP gets a reset and everything else ICMP "administratively
@@ -141,9 +164,9 @@
 // # Restarts
 //
 // Kernel state outlives the daemon. After a restart the daemon creates a
-// new Manager (which reinstalls the base chains and keeps the per-sandbox
-// ones), calls SetupContainer or SetupTap for each live sandbox (adopting
-// its namespace and interface and resetting its rules to deny-all), then
-// SetPolicy, Expose with the old host ports, and Reconcile with the IDs it
-// knows to remove the rest.
+// new Manager (which reinstalls the chains and keeps the sandboxes'
+// elements), calls Adopt for each live sandbox (its interface
+// checked, its elements reset to deny-all), then SetPolicy with KeepFlows,
+// Expose with the old host ports, CutFlows once, and Reconcile with the
+// IDs it knows to remove the rest.
 package network

@@ -1,6 +1,7 @@
 package network
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -277,23 +278,27 @@ func TestEscapeLearnedAddressCap(t *testing.T) {
 	}
 	// count returns the live elements of a learned set, and all it holds
 	// (evicted ones may wait for the kernel's gc).
-	count := func(sfx string) (live, all int) {
+	count := func(name string) (live, all int) {
 		t.Helper()
-		elems, err := c.GetSetElements(e.m.lay.sandboxSets(IfaceName(id))[sfx])
+		elems, err := c.GetSetElements(e.m.lay.sharedSets[name])
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, el := range elems {
+			if !bytes.Equal(el.Key[:16], ifnameKey(IfaceName(id))) {
+				continue
+			}
+			all++
 			if el.Expires > 0 {
 				live++
 			}
 		}
-		return live, len(elems)
+		return live, all
 	}
 	// An evicted element may live on for a jiffy and wait for the
 	// kernel's gc a little longer.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		live, all := count(sfxLearn)
+		live, all := count(setLearn)
 		if live > 0 && live <= limit && all <= limit {
 			break
 		}
@@ -316,8 +321,8 @@ func TestEscapeLearnedAddressCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		live, _ := count(sfxLearn)
-		livePorts, _ := count(sfxLearnPorts)
+		live, _ := count(setLearn)
+		livePorts, _ := count(setLearnPorts)
 		if live+livePorts <= limit && livePorts == 4 {
 			break
 		}
@@ -366,7 +371,7 @@ func TestLearnedRefreshAndEvict(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			learnSet := e.m.lay.sandboxSets(IfaceName(id))[sfxLearn]
+			learnSet := e.m.lay.sharedSets[setLearn]
 			live := func() map[netip.Addr]time.Duration {
 				t.Helper()
 				elems, err := c.GetSetElements(learnSet)
@@ -375,8 +380,8 @@ func TestLearnedRefreshAndEvict(t *testing.T) {
 				}
 				out := map[netip.Addr]time.Duration{}
 				for _, el := range elems {
-					if el.Expires > 0 {
-						out[netip.AddrFrom4([4]byte(el.Key))] = el.Timeout
+					if el.Expires > 0 && bytes.Equal(el.Key[:16], ifnameKey(IfaceName(id))) {
+						out[netip.AddrFrom4([4]byte(el.Key[16:20]))] = el.Timeout
 					}
 				}
 				return out

@@ -156,6 +156,10 @@ type Manager struct {
 	// tearing holds the subnets of sandboxes being torn down until their
 	// link, rules and flows are gone: Subnets counts them as taken.
 	tearing map[string]netip.Prefix
+	// stale holds, by interface, the set elements an earlier run left
+	// (read once at start): adopting the sandbox replaces them, and
+	// Reconcile removes those of interfaces no sandbox keeps.
+	stale map[string]map[string][]nftables.SetElement
 }
 
 type sandbox struct {
@@ -201,6 +205,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		sandboxes: map[string]*sandbox{},
 		byIndex:   map[int]string{},
 		tearing:   map[string]netip.Prefix{},
+		stale:     map[string]map[string][]nftables.SetElement{},
 	}
 	if cfg.HostNetns > 0 {
 		fd, err := unix.Dup(int(cfg.HostNetns))
@@ -224,6 +229,11 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netlink handle: %w", err)
 	}
+	// Dumps filtered in the kernel: the addresses of one link are read
+	// without the addresses of every sandbox's.
+	if err := m.nl.SetStrictCheck(true); err != nil {
+		return nil, fmt.Errorf("netlink strict checking: %w", err)
+	}
 	if err := inNetns(m.host, func() error { return writeSysctl("net/ipv4/ip_forward", "1") }); err != nil {
 		return nil, err
 	}
@@ -232,11 +242,20 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err != nil {
 		existing = nil // no table yet
 	}
-	if err := m.lay.installBase(c, existing); err != nil {
+	var chains []*nftables.Chain
+	if existing != nil {
+		if chains, err = c.ListChainsOfTableFamily(nftables.TableFamilyINet); err != nil {
+			return nil, fmt.Errorf("list nftables chains: %w", err)
+		}
+	}
+	if err := m.lay.installBase(c, existing, chains); err != nil {
 		return nil, err
 	}
 	if err := c.Flush(); err != nil {
 		return nil, fmt.Errorf("install nftables table inet %s: %w", tableName, err)
+	}
+	if m.stale, err = m.readElements(); err != nil {
+		return nil, err
 	}
 	if m.lay.updatesTimeout, err = m.lay.probeTimeoutUpdate(m.nft); err != nil {
 		return nil, err
@@ -311,11 +330,14 @@ func (m *Manager) nft() *nftables.Conn {
 	return c
 }
 
+// ifacePrefix starts every sandbox interface's name.
+const ifacePrefix = "nk"
+
 // IfaceName returns the host-side interface name of a sandbox: "nk" and 12
 // hex digits of the SHA-256 of its ID (14 characters, within IFNAMSIZ).
 func IfaceName(id string) string {
 	sum := sha256.Sum256([]byte(id))
-	return "nk" + hex.EncodeToString(sum[:6])
+	return ifacePrefix + hex.EncodeToString(sum[:6])
 }
 
 func validateID(id string) error {
@@ -580,7 +602,18 @@ func (m *Manager) finishSetup(id, iface string, kind Kind, subnet netip.Prefix, 
 		return fmt.Errorf("rp_filter on %s: %w", iface, err)
 	}
 	c := m.nft()
-	if err := m.lay.installSandbox(c, iface, Gateway(subnet)); err != nil {
+	m.mu.Lock()
+	stale := m.stale[iface]
+	if old := m.sandboxes[id]; old != nil {
+		stale = mergeElements(stale, policyElements(iface, &old.policy), m.lay.learnedElements(iface, old.learned))
+	}
+	m.mu.Unlock()
+	// What an earlier run or attachment left goes: the sandbox starts
+	// again deny-all.
+	if err := m.lay.removeAll(c, stale); err != nil {
+		return err
+	}
+	if err := m.lay.setup(c, iface, subnet); err != nil {
 		return err
 	}
 	if err := c.Flush(); err != nil {
@@ -588,6 +621,7 @@ func (m *Manager) finishSetup(id, iface string, kind Kind, subnet netip.Prefix, 
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	delete(m.stale, iface)
 	old := m.sandboxes[id]
 	sb := &sandbox{
 		id: id, iface: iface, kind: kind, subnet: subnet, netns: path, ifindex: ifindex,
@@ -644,7 +678,9 @@ func (m *Manager) teardown(ctx context.Context, id string) error {
 	var subnet netip.Prefix
 	m.mu.Lock()
 	sb := m.sandboxes[id]
+	elems := m.stale[iface]
 	if sb != nil {
+		elems = mergeElements(elems, policyElements(iface, &sb.policy), m.lay.learnedElements(iface, sb.learned))
 		subnet = sb.subnet
 		delete(m.byIndex, sb.ifindex)
 		delete(m.sandboxes, id)
@@ -677,7 +713,10 @@ func (m *Manager) teardown(ctx context.Context, id string) error {
 	if err := removeNetns(filepath.Join(m.cfg.NetnsDir, id)); err != nil {
 		errs = append(errs, err)
 	}
-	if err := m.removeRules(iface); err != nil {
+	if subnet.IsValid() {
+		elems = mergeElements(elems, baseElements(iface, subnet))
+	}
+	if err := m.removeRules(iface, elems); err != nil {
 		errs = append(errs, err)
 	}
 	if subnet.IsValid() {
@@ -688,36 +727,62 @@ func (m *Manager) teardown(ctx context.Context, id string) error {
 	return errors.Join(errs...)
 }
 
-// removeRules deletes a sandbox's chain and sets and its entries in the
-// shared sets, whichever of them exist.
-func (m *Manager) removeRules(iface string) error {
+// removeRules deletes a sandbox's set elements, whichever of them exist.
+func (m *Manager) removeRules(iface string, elems map[string][]nftables.SetElement) error {
 	c := m.nft()
-	name := ifnameKey(iface)
-	for _, setName := range []string{setIfaces, setFwd, setDNS} {
-		s := m.lay.sharedSets[setName]
-		elems, err := c.GetSetElements(s)
-		if err != nil {
-			return fmt.Errorf("list set %s: %w", setName, err)
-		}
-		var del []nftables.SetElement
-		for _, e := range elems {
-			if bytes.HasPrefix(e.Key, name) {
-				del = append(del, nftables.SetElement{Key: e.Key})
-			}
-		}
-		if len(del) > 0 {
-			if err := c.SetDeleteElements(s, del); err != nil {
-				return err
-			}
-		}
-	}
-	if err := m.lay.removeSandbox(c, iface); err != nil {
+	if err := m.lay.removeAll(c, elems); err != nil {
 		return err
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("remove rules of %s: %w", iface, err)
 	}
+	m.mu.Lock()
+	delete(m.stale, iface)
+	m.mu.Unlock()
 	return nil
+}
+
+// mergeElements returns the union of element lists by set, each element
+// once (a batch that deletes one twice fails).
+func mergeElements(ms ...map[string][]nftables.SetElement) map[string][]nftables.SetElement {
+	out := map[string][]nftables.SetElement{}
+	seen := map[string]bool{}
+	for _, m := range ms {
+		for k, v := range m {
+			for _, e := range v {
+				id := k + "\x00" + string(e.Key) + "\x00" + string(e.KeyEnd)
+				if !seen[id] {
+					seen[id] = true
+					out[k] = append(out[k], e)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// readElements lists the elements of every set keyed by a sandbox's
+// interface, by interface. It reads the whole table: New calls it once.
+func (m *Manager) readElements() (map[string]map[string][]nftables.SetElement, error) {
+	out := map[string]map[string][]nftables.SetElement{}
+	c := m.nft()
+	for _, name := range policySets {
+		elems, err := c.GetSetElements(m.lay.sharedSets[name])
+		if err != nil {
+			return nil, fmt.Errorf("list set %s: %w", name, err)
+		}
+		for _, e := range elems {
+			if len(e.Key) < 16 || e.IntervalEnd {
+				continue
+			}
+			iface := string(bytes.TrimRight(e.Key[:16], "\x00"))
+			if out[iface] == nil {
+				out[iface] = map[string][]nftables.SetElement{}
+			}
+			out[iface][name] = append(out[iface][name], nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd})
+		}
+	}
+	return out, nil
 }
 
 func (m *Manager) linkSubnet(link netlink.Link) netip.Prefix {
@@ -795,16 +860,21 @@ func (m *Manager) Reconcile(ctx context.Context, keep []string) (removed []strin
 		}
 		removed = append(removed, a.ID)
 	}
-	chains, err := m.nft().ListChainsOfTableFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return removed, errors.Join(append(errs, fmt.Errorf("list chains: %w", err))...)
-	}
-	for _, ch := range chains {
-		iface, ok := strings.CutPrefix(ch.Name, sandboxChainPfx)
-		if ch.Table.Name != tableName || !ok || kept[iface] {
-			continue
+	// Elements of interfaces whose link is gone (a sandbox's namespace
+	// ended while no daemon ran).
+	m.mu.Lock()
+	var orphans []string
+	for iface := range m.stale {
+		if !kept[iface] {
+			orphans = append(orphans, iface)
 		}
-		if err := m.removeRules(iface); err != nil {
+	}
+	m.mu.Unlock()
+	for _, iface := range orphans {
+		m.mu.Lock()
+		elems := m.stale[iface]
+		m.mu.Unlock()
+		if err := m.removeRules(iface, elems); err != nil {
 			errs = append(errs, err)
 		}
 		removed = append(removed, iface)
@@ -843,7 +913,17 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 		return err
 	}
 	c := m.nft()
-	if err := m.lay.applyPolicy(c, sb.iface, &comp, p.ResetLearned); err != nil {
+	m.mu.Lock()
+	old := sb.policy
+	var learnedElems map[string][]nftables.SetElement
+	if p.ResetLearned {
+		learnedElems = m.lay.learnedElements(sb.iface, sb.learned)
+	}
+	m.mu.Unlock()
+	if err := m.lay.applyPolicy(c, sb.iface, &old, &comp); err != nil {
+		return err
+	}
+	if err := m.lay.removeAll(c, learnedElems); err != nil {
 		return err
 	}
 	if err := c.Flush(); err != nil {
@@ -851,7 +931,7 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 	}
 	m.mu.Lock()
 	sb.policy = comp
-	cut := sb.mayHaveFlows
+	cut := sb.mayHaveFlows && !p.KeepFlows
 	sb.mayHaveFlows = true
 	if p.ResetLearned {
 		sb.learned = map[netip.Addr]learnedEntry{}
@@ -866,21 +946,58 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 	if !cut {
 		return nil
 	}
+	j := flowJudge{subnet: sb.subnet, policy: comp, learned: learned, now: time.Now(), pool: m.pool.Prefix()}
 	src := SandboxAddr(sb.subnet)
-	now := time.Now()
 	m.flushConntrack(ctx, func(f *netlink.ConntrackFlow) bool {
 		s, _ := netip.AddrFromSlice(f.Forward.SrcIP)
-		d, _ := netip.AddrFromSlice(f.Forward.DstIP)
-		if s.Unmap() != src || !d.IsValid() {
-			return false
-		}
-		d = d.Unmap()
-		if d == Gateway(sb.subnet) {
-			return false // the resolver, judged by the input chain
-		}
-		return verdict(&comp, m.pool.Prefix(), learned, now, d, f.Forward.Protocol, f.Forward.DstPort) != reasonAccepted
+		return s.Unmap() == src && j.refuses(f)
 	})
 	return nil
+}
+
+// flowJudge judges a sandbox's connections by its policy.
+type flowJudge struct {
+	subnet  netip.Prefix
+	policy  compiled
+	learned map[netip.Addr]learnedEntry
+	now     time.Time
+	pool    netip.Prefix
+}
+
+// refuses reports whether the policy refuses flow f, which the sandbox
+// opened.
+func (j *flowJudge) refuses(f *netlink.ConntrackFlow) bool {
+	d, _ := netip.AddrFromSlice(f.Forward.DstIP)
+	if !d.IsValid() {
+		return false
+	}
+	d = d.Unmap()
+	if d == Gateway(j.subnet) {
+		return false // the resolver, judged by the input chain
+	}
+	return verdict(&j.policy, j.pool, j.learned, j.now, d, f.Forward.Protocol, f.Forward.DstPort) != reasonAccepted
+}
+
+// CutFlows cuts the connections of every sandbox that its policy no
+// longer allows, reading the conntrack table once: the daemon calls it
+// after restoring every sandbox's policy with Policy.KeepFlows.
+func (m *Manager) CutFlows(ctx context.Context) {
+	now := time.Now()
+	m.mu.Lock()
+	bySrc := make(map[netip.Addr]*flowJudge, len(m.sandboxes))
+	for _, sb := range m.sandboxes {
+		learned := make(map[netip.Addr]learnedEntry, len(sb.learned))
+		for k, v := range sb.learned {
+			learned[k] = v
+		}
+		bySrc[SandboxAddr(sb.subnet)] = &flowJudge{subnet: sb.subnet, policy: sb.policy, learned: learned, now: now, pool: m.pool.Prefix()}
+	}
+	m.mu.Unlock()
+	m.flushConntrack(ctx, func(f *netlink.ConntrackFlow) bool {
+		s, _ := netip.AddrFromSlice(f.Forward.SrcIP)
+		j := bySrc[s.Unmap()]
+		return j != nil && j.refuses(f)
+	})
 }
 
 // learnSlack is how much earlier than its new TTL a learned address may

@@ -21,17 +21,32 @@ const (
 	chainForward     = "forward"
 	chainInput       = "input"
 	chainPostrouting = "postrouting"
-	chainAdmit       = "admit" // every accepted new connection: the conntrack limit
+	chainAdmit       = "admit"   // every accepted new connection: the conntrack limit
+	chainSandbox     = "sandbox" // every packet a sandbox forwards: its policy
 	denyChainPrefix  = "deny-"
-	sandboxChainPfx  = "sb-"
 
 	setPool     = "pool"     // ipv4_addr interval: the sandbox pool
 	setBlocked  = "blocked"  // ipv4_addr interval: always blocked
 	setPrivate  = "private"  // ipv4_addr interval: private ranges
 	setDNSPorts = "dnsports" // inet_proto . inet_service: DNS, DoT
 	setIfaces   = "ifaces"   // ifname: every sandbox interface
-	setFwd      = "fwd"      // ifname : verdict, goto the sandbox chain
 	setDNS      = "dns"      // ifname . ipv4_addr . inet_proto . inet_service: own resolver
+
+	// The policy sets, shared by every sandbox and keyed by its
+	// interface: setting up, changing or removing a sandbox only adds and
+	// deletes elements, so a commit never revalidates the table (which a
+	// chain per sandbox, reached through a verdict map, cost: linear in
+	// the sandboxes alive).
+	setSrc         = "src"    // ifname . ipv4_addr: the sandbox's own address
+	setAllow       = "allow"  // ifname . ipv4_addr interval
+	setAllowPorts  = "allowp" // ifname . ipv4_addr . inet_proto . inet_service interval
+	setDeny        = "deny"   // ifname . ipv4_addr interval
+	setDenyPorts   = "denyp"  // ifname . ipv4_addr . inet_proto . inet_service interval
+	setLearn       = "learn"  // ifname . ipv4_addr, timeout
+	setLearnPorts  = "learnp" // ifname . ipv4_addr . inet_proto . inet_service, timeout
+	setPublic      = "public" // ifname: sandboxes whose policy is public
+	legacySetFwd   = "fwd"    // nook before 2026-11-25: ifname : verdict, goto the sandbox chain
+	legacyChainPfx = "sb-"    // nook before 2026-11-25: a chain per sandbox, with its own sets
 
 	// Dynamic sets the kernel fills itself, one element per sandbox
 	// interface, so setting up a sandbox writes nothing to them.
@@ -44,15 +59,6 @@ const (
 	// last denial.
 	logIdle = time.Minute
 
-	// Per-sandbox set suffixes; the set name is the interface name plus one.
-	sfxAllow      = "-allow"  // ipv4_addr interval
-	sfxAllowPorts = "-allowp" // ipv4_addr . inet_proto . inet_service interval
-	sfxDeny       = "-deny"
-	sfxDenyPorts  = "-denyp"
-	sfxLearn      = "-learn"  // ipv4_addr timeout
-	sfxLearnPorts = "-learnp" // ipv4_addr . inet_proto . inet_service timeout
-	sfxPublic     = "-public" // ipv4_addr interval: 0.0.0.0/0 when public, else empty
-
 	// logPrefix starts every log prefix nook's rules write.
 	logPrefix = "nook:"
 )
@@ -61,6 +67,12 @@ var (
 	typeProtoPort     = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
 	typeAddrProtoPort = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
 	typeIfDNS         = nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
+	typeIfAddr        = nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr)
+	typeIfAddrPort    = typeIfDNS
+
+	// policySets are the sets keyed by a sandbox's interface, in the order
+	// they are filled and emptied.
+	policySets = []string{setIfaces, setSrc, setDNS, setDeny, setDenyPorts, setAllow, setAllowPorts, setLearn, setLearnPorts, setPublic}
 
 	denyReasons = []string{ReasonSandbox, ReasonBlocked, ReasonDNS, ReasonDenied, ReasonPrivate, ReasonPolicy, ReasonHost, ReasonInbound, ReasonNotIPv4, ReasonConntrack}
 )
@@ -106,13 +118,20 @@ func newLayout(pool netip.Prefix, logGroup uint16, logRate uint64, connLimit uin
 			KeyByteOrder: binaryutil.NativeEndian, Dynamic: true, HasTimeout: true, Size: dynSetSize}
 	}
 	l.sharedSets = map[string]*nftables.Set{
-		setPool:     {Table: t, Name: setPool, KeyType: nftables.TypeIPAddr, Interval: true},
-		setBlocked:  {Table: t, Name: setBlocked, KeyType: nftables.TypeIPAddr, Interval: true},
-		setPrivate:  {Table: t, Name: setPrivate, KeyType: nftables.TypeIPAddr, Interval: true},
-		setDNSPorts: {Table: t, Name: setDNSPorts, KeyType: typeProtoPort, Concatenation: true},
-		setIfaces:   {Table: t, Name: setIfaces, KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian},
-		setFwd:      {Table: t, Name: setFwd, KeyType: nftables.TypeIFName, IsMap: true, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian},
-		setDNS:      {Table: t, Name: setDNS, KeyType: typeIfDNS, Concatenation: true},
+		setPool:       {Table: t, Name: setPool, KeyType: nftables.TypeIPAddr, Interval: true},
+		setBlocked:    {Table: t, Name: setBlocked, KeyType: nftables.TypeIPAddr, Interval: true},
+		setPrivate:    {Table: t, Name: setPrivate, KeyType: nftables.TypeIPAddr, Interval: true},
+		setDNSPorts:   {Table: t, Name: setDNSPorts, KeyType: typeProtoPort, Concatenation: true},
+		setIfaces:     {Table: t, Name: setIfaces, KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian},
+		setDNS:        {Table: t, Name: setDNS, KeyType: typeIfDNS, Concatenation: true},
+		setSrc:        {Table: t, Name: setSrc, KeyType: typeIfAddr, Concatenation: true},
+		setAllow:      {Table: t, Name: setAllow, KeyType: typeIfAddr, Interval: true, Concatenation: true},
+		setAllowPorts: {Table: t, Name: setAllowPorts, KeyType: typeIfAddrPort, Interval: true, Concatenation: true},
+		setDeny:       {Table: t, Name: setDeny, KeyType: typeIfAddr, Interval: true, Concatenation: true},
+		setDenyPorts:  {Table: t, Name: setDenyPorts, KeyType: typeIfAddrPort, Interval: true, Concatenation: true},
+		setLearn:      {Table: t, Name: setLearn, KeyType: typeIfAddr, Concatenation: true, HasTimeout: true},
+		setLearnPorts: {Table: t, Name: setLearnPorts, KeyType: typeIfAddrPort, Concatenation: true, HasTimeout: true},
+		setPublic:     {Table: t, Name: setPublic, KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian},
 	}
 	return l
 }
@@ -126,28 +145,14 @@ func (l *layout) baseChain(name string, hook *nftables.ChainHook, prio *nftables
 	return &nftables.Chain{Name: name, Table: l.table, Hooknum: hook, Priority: prio, Type: typ, Policy: &accept}
 }
 
-// sandboxSets returns fresh descriptions of a sandbox's six sets.
-func (l *layout) sandboxSets(iface string) map[string]*nftables.Set {
-	t := l.table
-	return map[string]*nftables.Set{
-		sfxAllow:      {Table: t, Name: iface + sfxAllow, KeyType: nftables.TypeIPAddr, Interval: true},
-		sfxAllowPorts: {Table: t, Name: iface + sfxAllowPorts, KeyType: typeAddrProtoPort, Interval: true, Concatenation: true},
-		sfxDeny:       {Table: t, Name: iface + sfxDeny, KeyType: nftables.TypeIPAddr, Interval: true},
-		sfxDenyPorts:  {Table: t, Name: iface + sfxDenyPorts, KeyType: typeAddrProtoPort, Interval: true, Concatenation: true},
-		sfxLearn:      {Table: t, Name: iface + sfxLearn, KeyType: nftables.TypeIPAddr, HasTimeout: true},
-		sfxLearnPorts: {Table: t, Name: iface + sfxLearnPorts, KeyType: typeAddrProtoPort, Concatenation: true, HasTimeout: true},
-		sfxPublic:     {Table: t, Name: iface + sfxPublic, KeyType: nftables.TypeIPAddr, Interval: true},
-	}
-}
-
-// sandboxSetOrder fixes the order sets are added and removed in.
-var sandboxSetOrder = []string{sfxAllow, sfxAllowPorts, sfxDeny, sfxDenyPorts, sfxLearn, sfxLearnPorts, sfxPublic}
-
 // installBase queues the table, base chains, deny chains and shared sets.
-// It is idempotent: existing objects are kept, base chains are flushed and
-// refilled, and the per-sandbox sets and chains are left alone. existing
-// are the table's sets now: connection-count sets of another limit go.
-func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set) error {
+// It is idempotent: existing objects are kept, chains are flushed and
+// refilled, and the sandboxes' elements of the shared sets are left
+// alone. existing are the table's sets and chains now: connection-count
+// sets of another limit go, and so does what an earlier nook kept per
+// sandbox (a chain and sets each, and the verdict map leading to them);
+// the daemon adopts those sandboxes into the shared sets.
+func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set, chains []*nftables.Chain) error {
 	c.AddTable(l.table)
 	fwd := c.AddChain(l.baseChain(chainForward, nftables.ChainHookForward, nftables.ChainPriorityFilter, nftables.ChainTypeFilter))
 	in := c.AddChain(l.baseChain(chainInput, nftables.ChainHookInput, nftables.ChainPriorityFilter, nftables.ChainTypeFilter))
@@ -155,7 +160,7 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set) error {
 	for _, ch := range []*nftables.Chain{fwd, in, post} {
 		c.FlushChain(ch)
 	}
-	for _, name := range []string{setPool, setBlocked, setPrivate, setDNSPorts, setIfaces, setFwd, setDNS} {
+	for _, name := range append([]string{setPool, setBlocked, setPrivate, setDNSPorts}, policySets...) {
 		if err := c.AddSet(l.sharedSets[name], nil); err != nil {
 			return fmt.Errorf("add set %s: %w", name, err)
 		}
@@ -243,19 +248,18 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set) error {
 		}
 	}
 
-	ifaces, fwdMap, dns := l.sharedSets[setIfaces], l.sharedSets[setFwd], l.sharedSets[setDNS]
+	sbChain := c.AddChain(l.chain(chainSandbox))
+	c.FlushChain(sbChain)
+	ifaces, dns := l.sharedSets[setIfaces], l.sharedSets[setDNS]
 	rules := []struct {
 		ch    *nftables.Chain
 		exprs []expr.Any
 	}{
-		// forward: replies, then dispatch by input interface, then refuse
-		// new connections into any sandbox.
+		// forward: replies, then every sandbox's packets to the sandbox
+		// chain, then refuse new connections into any sandbox.
 		{fwd, cat(ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())},
 		{fwd, cat(metaIn(expr.MetaKeyIIFNAME, ifaces), ctStateIn(expr.CtStateBitINVALID), drop())},
-		{fwd, []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
-			&expr.Lookup{SourceRegister: reg1, SetName: fwdMap.Name, SetID: fwdMap.ID, IsDestRegSet: true, DestRegister: 0},
-		}},
+		{fwd, cat(metaIn(expr.MetaKeyIIFNAME, ifaces), []expr.Any{gotoChain(chainSandbox)})},
 		{fwd, cat(metaIn(expr.MetaKeyOIFNAME, ifaces), denyTo(ReasonInbound))},
 		// input: replies to connections the host opened, the sandbox's own
 		// resolver, and nothing else from a sandbox interface.
@@ -279,84 +283,90 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set) error {
 	for _, r := range rules {
 		c.AddRule(&nftables.Rule{Table: l.table, Chain: r.ch, Exprs: r.exprs})
 	}
+	for _, r := range l.sandboxRules(sbChain) {
+		c.AddRule(r)
+	}
+	l.removeLegacy(c, existing, chains)
 	return nil
 }
 
-// installSandbox queues a sandbox's chain and sets, reset to deny-all, and
-// registers its interface in the shared sets.
-func (l *layout) installSandbox(c *nftables.Conn, iface string, gw netip.Addr) error {
-	ch := c.AddChain(l.chain(sandboxChainPfx + iface))
-	c.FlushChain(ch)
-	sets := l.sandboxSets(iface)
-	for _, k := range sandboxSetOrder {
-		if err := c.AddSet(sets[k], nil); err != nil {
-			return fmt.Errorf("add set %s: %w", sets[k].Name, err)
+// removeLegacy queues the removal of what nook kept per sandbox before
+// the shared policy sets: the verdict map, the chains it led to and their
+// sets (named after the interface). The forward chain that used the map
+// was flushed earlier in the same batch.
+func (l *layout) removeLegacy(c *nftables.Conn, sets []*nftables.Set, chains []*nftables.Chain) {
+	for _, s := range sets {
+		if s.Name == legacySetFwd {
+			c.DelSet(s)
 		}
-		c.FlushSet(sets[k])
 	}
-	for _, r := range l.sandboxRules(ch, sets, gw.Next()) {
-		c.AddRule(r)
+	for _, ch := range chains {
+		if ch.Table.Name == tableName && strings.HasPrefix(ch.Name, legacyChainPfx) {
+			c.FlushChain(ch)
+			c.DelChain(ch)
+		}
 	}
-	return l.registerIface(c, iface, gw, c.SetAddElements)
+	for _, s := range sets {
+		if iface, _, ok := strings.Cut(s.Name, "-"); ok && strings.HasPrefix(iface, ifacePrefix) {
+			c.DelSet(s)
+		}
+	}
 }
 
-func (l *layout) registerIface(c *nftables.Conn, iface string, gw netip.Addr, op func(*nftables.Set, []nftables.SetElement) error) error {
-	name := ifnameKey(iface)
-	if err := op(l.sharedSets[setIfaces], []nftables.SetElement{{Key: name}}); err != nil {
-		return err
-	}
-	if err := op(l.sharedSets[setFwd], []nftables.SetElement{{Key: name, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: sandboxChainPfx + iface}}}); err != nil {
-		return err
-	}
-	var dnsElems []nftables.SetElement
-	for _, p := range []uint8{protoTCP, protoUDP} {
-		dnsElems = append(dnsElems, nftables.SetElement{Key: cat(name, addrKey(gw), protoKey(p), portKey(53))})
-	}
-	return op(l.sharedSets[setDNS], dnsElems)
-}
-
-// sandboxRules is the per-sandbox forward chain; see the package docs. It
-// never changes after setup: a policy lives in the sets alone, because
-// replacing rules costs the kernel an RCU grace period (milliseconds) and
-// replacing set elements does not.
-func (l *layout) sandboxRules(ch *nftables.Chain, sets map[string]*nftables.Set, sbAddr netip.Addr) []*nftables.Rule {
+// sandboxRules is the chain every sandbox's forwarded packets go through;
+// see the package docs. It never changes: a sandbox lives in the sets
+// alone, as elements keyed by its interface.
+func (l *layout) sandboxRules(ch *nftables.Chain) []*nftables.Rule {
+	set := func(name string) *nftables.Set { return l.sharedSets[name] }
 	lookupAddr := func(s *nftables.Set) []expr.Any {
 		return []expr.Any{daddr(reg1), &expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID}}
 	}
-	lookupAddrPort := func(s *nftables.Set) []expr.Any {
+	// The interface fills register 1 (16 bytes, the 32-bit registers 8
+	// to 11); the fields after it go to 12, 13 and 14.
+	lookupIfAddr := func(s *nftables.Set) []expr.Any {
 		return []expr.Any{
-			daddr(reg1),
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32_1},
-			dport(reg32_2),
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+			daddr(reg32_4),
 			&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID},
 		}
 	}
-	dnsPortSet := l.sharedSets[setDNSPorts]
+	lookupIfAddrPort := func(s *nftables.Set) []expr.Any {
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+			daddr(reg32_4),
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32_5},
+			dport(reg32_6),
+			&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID},
+		}
+	}
+	src := set(setSrc)
+	dnsPortSet := set(setDNSPorts)
 	exprs := [][]expr.Any{
 		{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{unix.NFPROTO_IPV4}}, gotoChain(denyChainPrefix + ReasonNotIPv4)},
 		// Only the sandbox's own address may send: no spoofing another
 		// sandbox or an address the masquerade would not rewrite.
 		{
-			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: addrKey(sbAddr)},
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+			&expr.Payload{DestRegister: reg32_4, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Lookup{SourceRegister: reg1, SetName: src.Name, SetID: src.ID, Invert: true},
 			&expr.Verdict{Kind: expr.VerdictDrop},
 		},
-		cat(lookupAddr(l.sharedSets[setPool]), denyTo(ReasonSandbox)),
-		cat(lookupAddr(l.sharedSets[setBlocked]), denyTo(ReasonBlocked)),
+		cat(lookupAddr(set(setPool)), denyTo(ReasonSandbox)),
+		cat(lookupAddr(set(setBlocked)), denyTo(ReasonBlocked)),
 		{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 			dport(reg32_1),
 			&expr.Lookup{SourceRegister: reg1, SetName: dnsPortSet.Name, SetID: dnsPortSet.ID},
 			gotoChain(denyChainPrefix + ReasonDNS),
 		},
-		cat(lookupAddr(sets[sfxDeny]), denyTo(ReasonDenied)),
-		cat(lookupAddrPort(sets[sfxDenyPorts]), denyTo(ReasonDenied)),
-		cat(lookupAddr(sets[sfxAllow]), admitted()),
-		cat(lookupAddrPort(sets[sfxAllowPorts]), admitted()),
-		cat(lookupAddr(l.sharedSets[setPrivate]), denyTo(ReasonPrivate)),
-		cat(lookupAddr(sets[sfxLearn]), admitted()),
-		cat(lookupAddrPort(sets[sfxLearnPorts]), admitted()),
-		cat(lookupAddr(sets[sfxPublic]), admitted()),
+		cat(lookupIfAddr(set(setDeny)), denyTo(ReasonDenied)),
+		cat(lookupIfAddrPort(set(setDenyPorts)), denyTo(ReasonDenied)),
+		cat(lookupIfAddr(set(setAllow)), admitted()),
+		cat(lookupIfAddrPort(set(setAllowPorts)), admitted()),
+		cat(lookupAddr(set(setPrivate)), denyTo(ReasonPrivate)),
+		cat(lookupIfAddr(set(setLearn)), admitted()),
+		cat(lookupIfAddrPort(set(setLearnPorts)), admitted()),
+		cat(metaIn(expr.MetaKeyIIFNAME, set(setPublic)), admitted()),
 		denyTo(ReasonPolicy),
 	}
 	rules := make([]*nftables.Rule, len(exprs))
@@ -366,27 +376,105 @@ func (l *layout) sandboxRules(ch *nftables.Chain, sets map[string]*nftables.Set,
 	return rules
 }
 
-// applyPolicy queues the atomic replacement of a sandbox's static sets.
-func (l *layout) applyPolicy(c *nftables.Conn, iface string, p *compiled, resetLearned bool) error {
-	sets := l.sandboxSets(iface)
-	fill := map[string][]nftables.SetElement{
-		sfxAllow:      ivlElements(p.allowAny),
-		sfxAllowPorts: boxElements(p.allowPort),
-		sfxDeny:       ivlElements(p.denyAny),
-		sfxDenyPorts:  boxElements(p.denyPort),
+// baseElements are a sandbox's elements whatever its policy: its
+// interface, its address and its resolver.
+func baseElements(iface string, subnet netip.Prefix) map[string][]nftables.SetElement {
+	name := ifnameKey(iface)
+	gw := Gateway(subnet)
+	out := map[string][]nftables.SetElement{
+		setIfaces: {{Key: name}},
+		setSrc:    {{Key: cat(name, addrKey(SandboxAddr(subnet)))}},
+	}
+	for _, p := range []uint8{protoTCP, protoUDP} {
+		out[setDNS] = append(out[setDNS], nftables.SetElement{Key: cat(name, addrKey(gw), protoKey(p), portKey(53))})
+	}
+	return out
+}
+
+// policyElements are the elements a compiled policy gives a sandbox's
+// interface in the static policy sets.
+func policyElements(iface string, p *compiled) map[string][]nftables.SetElement {
+	name := ifnameKey(iface)
+	out := map[string][]nftables.SetElement{
+		setAllow:      ifIvlElements(name, p.allowAny),
+		setAllowPorts: ifBoxElements(name, p.allowPort),
+		setDeny:       ifIvlElements(name, p.denyAny),
+		setDenyPorts:  ifBoxElements(name, p.denyPort),
 	}
 	if p.public {
-		fill[sfxPublic] = ivlElements([]ivl{{0, ^uint32(0)}})
+		out[setPublic] = []nftables.SetElement{{Key: name}}
 	}
-	for _, k := range sandboxSetOrder {
-		s := sets[k]
-		if (k == sfxLearn || k == sfxLearnPorts) && !resetLearned {
+	return out
+}
+
+// setup queues a new sandbox's elements: deny-all until its policy.
+func (l *layout) setup(c *nftables.Conn, iface string, subnet netip.Prefix) error {
+	return l.addAll(c, baseElements(iface, subnet))
+}
+
+func (l *layout) addAll(c *nftables.Conn, elems map[string][]nftables.SetElement) error {
+	for _, name := range policySets {
+		if es := elems[name]; len(es) > 0 {
+			if err := c.SetAddElements(l.sharedSets[name], es); err != nil {
+				return fmt.Errorf("add to set %s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// removeAll queues the removal of elements that may or may not be in the
+// kernel: each is added (a no-op if it is there) and deleted, so the
+// batch succeeds either way. Elements of timeout sets are added with a
+// timeout of a millisecond, so that one the kernel has let expire meanwhile
+// is not made to live on; a kernel that updates timeouts needs no delete
+// (the element expires within a jiffy, without the RCU grace period a
+// delete costs the commit).
+func (l *layout) removeAll(c *nftables.Conn, elems map[string][]nftables.SetElement) error {
+	for _, name := range policySets {
+		es := elems[name]
+		if len(es) == 0 {
 			continue
 		}
-		c.FlushSet(s)
-		if len(fill[k]) > 0 {
-			if err := c.SetAddElements(s, fill[k]); err != nil {
-				return fmt.Errorf("fill set %s: %w", s.Name, err)
+		s := l.sharedSets[name]
+		add := make([]nftables.SetElement, len(es))
+		for i, e := range es {
+			add[i] = nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd}
+			if s.HasTimeout {
+				add[i].Timeout = time.Millisecond
+			}
+		}
+		if err := c.SetAddElements(s, add); err != nil {
+			return fmt.Errorf("remove from set %s: %w", name, err)
+		}
+		if s.HasTimeout && l.updatesTimeout {
+			continue
+		}
+		del := make([]nftables.SetElement, len(es))
+		for i, e := range es {
+			del[i] = nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd}
+		}
+		if err := c.SetDeleteElements(s, del); err != nil {
+			return fmt.Errorf("remove from set %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// applyPolicy queues the atomic replacement of a sandbox's static policy
+// elements: old's (what the kernel holds) go, p's come.
+func (l *layout) applyPolicy(c *nftables.Conn, iface string, old, p *compiled) error {
+	prev, next := policyElements(iface, old), policyElements(iface, p)
+	for _, name := range policySets {
+		s := l.sharedSets[name]
+		if len(prev[name]) > 0 {
+			if err := c.SetDeleteElements(s, prev[name]); err != nil {
+				return fmt.Errorf("replace set %s: %w", name, err)
+			}
+		}
+		if len(next[name]) > 0 {
+			if err := c.SetAddElements(s, next[name]); err != nil {
+				return fmt.Errorf("replace set %s: %w", name, err)
 			}
 		}
 	}
@@ -396,19 +484,41 @@ func (l *layout) applyPolicy(c *nftables.Conn, iface string, p *compiled, resetL
 // learnKeys returns the set and keys that let a sandbox reach addr on
 // ports (every port when empty).
 func (l *layout) learnKeys(iface string, addr netip.Addr, ports []PortRange) (*nftables.Set, [][]byte) {
-	sets := l.sandboxSets(iface)
+	name := ifnameKey(iface)
 	if len(ports) == 0 {
-		return sets[sfxLearn], [][]byte{addrKey(addr)}
+		return l.sharedSets[setLearn], [][]byte{cat(name, addrKey(addr))}
 	}
 	var keys [][]byte
 	for _, pr := range ports {
 		for p := uint32(pr.First); p <= uint32(pr.Last); p++ {
 			for _, proto := range []uint8{protoTCP, protoUDP} {
-				keys = append(keys, cat(addrKey(addr), protoKey(proto), portKey(uint16(p))))
+				keys = append(keys, cat(name, addrKey(addr), protoKey(proto), portKey(uint16(p))))
 			}
 		}
 	}
-	return sets[sfxLearnPorts], keys
+	return l.sharedSets[setLearnPorts], keys
+}
+
+// learnedElements are the elements the kernel may hold for a sandbox's
+// learned addresses.
+func (l *layout) learnedElements(iface string, learned map[netip.Addr]learnedEntry) map[string][]nftables.SetElement {
+	out := map[string][]nftables.SetElement{}
+	for addr, e := range learned {
+		var groups [][]PortRange
+		if e.kall {
+			groups = append(groups, nil)
+		}
+		if len(e.kports) > 0 {
+			groups = append(groups, e.kports)
+		}
+		for _, ports := range groups {
+			s, keys := l.learnKeys(iface, addr, ports)
+			for _, k := range keys {
+				out[s.Name] = append(out[s.Name], nftables.SetElement{Key: k})
+			}
+		}
+	}
+	return out
 }
 
 // learn queues a DNS-learned address with a timeout. With refresh (the
@@ -507,24 +617,6 @@ func (l *layout) probeTimeoutUpdate(newConn func() *nftables.Conn) (bool, error)
 		return false, fmt.Errorf("probe set element timeouts: %w", err)
 	}
 	return len(elems) == 1 && elems[0].Timeout == time.Minute, nil
-}
-
-// removeSandbox queues the removal of a sandbox's chain and sets. Objects
-// are added before they are deleted so the batch succeeds whether or not
-// they exist; shared-set elements are removed by the caller, who knows
-// which exist.
-func (l *layout) removeSandbox(c *nftables.Conn, iface string) error {
-	ch := c.AddChain(l.chain(sandboxChainPfx + iface))
-	c.FlushChain(ch)
-	sets := l.sandboxSets(iface)
-	for _, k := range sandboxSetOrder {
-		if err := c.AddSet(sets[k], nil); err != nil {
-			return err
-		}
-		c.DelSet(sets[k])
-	}
-	c.DelChain(ch)
-	return nil
 }
 
 // Expression helpers.
@@ -627,15 +719,26 @@ func ivlElements(s []ivl) []nftables.SetElement {
 	return out
 }
 
-// boxElements encodes disjoint boxes for a concatenated interval set,
-// TCP and UDP each: key is the low corner, key end the high corner.
-func boxElements(s []box) []nftables.SetElement {
-	var out []nftables.SetElement
+// ifIvlElements encodes disjoint address ranges of one interface for a
+// concatenated interval set: key the low corner, key end the high one
+// (inclusive), the interface the same in both.
+func ifIvlElements(name []byte, s []ivl) []nftables.SetElement {
+	out := make([]nftables.SetElement, 0, len(s))
+	for _, v := range s {
+		out = append(out, nftables.SetElement{Key: cat(name, u32Key(v.lo)), KeyEnd: cat(name, u32Key(v.hi))})
+	}
+	return out
+}
+
+// ifBoxElements encodes disjoint boxes of one interface, TCP and UDP
+// each, for a concatenated interval set.
+func ifBoxElements(name []byte, s []box) []nftables.SetElement {
+	out := make([]nftables.SetElement, 0, 2*len(s))
 	for _, b := range s {
 		for _, p := range []uint8{protoTCP, protoUDP} {
 			out = append(out, nftables.SetElement{
-				Key:    cat(u32Key(b.addr.lo), protoKey(p), portKey(b.ports.First)),
-				KeyEnd: cat(u32Key(b.addr.hi), protoKey(p), portKey(b.ports.Last)),
+				Key:    cat(name, u32Key(b.addr.lo), protoKey(p), portKey(b.ports.First)),
+				KeyEnd: cat(name, u32Key(b.addr.hi), protoKey(p), portKey(b.ports.Last)),
 			})
 		}
 	}

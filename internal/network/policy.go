@@ -44,6 +44,11 @@ type Policy struct {
 	// ResetLearned also drops every DNS-learned address in the same
 	// transaction, for a policy change that removes domains.
 	ResetLearned bool
+	// KeepFlows leaves existing connections alone: the caller judges
+	// them later with CutFlows, once for many sandboxes (a restart that
+	// restores every sandbox's policy reads the conntrack table once,
+	// not once per sandbox).
+	KeepFlows bool
 }
 
 // alwaysBlocked are refused whatever the policy says.
