@@ -46,8 +46,11 @@ func parsePoolKey(key string) (*core.Sandbox, error) {
 	return &core.Sandbox{TemplateID: tpl, CPUs: c, MemoryBytes: m, Init: parts[2]}, nil
 }
 
+// newPool keeps size vms per key, whatever the demand: a warm vm holds its
+// guest's RAM, so the pool does not grow after bursts, and it starts one
+// vm at a time (a restore and its warm-up are heavy).
 func newPool(b *Backend, size int) *warmpool.Pool[state] {
-	return warmpool.New(size, b.startWarm, b.Destroy, func(key string, err error) {
+	return warmpool.New(warmpool.Options{Size: size, Parallel: 1}, b.startWarm, b.Destroy, func(key string, err error) {
 		b.cfg.Log.Warn("warm pool: could not start a vm", "key", key, "err", err)
 	})
 }
