@@ -600,11 +600,24 @@ func infoCmd() *cobra.Command {
 			if info.Runc != nil {
 				printRunc(w, info.Runc)
 			}
+			printWarmPools(w, info.WarmPools)
 			return nil
 		}),
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+// printWarmPools prints what each warm pool holds and how creates fared.
+func printWarmPools(w io.Writer, pools []api.WarmPool) {
+	if len(pools) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "warm pools:")
+	for _, p := range pools {
+		fmt.Fprintf(w, "  %-10s %s  ready %d of %d (%d starting, max %d), creates: %d warm, %d cold\n",
+			tsafe(p.Isolation), tsafe(p.Key), p.Ready, p.Target, p.Starting, p.Max, p.Hits, p.Misses)
+	}
 }
 
 // printRunc prints the runc in use and the advisories it lacks the fixes for.

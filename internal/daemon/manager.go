@@ -1247,6 +1247,9 @@ func (m *Manager) Info(ctx context.Context) api.Info {
 		}
 		avail, why, versions := b.Available(ctx)
 		info.Backends = append(info.Backends, api.Backend{Isolation: iso, Available: avail, Reason: why, Capabilities: b.Capabilities(), Versions: versions})
+		if wp, ok := b.(core.WarmPool); ok {
+			info.WarmPools = append(info.WarmPools, wp.WarmPools()...)
+		}
 	}
 	if sbs, err := m.store.ListSandboxes(ctx); err == nil {
 		info.Sandboxes = len(sbs)

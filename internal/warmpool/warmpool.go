@@ -36,6 +36,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nookhq/nook/api"
 )
 
 // Item is a warm sandbox.
@@ -380,5 +382,15 @@ func (p *Pool[T]) Stats() []Stats {
 			Target: p.targetLocked(key, k), Max: p.maxLocked(key), Hits: k.hits, Misses: k.misses})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
+
+// Report returns the pool's figures as the API shows them.
+func (p *Pool[T]) Report(isolation string) []api.WarmPool {
+	var out []api.WarmPool
+	for _, s := range p.Stats() {
+		out = append(out, api.WarmPool{Isolation: isolation, Key: s.Key, Ready: s.Ready, Starting: s.Starting,
+			Target: s.Target, Max: s.Max, Hits: s.Hits, Misses: s.Misses})
+	}
 	return out
 }

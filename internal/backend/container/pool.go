@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/warmpool"
@@ -52,6 +53,9 @@ func (b *Backend) Drain(ctx context.Context, template string) error {
 
 // Shutdown implements core.WarmPool.
 func (b *Backend) Shutdown(ctx context.Context) error { return b.pool.Shutdown(ctx) }
+
+// WarmPools implements core.WarmPool.
+func (b *Backend) WarmPools() []api.WarmPool { return b.pool.Report(b.Isolation()) }
 
 // startWarm starts a container with placeholder identity and the host's
 // whole size as limits; Create narrows them when it claims the container.

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/procfs"
@@ -74,6 +75,9 @@ func (b *Backend) Drain(ctx context.Context, template string) error {
 
 // Shutdown implements core.WarmPool.
 func (b *Backend) Shutdown(ctx context.Context) error { return b.pool.Shutdown(ctx) }
+
+// WarmPools implements core.WarmPool.
+func (b *Backend) WarmPools() []api.WarmPool { return b.pool.Report(b.Isolation()) }
 
 func (b *Backend) startWarm(ctx context.Context, key string) (warm, error) {
 	sb, err := parsePoolKey(key)
