@@ -271,6 +271,24 @@ type Info struct {
 	// Runc is the runc the container backend runs, and the known security
 	// advisories against it.
 	Runc *RuncInfo `json:"runc,omitempty"`
+	// WarmPools is what the warm pools hold, per backend and key.
+	WarmPools []WarmPool `json:"warm_pools,omitempty"`
+}
+
+// WarmPool is what a backend's warm pool holds for one key: a template
+// build (for vms, with the machine shape and init). Its target follows
+// the creates of the last minute, between the daemon's --warm-pool and
+// max; hits and misses count the creates since the daemon started that
+// found a warm sandbox, or none.
+type WarmPool struct {
+	Isolation string `json:"isolation"`
+	Key       string `json:"key"`
+	Ready     int    `json:"ready"`
+	Starting  int    `json:"starting"`
+	Target    int    `json:"target"`
+	Max       int    `json:"max"`
+	Hits      int64  `json:"hits"`
+	Misses    int64  `json:"misses"`
 }
 
 // RuncInfo describes a runc binary: what `runc --version` says, and each

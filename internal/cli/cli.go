@@ -207,7 +207,8 @@ func serveCmd() *cobra.Command {
 	c.Flags().StringVar(&cfg.Daemon.TemplatesDir, "templates-dir", "", "template store (default DATA-DIR/templates)")
 	c.Flags().StringVar(&cfg.Daemon.CgroupParent, "cgroup-parent", "nook", "parent cgroup of sandboxes")
 	c.Flags().DurationVar(&cfg.Daemon.ReapInterval, "reap-interval", 5*time.Second, "how often expired sandboxes are looked for")
-	c.Flags().IntVar(&cfg.Daemon.WarmPool, "warm-pool", 2, "started sandboxes kept ready per template (and vm shape) in use (negative: none)")
+	c.Flags().IntVar(&cfg.Daemon.WarmPool, "warm-pool", 2, "started sandboxes kept ready per template (and vm shape) in use, at least (negative: none)")
+	c.Flags().IntVar(&cfg.Daemon.WarmPoolMax, "warm-pool-max", 16, "how many warm containers a template's pool grows to after bursts of creates (its target: the most creates seen within 2 s in the last minute, at least --warm-pool); vm pools keep --warm-pool, each warm vm holding its RAM")
 	c.Flags().StringVar(&cfg.Daemon.Accel, "accel", "", "vm accelerator: kvm or tcg (default: kvm where a stock guest kernel runs under it, else tcg)")
 	c.Flags().StringVar(&cfg.Daemon.ContainerPause, "container-pause", "", "what pausing a container does: checkpoint (to disk with CRIU, no RAM held) or freeze (in RAM) (default: checkpoint where CRIU >= 4 is installed)")
 	c.Flags().StringVar(&cfg.Daemon.Runc, "runc", "", "runc binary for container sandboxes (default: "+runcbin.DefaultPath+", which make deps builds, else runc in PATH)")
@@ -600,11 +601,24 @@ func infoCmd() *cobra.Command {
 			if info.Runc != nil {
 				printRunc(w, info.Runc)
 			}
+			printWarmPools(w, info.WarmPools)
 			return nil
 		}),
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+// printWarmPools prints what each warm pool holds and how creates fared.
+func printWarmPools(w io.Writer, pools []api.WarmPool) {
+	if len(pools) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "warm pools:")
+	for _, p := range pools {
+		fmt.Fprintf(w, "  %-10s %s  ready %d of %d (%d starting, max %d), creates: %d warm, %d cold\n",
+			tsafe(p.Isolation), tsafe(p.Key), p.Ready, p.Target, p.Starting, p.Max, p.Hits, p.Misses)
+	}
 }
 
 // printRunc prints the runc in use and the advisories it lacks the fixes for.

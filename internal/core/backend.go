@@ -136,6 +136,8 @@ type WarmPool interface {
 	Drain(ctx context.Context, template string) error
 	// Shutdown stops refilling and destroys every warm sandbox.
 	Shutdown(ctx context.Context) error
+	// WarmPools reports what each key's pool holds and wants.
+	WarmPools() []api.WarmPool
 }
 
 // Describer is an optional Backend feature: details of how a sandbox runs

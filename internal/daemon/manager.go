@@ -49,6 +49,7 @@ type Config struct {
 	CgroupParent string        // default "nook"
 	ReapInterval time.Duration // how often expired and dead sandboxes are looked for; default 5s
 	WarmPool     int           // started sandboxes kept ready per template (and vm shape) in use; default 2, negative: none
+	WarmPoolMax  int           // how far a template's container pool grows after bursts of creates; default 16, never below WarmPool
 	Accel        string        // vm accelerator: kvm or tcg; default: detected
 	// ContainerPause is what a container's pause does: "checkpoint" (to
 	// disk with CRIU >= 4, which must be there), "freeze" (the cgroup
@@ -99,6 +100,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WarmPool == 0 {
 		c.WarmPool = 2
+	}
+	if c.WarmPoolMax == 0 {
+		c.WarmPoolMax = 16
 	}
 	if c.ReapInterval == 0 {
 		c.ReapInterval = 5 * time.Second
@@ -263,7 +267,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	ctr := container.New(container.Config{
 		Runc: cfg.Runc, RuncRoot: filepath.Join(cfg.RunDir, "runc"), StateDir: filepath.Join(cfg.DataDir, "sandboxes"),
 		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, Log: cfg.Log,
-		WarmPool: max(cfg.WarmPool, 0), Net: hooks, CRIU: criu,
+		WarmPool: max(cfg.WarmPool, 0), WarmPoolMax: cfg.WarmPoolMax, Net: hooks, CRIU: criu,
 	})
 	vmb := vm.New(vm.Config{
 		StateDir: filepath.Join(cfg.DataDir, "vms"), CacheDir: cfg.VMCacheDir, KernelRoot: cfg.KernelRoot,
@@ -1247,6 +1251,9 @@ func (m *Manager) Info(ctx context.Context) api.Info {
 		}
 		avail, why, versions := b.Available(ctx)
 		info.Backends = append(info.Backends, api.Backend{Isolation: iso, Available: avail, Reason: why, Capabilities: b.Capabilities(), Versions: versions})
+		if wp, ok := b.(core.WarmPool); ok {
+			info.WarmPools = append(info.WarmPools, wp.WarmPools()...)
+		}
 	}
 	if sbs, err := m.store.ListSandboxes(ctx); err == nil {
 		info.Sandboxes = len(sbs)

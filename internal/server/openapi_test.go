@@ -184,6 +184,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"Info":                  api.Info{},
 		"RuncInfo":              api.RuncInfo{},
 		"RuncAdvisory":          api.RuncAdvisory{},
+		"WarmPool":              api.WarmPool{},
 		"Error":                 api.Error{},
 		"ErrorBody":             api.ErrorBody{},
 		"FileInfo":              api.FileInfo{},

@@ -2,14 +2,42 @@
 // template build, and for vms the machine shape too), for the backends
 // that implement core.WarmPool. A create takes one (TakeWarm), records the
 // sandbox under its ID, and the backend's Create claims it (Claimed).
+//
+// How many a key keeps: its target, which follows demand between a floor
+// and a cap. The floor is the pool's size (nook serve --warm-pool); the
+// cap (Options.Max, per key) is the backend's memory budget: containers
+// cost a few MB each (nook serve --warm-pool-max), a vm holds its RAM and
+// keeps the size. Every Take counts as demand, a hit or a miss (nothing
+// ready). The burst at a take is how many takes of its key the last
+// BurstWindow (2 s) saw, itself included; the target is the largest burst
+// of the last QuietPeriod (1 min), raised to the floor and cut to the cap.
+// So 10 parallel creates raise the target to 10 at once (the next such
+// burst finds 10 ready), a steady 3 creates a second keeps it at 6, and
+// once no burst that large came for a minute the target falls back (to
+// the largest burst still within the minute, in the end to the floor):
+// the ready sandboxes above it are destroyed then.
+//
+// Refill: whenever a wanted key has fewer sandboxes ready or starting than
+// its target, more start, at most Options.Parallel at once per key
+// (default: the host's CPUs). Ready plus starting never exceeds the
+// target, hence never the cap.
+//
+// Nothing outlives Drain and Shutdown: a sandbox whose start was in flight
+// is destroyed when its start ends (the key no longer wanted, or the pool
+// closed). Drain waits for the starts of the keys it drains, Shutdown (at
+// most 30 s) for every start.
 package warmpool
 
 import (
 	"context"
 	"errors"
+	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nookhq/nook/api"
 )
 
 // Item is a warm sandbox.
@@ -19,47 +47,98 @@ type Item[T any] struct {
 	Val T // what the backend needs to claim it
 }
 
+// Options shape a Pool. Zero fields take the defaults.
+type Options struct {
+	// Size is how many sandboxes each wanted key keeps ready at least (0
+	// or less: none, and the pool does nothing).
+	Size int
+	// Max is a key's cap: its target never exceeds it. nil, or below
+	// Size: Size (the pool does not grow).
+	Max func(key string) int
+	// Parallel is how many sandboxes of one key may be starting at once;
+	// default runtime.NumCPU().
+	Parallel int
+	// Clock measures demand; default the real one.
+	Clock Clock
+}
+
+// Stats are a key's figures.
+type Stats struct {
+	Key      string
+	Ready    int // started, waiting for a create
+	Starting int
+	Target   int   // what the pool fills to now
+	Max      int   // the cap of Target
+	Hits     int64 // takes that found one ready, since the pool began
+	Misses   int64 // takes that found none
+}
+
 // Pool is a set of warm sandboxes.
 type Pool[T any] struct {
-	size    int
+	opts    Options
 	start   func(ctx context.Context, key string) (Item[T], error)
 	destroy func(ctx context.Context, id string) error
 	onError func(key string, err error)
 
 	mu      sync.Mutex
-	ready   map[string][]Item[T] // by key
-	claimed map[string]Item[T]   // taken, not yet claimed by Create; by ID
-	wanted  map[string]bool      // keys to keep warm
-	retired map[string]bool      // drained keys, never warmed again
-	filling map[string]bool
+	keys    map[string]*keyState[T]
+	claimed map[string]Item[T] // taken, not yet claimed by Create; by ID
+	retired map[string]bool    // drained keys, never warmed again
 	closed  bool
+	// changed is closed (and replaced) whenever a start ends.
+	changed chan struct{}
 	wg      sync.WaitGroup
 	ctx     context.Context
 	cancel  context.CancelFunc
 }
 
-// New returns a pool keeping size sandboxes per wanted key; start makes
-// one, destroy removes one, onError hears about starts that failed.
-func New[T any](size int, start func(ctx context.Context, key string) (Item[T], error),
-	destroy func(ctx context.Context, id string) error, onError func(key string, err error)) *Pool[T] {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &Pool[T]{size: size, start: start, destroy: destroy, onError: onError,
-		ready: map[string][]Item[T]{}, claimed: map[string]Item[T]{}, wanted: map[string]bool{},
-		retired: map[string]bool{}, filling: map[string]bool{}, ctx: ctx, cancel: cancel}
+// keyState is what a pool holds and knows of one key.
+type keyState[T any] struct {
+	ready     []Item[T] // oldest first
+	starting  int
+	wanted    bool // kept warm
+	demand    demand
+	hits      int64
+	misses    int64
+	stopTimer func() bool // the pending decay; nil: none
 }
 
-// Take reserves a warm sandbox of key and returns its ID.
+// New returns a pool; start makes a sandbox, destroy removes one, onError
+// hears about starts that failed.
+func New[T any](opts Options, start func(ctx context.Context, key string) (Item[T], error),
+	destroy func(ctx context.Context, id string) error, onError func(key string, err error)) *Pool[T] {
+	if opts.Parallel <= 0 {
+		opts.Parallel = runtime.NumCPU()
+	}
+	if opts.Clock == nil {
+		opts.Clock = realClock{}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Pool[T]{opts: opts, start: start, destroy: destroy, onError: onError,
+		keys: map[string]*keyState[T]{}, claimed: map[string]Item[T]{}, retired: map[string]bool{},
+		changed: make(chan struct{}), ctx: ctx, cancel: cancel}
+}
+
+// Take reserves a warm sandbox of key and returns its ID. Every call
+// counts as demand for key, whether it finds one or not.
 func (p *Pool[T]) Take(key string) (string, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ws := p.ready[key]
-	if len(ws) == 0 {
+	if p.opts.Size <= 0 || p.closed || p.retired[key] {
 		return "", false
 	}
-	w := ws[len(ws)-1]
-	p.ready[key] = ws[:len(ws)-1]
+	k := p.stateLocked(key)
+	k.demand.record(p.opts.Clock.Now(), p.maxLocked(key))
+	defer p.fillLocked(key)
+	defer p.armDecayLocked(key, k)
+	if len(k.ready) == 0 {
+		k.misses++
+		return "", false
+	}
+	k.hits++
+	w := k.ready[len(k.ready)-1]
+	k.ready = k.ready[:len(k.ready)-1]
 	p.claimed[w.ID] = w
-	p.fillLocked(key)
 	return w.ID, true
 }
 
@@ -76,77 +155,181 @@ func (p *Pool[T]) Claimed(id string) (Item[T], bool) {
 func (p *Pool[T]) Want(key string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.retired[key] {
+	if p.opts.Size <= 0 || p.closed || p.retired[key] {
 		return // a create of a build a rebuild replaced
 	}
-	p.wanted[key] = true
+	p.stateLocked(key).wanted = true
 	p.fillLocked(key)
 }
 
+func (p *Pool[T]) stateLocked(key string) *keyState[T] {
+	k := p.keys[key]
+	if k == nil {
+		k = &keyState[T]{}
+		p.keys[key] = k
+	}
+	return k
+}
+
+// maxLocked is key's cap, never below the pool's size.
+func (p *Pool[T]) maxLocked(key string) int {
+	if p.opts.Max == nil {
+		return p.opts.Size
+	}
+	return max(p.opts.Max(key), p.opts.Size)
+}
+
+// targetLocked is how many sandboxes key keeps warm now (see the package doc).
+func (p *Pool[T]) targetLocked(key string, k *keyState[T]) int {
+	burst, _ := k.demand.peak(p.opts.Clock.Now())
+	return min(max(burst, p.opts.Size), p.maxLocked(key))
+}
+
+// fillLocked starts what key lacks of its target, within the bound on
+// parallel starts.
 func (p *Pool[T]) fillLocked(key string) {
-	if p.size <= 0 || p.closed || p.filling[key] || !p.wanted[key] || len(p.ready[key]) >= p.size {
+	k := p.keys[key]
+	if p.opts.Size <= 0 || p.closed || k == nil || !k.wanted {
 		return
 	}
-	p.filling[key] = true
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			p.mu.Lock()
-			if p.closed || !p.wanted[key] || len(p.ready[key]) >= p.size {
-				p.filling[key] = false
-				p.mu.Unlock()
-				return
-			}
-			p.mu.Unlock()
-			w, err := p.start(p.ctx, key)
-			p.mu.Lock()
-			if err != nil {
-				p.filling[key] = false
-				p.mu.Unlock()
-				if p.ctx.Err() == nil && p.onError != nil {
-					p.onError(key, err)
-				}
-				return
-			}
-			if p.closed || !p.wanted[key] {
-				p.mu.Unlock()
-				p.destroy(context.Background(), w.ID)
-				continue
-			}
-			p.ready[key] = append(p.ready[key], w)
-			p.mu.Unlock()
+	n := min(p.targetLocked(key, k)-len(k.ready)-k.starting, p.opts.Parallel-k.starting)
+	for ; n > 0; n-- {
+		k.starting++
+		p.wg.Add(1)
+		go p.startOne(key, k)
+	}
+}
+
+// startOne starts a sandbox of key and keeps it, or destroys it if the
+// pool no longer wants it.
+func (p *Pool[T]) startOne(key string, k *keyState[T]) {
+	defer p.wg.Done()
+	w, err := p.start(p.ctx, key)
+	p.mu.Lock()
+	if err != nil {
+		p.startEndedLocked(k)
+		p.mu.Unlock()
+		if p.ctx.Err() == nil && p.onError != nil {
+			p.onError(key, err)
 		}
-	}()
+		return
+	}
+	if !p.closed && k.wanted && p.keys[key] == k && len(k.ready) < p.targetLocked(key, k) {
+		k.ready = append(k.ready, w)
+		p.startEndedLocked(k)
+		p.fillLocked(key)
+		p.mu.Unlock()
+		return
+	}
+	// Closed, drained, or above a target that fell meanwhile.
+	p.mu.Unlock()
+	p.destroy(context.Background(), w.ID)
+	p.mu.Lock()
+	p.startEndedLocked(k)
+	p.mu.Unlock()
+}
+
+func (p *Pool[T]) startEndedLocked(k *keyState[T]) {
+	k.starting--
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// armDecayLocked sets a timer for when key's raised target falls.
+func (p *Pool[T]) armDecayLocked(key string, k *keyState[T]) {
+	if k.stopTimer != nil || p.closed {
+		return
+	}
+	now := p.opts.Clock.Now()
+	burst, until := k.demand.peak(now)
+	if burst <= p.opts.Size {
+		return
+	}
+	k.stopTimer = p.opts.Clock.AfterFunc(until.Sub(now), func() { p.decay(key, k) })
+}
+
+// decay lowers key's target once its peak burst expired, and destroys the
+// ready sandboxes above it, oldest first.
+func (p *Pool[T]) decay(key string, k *keyState[T]) {
+	p.mu.Lock()
+	k.stopTimer = nil
+	if p.closed || p.keys[key] != k {
+		p.mu.Unlock()
+		return
+	}
+	var victims []Item[T]
+	if excess := len(k.ready) - p.targetLocked(key, k); excess > 0 {
+		victims = append(victims, k.ready[:excess]...)
+		k.ready = append([]Item[T](nil), k.ready[excess:]...)
+	}
+	p.armDecayLocked(key, k)
+	p.wg.Add(1)
+	p.mu.Unlock()
+	defer p.wg.Done()
+	if err := p.destroyAll(context.Background(), victims); err != nil && p.onError != nil {
+		p.onError(key, err)
+	}
 }
 
 // Drain destroys the warm sandboxes of every key that starts with prefix,
+// those still starting included (it waits for their starts, within ctx),
 // and never warms those keys again.
 func (p *Pool[T]) Drain(ctx context.Context, prefix string) error {
 	p.mu.Lock()
 	var victims []Item[T]
-	// A key may be wanted with its first sandbox still starting:
-	// unwanted, that sandbox is destroyed when it is ready.
-	for k := range p.wanted {
-		if strings.HasPrefix(k, prefix) {
-			delete(p.wanted, k)
-			p.retired[k] = true
+	var drained []*keyState[T]
+	for key, k := range p.keys {
+		if !strings.HasPrefix(key, prefix) {
+			continue
 		}
-	}
-	for k, ws := range p.ready {
-		if strings.HasPrefix(k, prefix) {
-			victims = append(victims, ws...)
-			delete(p.ready, k)
+		// Unwanted, a sandbox still starting is destroyed when it is ready.
+		k.wanted = false
+		if k.stopTimer != nil {
+			k.stopTimer()
+			k.stopTimer = nil
 		}
+		victims = append(victims, k.ready...)
+		k.ready = nil
+		p.retired[key] = true
+		delete(p.keys, key)
+		drained = append(drained, k)
 	}
 	p.mu.Unlock()
-	return p.destroyAll(ctx, victims)
+	err := p.destroyAll(ctx, victims)
+	return errors.Join(err, p.waitStarts(ctx, drained))
+}
+
+// waitStarts waits until no sandbox of ks is starting.
+func (p *Pool[T]) waitStarts(ctx context.Context, ks []*keyState[T]) error {
+	for {
+		p.mu.Lock()
+		n := 0
+		for _, k := range ks {
+			n += k.starting
+		}
+		changed := p.changed
+		p.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // Shutdown stops refilling and destroys every warm sandbox.
 func (p *Pool[T]) Shutdown(ctx context.Context) error {
 	p.mu.Lock()
 	p.closed = true
+	for _, k := range p.keys {
+		if k.stopTimer != nil {
+			k.stopTimer()
+			k.stopTimer = nil
+		}
+	}
 	p.mu.Unlock()
 	p.cancel()
 	done := make(chan struct{})
@@ -157,13 +340,14 @@ func (p *Pool[T]) Shutdown(ctx context.Context) error {
 	}
 	p.mu.Lock()
 	var victims []Item[T]
-	for _, ws := range p.ready {
-		victims = append(victims, ws...)
+	for _, k := range p.keys {
+		victims = append(victims, k.ready...)
+		k.ready = nil
 	}
 	for _, w := range p.claimed {
 		victims = append(victims, w)
 	}
-	p.ready, p.claimed = map[string][]Item[T]{}, map[string]Item[T]{}
+	p.claimed = map[string]Item[T]{}
 	p.mu.Unlock()
 	return p.destroyAll(ctx, victims)
 }
@@ -182,5 +366,31 @@ func (p *Pool[T]) destroyAll(ctx context.Context, ws []Item[T]) error {
 func (p *Pool[T]) Ready(key string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.ready[key])
+	if k := p.keys[key]; k != nil {
+		return len(k.ready)
+	}
+	return 0
+}
+
+// Stats returns the figures of every key the pool knows, by key.
+func (p *Pool[T]) Stats() []Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Stats, 0, len(p.keys))
+	for key, k := range p.keys {
+		out = append(out, Stats{Key: key, Ready: len(k.ready), Starting: k.starting,
+			Target: p.targetLocked(key, k), Max: p.maxLocked(key), Hits: k.hits, Misses: k.misses})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
+
+// Report returns the pool's figures as the API shows them.
+func (p *Pool[T]) Report(isolation string) []api.WarmPool {
+	var out []api.WarmPool
+	for _, s := range p.Stats() {
+		out = append(out, api.WarmPool{Isolation: isolation, Key: s.Key, Ready: s.Ready, Starting: s.Starting,
+			Target: s.Target, Max: s.Max, Hits: s.Hits, Misses: s.Misses})
+	}
+	return out
 }

@@ -51,6 +51,10 @@ type Config struct {
 	// WarmPool is how many started containers to keep ready per template
 	// build in use (0: none; every create starts a container).
 	WarmPool int
+	// WarmPoolMax is how many a template build's pool may grow to after
+	// bursts of creates (see internal/warmpool); below WarmPool (0):
+	// WarmPool, no growth.
+	WarmPoolMax int
 	// Net gives every container, warm ones included, its network: the
 	// backend attaches the network namespace runc made for it once its
 	// init runs, and detaches it on Destroy. nil: loopback only.
@@ -103,7 +107,7 @@ func New(cfg Config) *Backend {
 		cfg.SnapshotDir = filepath.Join(filepath.Dir(cfg.StateDir), "container-snapshots")
 	}
 	b := &Backend{cfg: cfg}
-	b.pool = newPool(b, cfg.WarmPool)
+	b.pool = newPool(b, cfg)
 	return b
 }
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
@@ -28,6 +29,13 @@ func newTestBackend(t *testing.T) (*Backend, conformance.Harness) {
 
 func newTestBackendPool(t *testing.T, warm int) (*Backend, conformance.Harness) {
 	t.Helper()
+	return newTestBackendPoolMax(t, warm, 0)
+}
+
+// newTestBackendPoolMax: a warm pool of warm containers per template,
+// growing to warmMax after bursts.
+func newTestBackendPoolMax(t *testing.T, warm, warmMax int) (*Backend, conformance.Harness) {
+	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequireRunc(t)
 	tpls, tplID := testutil.BaseTemplate(t)
@@ -41,6 +49,7 @@ func newTestBackendPool(t *testing.T, warm int) (*Backend, conformance.Harness) 
 	b := New(Config{
 		RuncRoot: res.RuncRoot, StateDir: res.StateDir, AgentBinary: testutil.AgentBinary(t),
 		CgroupParent: res.CgroupParent, TemplateRootfs: tpls.Rootfs, Log: slog.New(slog.DiscardHandler), WarmPool: warm,
+		WarmPoolMax: warmMax,
 	})
 	t.Cleanup(func() {
 		if err := b.Shutdown(context.Background()); err != nil {
@@ -81,6 +90,29 @@ func waitWarm(t *testing.T, b *Backend, templateID string, n int) {
 			t.Fatalf("warm pool has %d of %d containers", got, n)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// After a burst of takes the pool refills to the burst (its cap here), in
+// parallel, and reports it; Shutdown leaves nothing (the cleanup checks).
+func TestWarmPoolGrowsAfterBurst(t *testing.T) {
+	b, h := newTestBackendPoolMax(t, 1, 4)
+	b.Prewarm(&core.Sandbox{TemplateID: h.TemplateID})
+	waitWarm(t, b, h.TemplateID, 1)
+	hits := 0
+	for range 6 {
+		if _, ok := b.TakeWarm(&core.Sandbox{TemplateID: h.TemplateID}); ok {
+			hits++
+		}
+	}
+	if hits != 1 {
+		t.Fatalf("%d of 6 takes found a warm container, with 1 ready", hits)
+	}
+	waitWarm(t, b, h.TemplateID, 4)
+	pools := b.WarmPools()
+	want := api.WarmPool{Isolation: api.IsolationContainer, Key: h.TemplateID, Ready: 4, Target: 4, Max: 4, Hits: 1, Misses: 5}
+	if len(pools) != 1 || pools[0] != want {
+		t.Fatalf("warm pools %+v, want %+v", pools, want)
 	}
 }
 

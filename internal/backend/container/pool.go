@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/warmpool"
@@ -23,8 +24,12 @@ var _ core.WarmPool = (*Backend)(nil)
 // warm is a started container waiting to be claimed: its init process.
 type warm = warmpool.Item[state]
 
-func newPool(b *Backend, size int) *warmpool.Pool[state] {
-	return warmpool.New(size, b.startWarm, b.Destroy, func(key string, err error) {
+// newPool keeps cfg.WarmPool containers per template build, more after
+// bursts of creates, up to cfg.WarmPoolMax: a warm container holds only
+// its init and agent (a few MB), and starts in parallel (one per CPU).
+func newPool(b *Backend, cfg Config) *warmpool.Pool[state] {
+	limit := func(string) int { return cfg.WarmPoolMax }
+	return warmpool.New(warmpool.Options{Size: cfg.WarmPool, Max: limit}, b.startWarm, b.Destroy, func(key string, err error) {
 		b.cfg.Log.Warn("warm pool: could not start a container", "template", key, "err", err)
 	})
 }
@@ -48,6 +53,9 @@ func (b *Backend) Drain(ctx context.Context, template string) error {
 
 // Shutdown implements core.WarmPool.
 func (b *Backend) Shutdown(ctx context.Context) error { return b.pool.Shutdown(ctx) }
+
+// WarmPools implements core.WarmPool.
+func (b *Backend) WarmPools() []api.WarmPool { return b.pool.Report(b.Isolation()) }
 
 // startWarm starts a container with placeholder identity and the host's
 // whole size as limits; Create narrows them when it claims the container.

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/procfs"
@@ -46,8 +47,11 @@ func parsePoolKey(key string) (*core.Sandbox, error) {
 	return &core.Sandbox{TemplateID: tpl, CPUs: c, MemoryBytes: m, Init: parts[2]}, nil
 }
 
+// newPool keeps size vms per key, whatever the demand: a warm vm holds its
+// guest's RAM, so the pool does not grow after bursts, and it starts one
+// vm at a time (a restore and its warm-up are heavy).
 func newPool(b *Backend, size int) *warmpool.Pool[state] {
-	return warmpool.New(size, b.startWarm, b.Destroy, func(key string, err error) {
+	return warmpool.New(warmpool.Options{Size: size, Parallel: 1}, b.startWarm, b.Destroy, func(key string, err error) {
 		b.cfg.Log.Warn("warm pool: could not start a vm", "key", key, "err", err)
 	})
 }
@@ -71,6 +75,9 @@ func (b *Backend) Drain(ctx context.Context, template string) error {
 
 // Shutdown implements core.WarmPool.
 func (b *Backend) Shutdown(ctx context.Context) error { return b.pool.Shutdown(ctx) }
+
+// WarmPools implements core.WarmPool.
+func (b *Backend) WarmPools() []api.WarmPool { return b.pool.Report(b.Isolation()) }
 
 func (b *Backend) startWarm(ctx context.Context, key string) (warm, error) {
 	sb, err := parsePoolKey(key)
