@@ -264,30 +264,29 @@ func (d *procDaemon) burst(ctx context.Context, names []string) ([]time.Duration
 	})
 }
 
-// settle waits until the warm pool is full again: the count of runc
-// containers has stopped changing.
+// settle waits until every warm pool holds its target, nothing starting.
 func (d *procDaemon) settle(ctx context.Context) error {
-	count := func() int {
-		es, _ := os.ReadDir(filepath.Join(d.root, "run", "runc"))
-		return len(es)
-	}
-	last, same := -1, 0
-	for deadline := time.Now().Add(60 * time.Second); same < 4; {
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		info, err := d.cl.Info(ctx)
+		if err != nil {
+			return err
+		}
+		full := true
+		for _, p := range info.WarmPools {
+			full = full && p.Starting == 0 && p.Ready >= p.Target
+		}
+		if full {
+			return nil
+		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the daemon's warm pool did not settle in 60s")
+			return fmt.Errorf("the daemon's warm pools did not refill in 2m: %+v", info.WarmPools)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
-		if c := count(); c == last {
-			same++
-		} else {
-			last, same = c, 0
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return nil
 }
 
 // readopt kills the daemon with SIGKILL, starts it again and returns how

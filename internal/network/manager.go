@@ -23,6 +23,7 @@ import (
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/keylock"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -145,6 +146,10 @@ type Manager struct {
 	lay    *layout
 	host   netns.NsHandle
 	nl     *netlink.Handle
+	// addrSock reads one link's addresses (linkAddrs); addrMu serializes
+	// its requests.
+	addrSock *nl.NetlinkSocket
+	addrMu   sync.Mutex
 	log    *slog.Logger
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -229,10 +234,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netlink handle: %w", err)
 	}
-	// Dumps filtered in the kernel: the addresses of one link are read
-	// without the addresses of every sandbox's.
-	if err := m.nl.SetStrictCheck(true); err != nil {
-		return nil, fmt.Errorf("netlink strict checking: %w", err)
+	if m.addrSock, err = newAddrSocket(m.host); err != nil {
+		return nil, err
 	}
 	if err := inNetns(m.host, func() error { return writeSysctl("net/ipv4/ip_forward", "1") }); err != nil {
 		return nil, err
@@ -298,6 +301,10 @@ func (m *Manager) closeHandles() {
 	if m.nl != nil {
 		m.nl.Close()
 		m.nl = nil
+	}
+	if m.addrSock != nil {
+		m.addrSock.Close()
+		m.addrSock = nil
 	}
 	if m.host > 0 {
 		m.host.Close()
@@ -641,16 +648,68 @@ func (m *Manager) finishSetup(id, iface string, kind Kind, subnet netip.Prefix, 
 }
 
 func (m *Manager) hasAddr(link netlink.Link, gw netip.Addr) bool {
-	addrs, err := m.nl.AddrList(link, unix.AF_INET)
+	addrs, err := m.linkAddrs(link.Attrs().Index)
 	if err != nil {
 		return false
 	}
 	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == gw {
+		if a.Addr() == gw {
 			return true
 		}
 	}
 	return false
+}
+
+// newAddrSocket opens a route netlink socket in ns with strict checking,
+// so that the kernel filters an address dump by link: reading one link's
+// addresses does not read every sandbox's (vishvananda/netlink's AddrList
+// dumps them all and filters them itself).
+func newAddrSocket(ns netns.NsHandle) (*nl.NetlinkSocket, error) {
+	s, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("netlink socket: %w", err)
+	}
+	if err := unix.SetsockoptInt(s.GetFd(), unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("netlink strict checking: %w", err)
+	}
+	return s, nil
+}
+
+// linkAddrs returns the IPv4 addresses of the link with index index.
+func (m *Manager) linkAddrs(index int) ([]netip.Prefix, error) {
+	req := nl.NewNetlinkRequest(unix.RTM_GETADDR, unix.NLM_F_DUMP)
+	msg := nl.NewIfAddrmsg(unix.AF_INET)
+	msg.Index = uint32(index)
+	req.AddData(msg)
+	m.addrMu.Lock()
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: m.addrSock}}
+	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWADDR)
+	m.addrMu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("list addresses: %w", err)
+	}
+	var out []netip.Prefix
+	for _, b := range msgs {
+		ifa := nl.DeserializeIfAddrmsg(b)
+		if int(ifa.Index) != index || ifa.Family != unix.AF_INET {
+			continue // a kernel without strict checking dumps them all
+		}
+		attrs, err := nl.ParseRouteAttr(b[unix.SizeofIfAddrmsg:])
+		if err != nil {
+			return nil, fmt.Errorf("list addresses: %w", err)
+		}
+		for _, a := range attrs {
+			if a.Attr.Type != unix.IFA_LOCAL && a.Attr.Type != unix.IFA_ADDRESS {
+				continue
+			}
+			if ip, ok := netip.AddrFromSlice(a.Value); ok {
+				out = append(out, netip.PrefixFrom(ip.Unmap(), int(ifa.Prefixlen)))
+				break
+			}
+		}
+	}
+	return out, nil
 }
 
 func ipNet(a netip.Addr, subnet netip.Prefix) *net.IPNet {
@@ -786,16 +845,13 @@ func (m *Manager) readElements() (map[string]map[string][]nftables.SetElement, e
 }
 
 func (m *Manager) linkSubnet(link netlink.Link) netip.Prefix {
-	addrs, err := m.nl.AddrList(link, unix.AF_INET)
+	addrs, err := m.linkAddrs(link.Attrs().Index)
 	if err != nil {
 		return netip.Prefix{}
 	}
 	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			ones, _ := a.Mask.Size()
-			if p := netip.PrefixFrom(ip.Unmap(), ones).Masked(); m.pool.Contains(p) {
-				return p
-			}
+		if p := a.Masked(); m.pool.Contains(p) {
+			return p
 		}
 	}
 	return netip.Prefix{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -204,44 +205,36 @@ func (b *Backend) unmountDisk(id string) error {
 	}
 }
 
-// mountsUnder lists the mount points at or under dir (from
-// /proc/self/mountinfo, whose paths escape space, tab, newline and
-// backslash as octal).
+// mountsUnder lists the mount points at or under dir: each directory
+// the walk meets is asked (statx) whether it is the root of a mount, and
+// a mount is not walked into. It costs the directories under dir, not the
+// host's mount table (/proc/self/mountinfo grows with every sandbox).
 func mountsUnder(dir string) ([]string, error) {
-	mi, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
 	var found []string
-	for _, line := range strings.Split(string(mi), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMountinfo(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			found = append(found, mp)
-		}
-	}
-	return found, nil
-}
-
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
 			}
+			return err
 		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+		if !d.IsDir() {
+			return nil
+		}
+		var stx unix.Statx_t
+		if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_DONT_SYNC, 0, &stx); err != nil {
+			return fmt.Errorf("statx %s: %w", path, err)
+		}
+		if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+			return fmt.Errorf("statx %s: the kernel does not say whether it is a mount point", path)
+		}
+		if stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+			found = append(found, path)
+			return fs.SkipDir
+		}
+		return nil
+	})
+	return found, err
 }
 
 // removeSandboxDir removes a sandbox's directory, and refuses while

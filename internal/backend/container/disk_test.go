@@ -88,16 +88,6 @@ func TestDestroyKeepsMountedFiles(t *testing.T) {
 	}
 }
 
-func TestUnescapeMountinfo(t *testing.T) {
-	for in, want := range map[string]string{
-		`/a/b`: "/a/b", `/a\040b`: "/a b", `/x\134y`: `/x\y`, `/t\011`: "/t\t", `/bad\0`: `/bad\0`, `/bad\9999`: `/bad\9999`,
-	} {
-		if got := unescapeMountinfo(in); got != want {
-			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // Warm containers have the default disk: a create that asks for another
 // size is made afresh with it, and a fork gets its source's size.
 func TestDiskSizeWarmAndFork(t *testing.T) {
