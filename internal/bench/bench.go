@@ -43,6 +43,9 @@ type Config struct {
 	OnlyVMShape  bool   // measure only vms at the default shape and systemd vms
 	OnlyNet      bool   // measure only sandbox networking
 	DensityN     int    // sandboxes alive in the density figures (0: none)
+	// CgroupParent is the cgroup parent of the daemons the network and
+	// density figures run as processes (default nook-bench-net).
+	CgroupParent string
 	Out          io.Writer
 	coldVM       bool // vm sandboxes boot instead of restoring the template snapshot
 	// containerPause is the daemon's --container-pause ("freeze" unless a

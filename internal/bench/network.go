@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -200,7 +201,7 @@ func startProcDaemon(ctx context.Context, cfg Config, s *simNet, root string, ar
 
 func (d *procDaemon) socket() string { return filepath.Join(d.root, "nook.sock") }
 
-func (d *procDaemon) cgroup() string { return "nook-bench-net" }
+func (d *procDaemon) cgroup() string { return cmp.Or(d.cfg.CgroupParent, "nook-bench-net") }
 
 func (d *procDaemon) pid() int { return d.cmd.Process.Pid }
 

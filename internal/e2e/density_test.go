@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nookhq/nook/internal/bench"
+	"github.com/nookhq/nook/internal/network/nettest"
+	"github.com/nookhq/nook/internal/testutil"
+)
+
+// densityN is the CI-sized density run; nook-bench -density measures
+// 1,000 (BENCHMARKS.md).
+const densityN = 200
+
+// densityBound is the largest ratio of a per-sandbox latency with
+// densityN sandboxes alive to the same with 10 that the test accepts. The
+// target at 1,000 is 1.3x; a loaded CI machine makes medians of a few
+// samples noisy, so the test catches what grows with the sandboxes alive
+// (a quadratic create was 7x at 1,000 and 3x at 300), not a few percent.
+const densityBound = 2.0
+
+// TestDensity runs the density benchmark at CI size and checks ratios
+// only, never absolute times: every per-sandbox operation with densityN
+// container sandboxes alive costs about what it costs with 10, and so
+// does a create at the end of the growth against one at its start.
+func TestDensity(t *testing.T) {
+	nettest.RequireRoot(t)
+	testutil.RequireRunc(t)
+	testutil.RequireCommand(t, "nsenter", "util-linux")
+	bin := binaries(t)
+	testutil.BaseTemplate(t)
+	cgroup := testutil.RandomName("nook-e2e-density-")
+	testutil.CleanupCgroupParent(t, cgroup)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	res, err := bench.RunDensity(ctx, bench.Config{
+		AgentBinary: filepath.Join(filepath.Dir(bin), "nook-agent"), TemplatesDir: testutil.TemplatesDir(),
+		CgroupParent: cgroup, Out: testWriter{t},
+	}, densityN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		at10 []time.Duration
+		atN  []time.Duration
+	}{
+		{"create, cold", res.At10.Cold, res.AtN.Cold},
+		{"exec round trip", res.At10.Exec, res.AtN.Exec},
+		{"pause", res.At10.Pause, res.AtN.Pause},
+		{"resume", res.At10.Resume, res.AtN.Resume},
+		{"snapshot", res.At10.Snapshot, res.AtN.Snapshot},
+		{"network policy change", res.At10.Policy, res.AtN.Policy},
+		{"rm", res.At10.Remove, res.AtN.Remove},
+	} {
+		if len(c.at10) == 0 || len(c.atN) == 0 {
+			continue // every create of a probe came warm (or cold)
+		}
+		if r := bench.Ratio(c.at10, c.atN); r > densityBound {
+			t.Errorf("%s with %d sandboxes alive is %.2fx what it is with 10 (bound %.1fx)", c.name, densityN, r, densityBound)
+		}
+	}
+	if r := res.GrowthRatio(); r > densityBound {
+		t.Errorf("the last creates of the growth to %d take %.2fx the first (bound %.1fx)", densityN, r, densityBound)
+	}
+}
+
+// testWriter writes the benchmark's tables to the test log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}
