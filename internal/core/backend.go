@@ -107,6 +107,15 @@ type Pauser interface {
 	PauseKind(id string) string
 }
 
+// RAMPauser is an optional Pauser feature: whether paused sandbox id
+// still holds its memory in the host's RAM (frozen by the cgroup freezer)
+// or not (saved to disk). The daemon counts the memory of a paused
+// sandbox against `nook serve --max-memory` unless its backend says it is
+// not in RAM. It is a cheap look (a stat, no lock).
+type RAMPauser interface {
+	PausedInRAM(id string) bool
+}
+
 // Stopper is an optional Backend feature: a sandbox powered off (its
 // processes ended, its memory freed, its disk kept) and on again (started
 // afresh on its disk: a vm boots from it), like a machine.

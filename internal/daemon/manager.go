@@ -66,7 +66,14 @@ type Config struct {
 	// request (or, while a stream is open, a ping) before the call fails
 	// as unavailable; default agent.DefaultAnswerTimeout (30s).
 	AgentTimeout time.Duration
-	Log          *slog.Logger
+	// MaxSandboxes is how many sandboxes may exist (any state); more
+	// creates and forks are refused (errdefs.ErrLimit). 0: no limit.
+	MaxSandboxes int
+	// MaxMemory is the most memory the sandboxes that hold RAM (running,
+	// or paused in RAM) may commit between them; what would go over it is
+	// refused (errdefs.ErrLimit). 0: no limit.
+	MaxMemory int64
+	Log       *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
@@ -148,6 +155,8 @@ type Manager struct {
 	idle *idleTracker // when each sandbox was last used (idle.go)
 
 	pauseMode string // what a container's pause does, for Info
+
+	limits *ledger // the host limits and their use (limits.go)
 }
 
 // DefaultCRIU is where scripts/criu.sh installs the CRIU nook builds.
@@ -197,6 +206,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if cfg.Accel != "" && cfg.Accel != "kvm" && cfg.Accel != "tcg" {
 		return nil, errdefs.Invalid("accelerator %q is not valid: use kvm or tcg (or leave it out to detect)", cfg.Accel)
 	}
+	if cfg.MaxSandboxes < 0 || cfg.MaxMemory < 0 {
+		return nil, errdefs.Invalid("--max-sandboxes and --max-memory cannot be negative (0: no limit)")
+	}
 	if err := checkAgentBinary(cfg.AgentBinary); err != nil {
 		return nil, err
 	}
@@ -242,6 +254,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		templates: template.NewStore(cfg.TemplatesDir, cfg.Log),
 		agents:    map[string]*agent.Client{},
 		idle:      newIdleTracker(),
+		limits:    newLedger(cfg.MaxSandboxes, cfg.MaxMemory),
 	}
 	var hooks core.NetHooks // stays a nil interface when networking is off
 	if cfg.Net.Enabled {
@@ -280,6 +293,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	err = m.reconcile(ctx)
 	m.hostRestarted = false
+	if err == nil {
+		err = m.rebuildLedger(ctx)
+	}
 	if err == nil && len(bootID) > 0 {
 		// Recorded once reconciled: a crash before leaves the next start
 		// to find the host restarted still.
@@ -471,6 +487,14 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err != nil {
 		return nil, err
 	}
+	// Room on the host (--max-sandboxes, --max-memory), taken before
+	// anything else is done (a template build too): parallel creates never
+	// go over together. The record takes it over; a failure gives it back.
+	room, err := m.limits.reserve(1, mem, "creating")
+	if err != nil {
+		return nil, err
+	}
+	defer room.release()
 	tplName := req.Template
 	if tplName == "" {
 		tplName = "base"
@@ -539,7 +563,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 			sb.ID, warm = id, true
 		}
 	}
-	if err := m.store.InsertSandbox(ctx, sb); err != nil {
+	if err := m.insertSandbox(ctx, sb, room); err != nil {
 		if derr := b.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
 			m.log.Error("release sandbox resources after failed insert", "sandbox", sb.ID, "err", derr)
 		}
@@ -560,7 +584,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	if err == nil {
 		sb.State = core.StateRunning
-		err = m.store.UpdateSandbox(cctx, sb)
+		err = m.updateSandbox(cctx, sb)
 	}
 	if err != nil {
 		m.abandonCreate(cctx, b, sb)
@@ -580,12 +604,12 @@ func (m *Manager) abandonCreate(ctx context.Context, b core.Backend, sb *core.Sa
 	if err := b.Destroy(ctx, sb.ID); err != nil {
 		m.log.Error("clean up failed create; the reaper will retry", "sandbox", sb.ID, "err", err)
 		sb.State, sb.Reason = core.StateDestroying, "create failed"
-		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		if err := m.updateSandbox(ctx, sb); err != nil {
 			m.log.Error("mark failed create for cleanup", "sandbox", sb.ID, "err", err)
 		}
 		return
 	}
-	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
+	if err := m.deleteSandbox(ctx, sb.ID); err != nil {
 		m.log.Error("delete record of failed sandbox", "sandbox", sb.ID, "err", err)
 	}
 }
@@ -677,7 +701,7 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 			return err
 		}
 		sb.State = core.StateDestroying
-		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		if err := m.updateSandbox(ctx, sb); err != nil {
 			return err
 		}
 	}
@@ -688,7 +712,7 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 		}
 	}
 	m.reboots.forget(sb.ID)
-	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
+	if err := m.deleteSandbox(ctx, sb.ID); err != nil {
 		return err
 	}
 	// Its snapshots' records went with it; their files go unless forks use them.
@@ -815,7 +839,7 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason
 	if pause {
 		oldReason := sb.Reason
 		sb.State, sb.Reason = core.StatePaused, reason
-		if err := m.store.UpdateSandbox(cctx, sb); err != nil {
+		if err := m.updateSandbox(cctx, sb); err != nil {
 			return nil, err
 		}
 		// A pause to disk ends the sandbox's processes (a vm's QEMU), and a
@@ -827,13 +851,22 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason
 				m.log.Error("thaw after a failed pause", "sandbox", name, "err", rerr)
 			}
 			sb.State, sb.Reason = core.StateRunning, oldReason
-			if uerr := m.store.UpdateSandbox(cctx, sb); uerr != nil {
+			if uerr := m.updateSandbox(cctx, sb); uerr != nil {
 				m.log.Error("undo pause record", "sandbox", name, "err", uerr)
 			}
 			return nil, fmt.Errorf("pause sandbox %s: %w", name, err)
 		}
+		// Frozen in RAM, it still holds its memory; saved to disk, it
+		// holds none from now on.
+		m.limits.commit(nil, sb.ID, m.holds(sb))
 		return sb, nil
 	}
+	// A sandbox paused to disk takes its memory again: room first.
+	room, err := m.reserveRAM(sb, "resuming")
+	if err != nil {
+		return nil, err
+	}
+	defer room.release()
 	if err := p.Resume(cctx, sb.ID); err != nil {
 		return nil, fmt.Errorf("resume sandbox %s: %w", name, err)
 	}
@@ -847,7 +880,7 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason
 	}
 	// The reason nook paused it for goes with the pause.
 	sb.State, sb.Reason = core.StateRunning, ""
-	return sb, m.store.UpdateSandbox(cctx, sb)
+	return sb, m.commitSandbox(cctx, sb, room)
 }
 
 // alignPause makes the host's pause state match the record after a restart.
@@ -895,7 +928,7 @@ func (m *Manager) SetTTL(ctx context.Context, name, ttl string) (*core.Sandbox, 
 		return nil, errdefs.Precondition("sandbox %s is being destroyed", name)
 	}
 	sb.ExpiresAt, sb.Expired = time.Now().Add(d), false
-	return sb, m.store.UpdateSandbox(ctx, sb)
+	return sb, m.updateSandbox(ctx, sb)
 }
 
 // Exec starts a command in a sandbox. The caller reads the Process to its
@@ -1049,7 +1082,7 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 		if cur, err := m.store.GetSandbox(ctx, sb.Name); err == nil && cur.ID == sb.ID && cur.State == core.StateRunning {
 			if rs2, err := b.Status(ctx, cur); err == nil && rs2.State == core.RuntimeSaved {
 				cur.State = core.StatePaused
-				if err := m.store.UpdateSandbox(ctx, cur); err == nil {
+				if err := m.updateSandbox(ctx, cur); err == nil {
 					*sb = *cur
 					m.dropAgent(sb.ID)
 					m.log.Warn("sandbox was saved to disk but recorded running: recorded paused", "sandbox", sb.Name)
@@ -1089,7 +1122,7 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 		return false
 	}
 	cur.State, cur.Reason = core.StateFailed, rs.Detail
-	if err := m.store.UpdateSandbox(ctx, cur); err != nil {
+	if err := m.updateSandbox(ctx, cur); err != nil {
 		m.log.Error("mark sandbox failed", "sandbox", sb.Name, "err", err)
 	}
 	*sb = *cur
@@ -1118,7 +1151,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 					continue
 				}
 			}
-			if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
+			if err := m.deleteSandbox(ctx, sb.ID); err != nil {
 				return err
 			}
 		case core.StateDestroying:
@@ -1248,9 +1281,8 @@ func (m *Manager) Info(ctx context.Context) api.Info {
 		avail, why, versions := b.Available(ctx)
 		info.Backends = append(info.Backends, api.Backend{Isolation: iso, Available: avail, Reason: why, Capabilities: b.Capabilities(), Versions: versions})
 	}
-	if sbs, err := m.store.ListSandboxes(ctx); err == nil {
-		info.Sandboxes = len(sbs)
-	}
+	info.Sandboxes, info.CommittedMemoryBytes = m.limits.use()
+	info.MaxSandboxes, info.MaxMemoryBytes = m.limits.maxN, m.limits.maxMem
 	info.SnapshotsBytes = m.SnapshotsUsage(ctx, "")
 	runc := runcbin.Probe(ctx, m.cfg.Runc)
 	info.Runc = &runc
