@@ -60,7 +60,11 @@ func (l *ledger) reserve(n int, mem int64, verb string) (*reservation, error) {
 		if l.pendingN > 0 {
 			being = fmt.Sprintf(", %d of them being created", l.pendingN)
 		}
-		return nil, errdefs.Limit("host limit reached: %d sandboxes exist%s (nook serve --max-sandboxes %d)", exist, being, l.maxN)
+		count := fmt.Sprintf("%d sandboxes exist", exist)
+		if exist == 1 {
+			count = "1 sandbox exists"
+		}
+		return nil, errdefs.Limit("host limit reached: %s%s (nook serve --max-sandboxes %d)", count, being, l.maxN)
 	}
 	if used := l.committed + l.pendingMem; mem > 0 && l.maxMem > 0 && used+mem > l.maxMem {
 		return nil, errdefs.Limit("host limit reached: %s this %s sandbox would commit %s of memory, over --max-memory %s (%s committed)",
