@@ -870,6 +870,9 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason
 	if err := p.Resume(cctx, sb.ID); err != nil {
 		return nil, fmt.Errorf("resume sandbox %s: %w", name, err)
 	}
+	if lv, ok := b.(core.Liveness); ok {
+		lv.Refresh(sb) // a resume from disk started new processes: recorded below
+	}
 	if sb.Isolation == api.IsolationVM {
 		// A vm restored from disk wakes at the time it was paused, on a new
 		// agent connection: give it the time (and fresh entropy) again.
@@ -1131,6 +1134,27 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 	return false
 }
 
+// refreshLiveness records the processes a sandbox Status found running
+// runs now, if its record names others (a resume from disk replaced
+// them), so that the reaper's next Alive holds.
+func (m *Manager) refreshLiveness(ctx context.Context, lv core.Liveness, sb *core.Sandbox) {
+	if sb.State != core.StateRunning && sb.State != core.StatePaused {
+		return
+	}
+	if probe := *sb; !lv.Refresh(&probe) {
+		return // nothing newer runs (paused to disk), or the record is current
+	}
+	unlock := m.lockName(sb.Name)
+	defer unlock()
+	cur, err := m.store.GetSandbox(ctx, sb.Name)
+	if err != nil || cur.ID != sb.ID || (cur.State != core.StateRunning && cur.State != core.StatePaused) || lv.Alive(cur) || !lv.Refresh(cur) {
+		return
+	}
+	if err := m.updateSandbox(ctx, cur); err != nil {
+		m.log.Warn("record a sandbox's current processes", "sandbox", sb.Name, "err", err)
+	}
+}
+
 // reconcile makes the database and the host agree after a start: sandboxes
 // half created are removed, interrupted destroys finished, running ones
 // re-adopted or marked failed, and host resources no record owns removed.
@@ -1248,7 +1272,16 @@ func (m *Manager) reapOnce(ctx context.Context) {
 		case core.StateStopped:
 			m.alignStopped(ctx, sb)
 		case core.StateRunning, core.StatePaused:
-			m.checkHealth(ctx, sb)
+			// The fast path: the process the record names runs (a look at
+			// /proc), so nothing changed. Otherwise the full look (Status),
+			// which also brings a record naming a replaced process up to date.
+			lv, ok := m.backends[sb.Isolation].(core.Liveness)
+			if ok && lv.Alive(sb) {
+				continue
+			}
+			if m.checkHealth(ctx, sb) && ok {
+				m.refreshLiveness(ctx, lv, sb)
+			}
 		case core.StateDestroying:
 			unlock := m.lockName(sb.Name)
 			if cur, err := m.store.GetSandbox(ctx, sb.Name); err == nil && cur.State == core.StateDestroying {
