@@ -263,6 +263,15 @@ type Info struct {
 	DataDir        string    `json:"data_dir"`
 	Backends       []Backend `json:"backends"`
 	Sandboxes      int       `json:"sandboxes"`
+	// MaxSandboxes is how many sandboxes may exist (nook serve
+	// --max-sandboxes); 0: no limit.
+	MaxSandboxes int `json:"max_sandboxes"`
+	// CommittedMemoryBytes is the memory of the sandboxes that hold RAM
+	// (running, or paused in RAM), what --max-memory limits.
+	CommittedMemoryBytes int64 `json:"committed_memory_bytes"`
+	// MaxMemoryBytes is the most memory sandboxes may hold (nook serve
+	// --max-memory); 0: no limit.
+	MaxMemoryBytes int64 `json:"max_memory_bytes"`
 	// SnapshotsBytes is the disk every snapshot really uses.
 	SnapshotsBytes int64 `json:"snapshots_bytes"`
 	// TLSFingerprint is the TCP listener's certificate's SHA-256
@@ -332,6 +341,7 @@ const (
 	CodeAlreadyExists      = "already_exists"
 	CodeFailedPrecondition = "failed_precondition"
 	CodeResourceExhausted  = "resource_exhausted"
+	CodeLimitReached       = "limit_reached" // 429: a limit of the host's operator (nook serve --max-sandboxes, --max-memory)
 	CodeUnavailable        = "unavailable"
 	CodeUnauthorized       = "unauthorized"
 	CodePermissionDenied   = "permission_denied"

@@ -133,6 +133,16 @@ func IsNotFound(err error) bool {
 	return errors.As(err, &e) && e.Code == api.CodeNotFound
 }
 
+// IsLimit reports whether err is the daemon refusing a request that would
+// go over a limit of its host (HTTP 429 limit_reached: nook serve
+// --max-sandboxes or --max-memory). The message names the limit and the
+// figures; retrying helps only once sandboxes are removed, stopped or
+// paused.
+func IsLimit(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == api.CodeLimitReached
+}
+
 // UnreachableError means the daemon could not be reached at all.
 type UnreachableError struct {
 	Host string

@@ -168,7 +168,7 @@ func serveCmd() *cobra.Command {
 	var cfg server.Config
 	var debug bool
 	var netFlags serveNetFlags
-	var idlePause string
+	var idlePause, maxMemory string
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the nook daemon",
@@ -183,6 +183,14 @@ func serveCmd() *cobra.Command {
 				return &usageError{fmt.Errorf("--idle-pause: %w", err)}
 			}
 			cfg.Daemon.IdlePause = d
+			if cfg.Daemon.MaxSandboxes < 0 {
+				return &usageError{fmt.Errorf("--max-sandboxes %d is not valid: give a count, or 0 for no limit", cfg.Daemon.MaxSandboxes)}
+			}
+			if maxMemory != "off" {
+				if cfg.Daemon.MaxMemory, err = core.ParseSize(maxMemory); err != nil {
+					return &usageError{fmt.Errorf("--max-memory: %w", err)}
+				}
+			}
 			level := slog.LevelInfo
 			if debug {
 				level = slog.LevelDebug
@@ -215,6 +223,8 @@ func serveCmd() *cobra.Command {
 	c.Flags().StringVar(&cfg.Daemon.CRIU, "criu", "", "CRIU >= 4 binary for container checkpoints (default: "+daemon.DefaultCRIU+", else criu in PATH)")
 	c.Flags().StringVar(&cfg.Daemon.KernelRoot, "kernel", "", "an unpacked Debian linux-image package for vm guests (default: fetched with apt on first use)")
 	c.Flags().StringVar(&cfg.Daemon.VMCacheDir, "vm-cache-dir", "", "guest kernels, vm template images and snapshots (default DATA-DIR/vm)")
+	c.Flags().IntVar(&cfg.Daemon.MaxSandboxes, "max-sandboxes", 0, "most sandboxes that may exist at once, in any state; creates and forks beyond are refused (HTTP 429) (0: no limit)")
+	c.Flags().StringVar(&maxMemory, "max-memory", "0", "most memory the sandboxes holding RAM (running, or paused in RAM) may commit between them, e.g. 64G; a create, fork, start or resume from disk beyond is refused (HTTP 429) (0 or off: no limit)")
 	c.Flags().StringVar(&idlePause, "idle-pause", "off", "pause sandboxes created without --idle-pause after this long idle, e.g. 30m (off: never)")
 	c.Flags().DurationVar(&cfg.Daemon.MinIdlePause, "min-idle-pause", 0, "the shortest idle pause accepted (tests)")
 	c.Flags().MarkHidden("min-idle-pause")
@@ -581,8 +591,11 @@ func infoCmd() *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), info)
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "nook %s (client %s) at %s\nkernel: %s\ncpus: %d  memory: %s\naccelerator: %s\ncontainer pause: %s\ncgroups: %s\ndata dir: %s\nsandboxes: %d\nsnapshots: %s on disk\nbackends:\n",
-				tsafe(info.Version), daemon.Version, cl.Host(), tsafe(info.Kernel), info.CPUs, core.FormatBytes(info.MemoryBytes), tsafe(info.Accelerator), tsafe(info.ContainerPause), tsafe(info.CgroupMode), tsafe(info.DataDir), info.Sandboxes, core.FormatBytes(info.SnapshotsBytes))
+			fmt.Fprintf(w, "nook %s (client %s) at %s\nkernel: %s\ncpus: %d  memory: %s\naccelerator: %s\ncontainer pause: %s\ncgroups: %s\ndata dir: %s\nsandboxes: %s\ncommitted memory: %s\nsnapshots: %s on disk\nbackends:\n",
+				tsafe(info.Version), daemon.Version, cl.Host(), tsafe(info.Kernel), info.CPUs, core.FormatBytes(info.MemoryBytes), tsafe(info.Accelerator), tsafe(info.ContainerPause), tsafe(info.CgroupMode), tsafe(info.DataDir),
+				ofLimit(strconv.Itoa(info.Sandboxes), info.MaxSandboxes > 0, strconv.Itoa(info.MaxSandboxes), "--max-sandboxes"),
+				ofLimit(core.FormatBytes(info.CommittedMemoryBytes), info.MaxMemoryBytes > 0, core.FormatBytes(info.MaxMemoryBytes), "--max-memory"),
+				core.FormatBytes(info.SnapshotsBytes))
 			for _, b := range info.Backends {
 				state := "available"
 				if !b.Available {
@@ -619,6 +632,15 @@ func printWarmPools(w io.Writer, pools []api.WarmPool) {
 		fmt.Fprintf(w, "  %-10s %s  ready %d of %d (%d starting, max %d), creates: %d warm, %d cold\n",
 			tsafe(p.Isolation), tsafe(p.Key), p.Ready, p.Target, p.Starting, p.Max, p.Hits, p.Misses)
 	}
+}
+
+// ofLimit shows a use beside its limit: "3 of 10 (--max-sandboxes)", or
+// "3 (no --max-sandboxes)".
+func ofLimit(use string, limited bool, limit, flag string) string {
+	if !limited {
+		return use + " (no " + flag + ")"
+	}
+	return use + " of " + limit + " (" + flag + ")"
 }
 
 // printRunc prints the runc in use and the advisories it lacks the fixes for.

@@ -107,6 +107,32 @@ type Pauser interface {
 	PauseKind(id string) string
 }
 
+// Liveness is an optional Backend feature: a cheap look, for the reaper's
+// every tick, at whether a running (or frozen) sandbox's processes still
+// run as its record says, without the locks, files and crash recovery of
+// Status. Alive takes no lock and reads no file but /proc: true means the
+// process sb.BackendState records (not a later one: a rollback or a
+// resume from disk replaces it) runs now; false means only "look closer"
+// (Status), never "dead". The daemon's start (reconcile) always uses Status.
+type Liveness interface {
+	Alive(sb *Sandbox) bool
+	// Refresh brings sb.BackendState up to what runs now, after Status
+	// found the sandbox running while Alive said false (a resume from
+	// disk started new processes the record does not name), and reports
+	// whether it changed: the caller records it, so that the next Alive
+	// holds again. The caller holds the sandbox's lifecycle lock.
+	Refresh(sb *Sandbox) bool
+}
+
+// RAMPauser is an optional Pauser feature: whether paused sandbox id
+// still holds its memory in the host's RAM (frozen by the cgroup freezer)
+// or not (saved to disk). The daemon counts the memory of a paused
+// sandbox against `nook serve --max-memory` unless its backend says it is
+// not in RAM. It is a cheap look (a stat, no lock).
+type RAMPauser interface {
+	PausedInRAM(id string) bool
+}
+
 // Stopper is an optional Backend feature: a sandbox powered off (its
 // processes ended, its memory freed, its disk kept) and on again (started
 // afresh on its disk: a vm boots from it), like a machine.

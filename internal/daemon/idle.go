@@ -320,7 +320,7 @@ func (m *Manager) markExpired(ctx context.Context, sb *core.Sandbox, kept core.S
 	if cur.State == kept {
 		cur.Reason = reason
 	}
-	if err := m.store.UpdateSandbox(ctx, cur); err != nil {
+	if err := m.updateSandbox(ctx, cur); err != nil {
 		m.log.Error("mark sandbox expired", "sandbox", sb.Name, "err", err)
 		return
 	}

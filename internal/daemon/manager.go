@@ -67,7 +67,14 @@ type Config struct {
 	// request (or, while a stream is open, a ping) before the call fails
 	// as unavailable; default agent.DefaultAnswerTimeout (30s).
 	AgentTimeout time.Duration
-	Log          *slog.Logger
+	// MaxSandboxes is how many sandboxes may exist (any state); more
+	// creates and forks are refused (errdefs.ErrLimit). 0: no limit.
+	MaxSandboxes int
+	// MaxMemory is the most memory the sandboxes that hold RAM (running,
+	// or paused in RAM) may commit between them; what would go over it is
+	// refused (errdefs.ErrLimit). 0: no limit.
+	MaxMemory int64
+	Log       *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
@@ -152,6 +159,8 @@ type Manager struct {
 	idle *idleTracker // when each sandbox was last used (idle.go)
 
 	pauseMode string // what a container's pause does, for Info
+
+	limits *ledger // the host limits and their use (limits.go)
 }
 
 // DefaultCRIU is where scripts/criu.sh installs the CRIU nook builds.
@@ -201,6 +210,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if cfg.Accel != "" && cfg.Accel != "kvm" && cfg.Accel != "tcg" {
 		return nil, errdefs.Invalid("accelerator %q is not valid: use kvm or tcg (or leave it out to detect)", cfg.Accel)
 	}
+	if cfg.MaxSandboxes < 0 || cfg.MaxMemory < 0 {
+		return nil, errdefs.Invalid("--max-sandboxes and --max-memory cannot be negative (0: no limit)")
+	}
 	if err := checkAgentBinary(cfg.AgentBinary); err != nil {
 		return nil, err
 	}
@@ -246,6 +258,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		templates: template.NewStore(cfg.TemplatesDir, cfg.Log),
 		agents:    map[string]*agent.Client{},
 		idle:      newIdleTracker(),
+		limits:    newLedger(cfg.MaxSandboxes, cfg.MaxMemory),
 	}
 	var hooks core.NetHooks // stays a nil interface when networking is off
 	if cfg.Net.Enabled {
@@ -284,6 +297,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	err = m.reconcile(ctx)
 	m.hostRestarted = false
+	if err == nil {
+		err = m.rebuildLedger(ctx)
+	}
 	if err == nil && len(bootID) > 0 {
 		// Recorded once reconciled: a crash before leaves the next start
 		// to find the host restarted still.
@@ -475,6 +491,14 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err != nil {
 		return nil, err
 	}
+	// Room on the host (--max-sandboxes, --max-memory), taken before
+	// anything else is done (a template build too): parallel creates never
+	// go over together. The record takes it over; a failure gives it back.
+	room, err := m.limits.reserve(1, mem, "creating")
+	if err != nil {
+		return nil, err
+	}
+	defer room.release()
 	tplName := req.Template
 	if tplName == "" {
 		tplName = "base"
@@ -543,7 +567,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 			sb.ID, warm = id, true
 		}
 	}
-	if err := m.store.InsertSandbox(ctx, sb); err != nil {
+	if err := m.insertSandbox(ctx, sb, room); err != nil {
 		if derr := b.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
 			m.log.Error("release sandbox resources after failed insert", "sandbox", sb.ID, "err", derr)
 		}
@@ -564,7 +588,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	if err == nil {
 		sb.State = core.StateRunning
-		err = m.store.UpdateSandbox(cctx, sb)
+		err = m.updateSandbox(cctx, sb)
 	}
 	if err != nil {
 		m.abandonCreate(cctx, b, sb)
@@ -584,12 +608,12 @@ func (m *Manager) abandonCreate(ctx context.Context, b core.Backend, sb *core.Sa
 	if err := b.Destroy(ctx, sb.ID); err != nil {
 		m.log.Error("clean up failed create; the reaper will retry", "sandbox", sb.ID, "err", err)
 		sb.State, sb.Reason = core.StateDestroying, "create failed"
-		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		if err := m.updateSandbox(ctx, sb); err != nil {
 			m.log.Error("mark failed create for cleanup", "sandbox", sb.ID, "err", err)
 		}
 		return
 	}
-	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
+	if err := m.deleteSandbox(ctx, sb.ID); err != nil {
 		m.log.Error("delete record of failed sandbox", "sandbox", sb.ID, "err", err)
 	}
 }
@@ -681,7 +705,7 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 			return err
 		}
 		sb.State = core.StateDestroying
-		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		if err := m.updateSandbox(ctx, sb); err != nil {
 			return err
 		}
 	}
@@ -692,7 +716,7 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 		}
 	}
 	m.reboots.forget(sb.ID)
-	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
+	if err := m.deleteSandbox(ctx, sb.ID); err != nil {
 		return err
 	}
 	// Its snapshots' records went with it; their files go unless forks use them.
@@ -819,7 +843,7 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason
 	if pause {
 		oldReason := sb.Reason
 		sb.State, sb.Reason = core.StatePaused, reason
-		if err := m.store.UpdateSandbox(cctx, sb); err != nil {
+		if err := m.updateSandbox(cctx, sb); err != nil {
 			return nil, err
 		}
 		// A pause to disk ends the sandbox's processes (a vm's QEMU), and a
@@ -831,15 +855,27 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason
 				m.log.Error("thaw after a failed pause", "sandbox", name, "err", rerr)
 			}
 			sb.State, sb.Reason = core.StateRunning, oldReason
-			if uerr := m.store.UpdateSandbox(cctx, sb); uerr != nil {
+			if uerr := m.updateSandbox(cctx, sb); uerr != nil {
 				m.log.Error("undo pause record", "sandbox", name, "err", uerr)
 			}
 			return nil, fmt.Errorf("pause sandbox %s: %w", name, err)
 		}
+		// Frozen in RAM, it still holds its memory; saved to disk, it
+		// holds none from now on.
+		m.limits.commit(nil, sb.ID, m.holds(sb))
 		return sb, nil
 	}
+	// A sandbox paused to disk takes its memory again: room first.
+	room, err := m.reserveRAM(sb, "resuming")
+	if err != nil {
+		return nil, err
+	}
+	defer room.release()
 	if err := p.Resume(cctx, sb.ID); err != nil {
 		return nil, fmt.Errorf("resume sandbox %s: %w", name, err)
+	}
+	if lv, ok := b.(core.Liveness); ok {
+		lv.Refresh(sb) // a resume from disk started new processes: recorded below
 	}
 	if sb.Isolation == api.IsolationVM {
 		// A vm restored from disk wakes at the time it was paused, on a new
@@ -851,7 +887,7 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason
 	}
 	// The reason nook paused it for goes with the pause.
 	sb.State, sb.Reason = core.StateRunning, ""
-	return sb, m.store.UpdateSandbox(cctx, sb)
+	return sb, m.commitSandbox(cctx, sb, room)
 }
 
 // alignPause makes the host's pause state match the record after a restart.
@@ -899,7 +935,7 @@ func (m *Manager) SetTTL(ctx context.Context, name, ttl string) (*core.Sandbox, 
 		return nil, errdefs.Precondition("sandbox %s is being destroyed", name)
 	}
 	sb.ExpiresAt, sb.Expired = time.Now().Add(d), false
-	return sb, m.store.UpdateSandbox(ctx, sb)
+	return sb, m.updateSandbox(ctx, sb)
 }
 
 // Exec starts a command in a sandbox. The caller reads the Process to its
@@ -1053,7 +1089,7 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 		if cur, err := m.store.GetSandbox(ctx, sb.Name); err == nil && cur.ID == sb.ID && cur.State == core.StateRunning {
 			if rs2, err := b.Status(ctx, cur); err == nil && rs2.State == core.RuntimeSaved {
 				cur.State = core.StatePaused
-				if err := m.store.UpdateSandbox(ctx, cur); err == nil {
+				if err := m.updateSandbox(ctx, cur); err == nil {
 					*sb = *cur
 					m.dropAgent(sb.ID)
 					m.log.Warn("sandbox was saved to disk but recorded running: recorded paused", "sandbox", sb.Name)
@@ -1093,13 +1129,34 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 		return false
 	}
 	cur.State, cur.Reason = core.StateFailed, rs.Detail
-	if err := m.store.UpdateSandbox(ctx, cur); err != nil {
+	if err := m.updateSandbox(ctx, cur); err != nil {
 		m.log.Error("mark sandbox failed", "sandbox", sb.Name, "err", err)
 	}
 	*sb = *cur
 	m.dropAgent(sb.ID)
 	m.log.Warn("sandbox stopped unexpectedly", "sandbox", sb.Name, "reason", rs.Detail)
 	return false
+}
+
+// refreshLiveness records the processes a sandbox Status found running
+// runs now, if its record names others (a resume from disk replaced
+// them), so that the reaper's next Alive holds.
+func (m *Manager) refreshLiveness(ctx context.Context, lv core.Liveness, sb *core.Sandbox) {
+	if sb.State != core.StateRunning && sb.State != core.StatePaused {
+		return
+	}
+	if probe := *sb; !lv.Refresh(&probe) {
+		return // nothing newer runs (paused to disk), or the record is current
+	}
+	unlock := m.lockName(sb.Name)
+	defer unlock()
+	cur, err := m.store.GetSandbox(ctx, sb.Name)
+	if err != nil || cur.ID != sb.ID || (cur.State != core.StateRunning && cur.State != core.StatePaused) || lv.Alive(cur) || !lv.Refresh(cur) {
+		return
+	}
+	if err := m.updateSandbox(ctx, cur); err != nil {
+		m.log.Warn("record a sandbox's current processes", "sandbox", sb.Name, "err", err)
+	}
 }
 
 // reconcile makes the database and the host agree after a start: sandboxes
@@ -1122,7 +1179,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 					continue
 				}
 			}
-			if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
+			if err := m.deleteSandbox(ctx, sb.ID); err != nil {
 				return err
 			}
 		case core.StateDestroying:
@@ -1219,7 +1276,16 @@ func (m *Manager) reapOnce(ctx context.Context) {
 		case core.StateStopped:
 			m.alignStopped(ctx, sb)
 		case core.StateRunning, core.StatePaused:
-			m.checkHealth(ctx, sb)
+			// The fast path: the process the record names runs (a look at
+			// /proc), so nothing changed. Otherwise the full look (Status),
+			// which also brings a record naming a replaced process up to date.
+			lv, ok := m.backends[sb.Isolation].(core.Liveness)
+			if ok && lv.Alive(sb) {
+				continue
+			}
+			if m.checkHealth(ctx, sb) && ok {
+				m.refreshLiveness(ctx, lv, sb)
+			}
 		case core.StateDestroying:
 			unlock := m.lockName(sb.Name)
 			if cur, err := m.store.GetSandbox(ctx, sb.Name); err == nil && cur.State == core.StateDestroying {
@@ -1255,9 +1321,8 @@ func (m *Manager) Info(ctx context.Context) api.Info {
 			info.WarmPools = append(info.WarmPools, wp.WarmPools()...)
 		}
 	}
-	if sbs, err := m.store.ListSandboxes(ctx); err == nil {
-		info.Sandboxes = len(sbs)
-	}
+	info.Sandboxes, info.CommittedMemoryBytes = m.limits.use()
+	info.MaxSandboxes, info.MaxMemoryBytes = m.limits.maxN, m.limits.maxMem
 	info.SnapshotsBytes = m.SnapshotsUsage(ctx, "")
 	runc := runcbin.Probe(ctx, m.cfg.Runc)
 	info.Runc = &runc

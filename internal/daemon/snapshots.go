@@ -218,6 +218,12 @@ func (m *Manager) Rollback(ctx context.Context, name, ref string) (*core.Sandbox
 	if err != nil {
 		return nil, err
 	}
+	// Paused to disk, it runs after: its memory needs room.
+	room, err := m.reserveRAM(sb, "rolling back")
+	if err != nil {
+		return nil, err
+	}
+	defer room.release()
 	cctx := context.WithoutCancel(ctx)
 	m.dropAgent(sb.ID)
 	if err := s.Rollback(cctx, sb, sn.ID); err != nil {
@@ -226,7 +232,7 @@ func (m *Manager) Rollback(ctx context.Context, name, ref string) (*core.Sandbox
 		if b, berr := m.backend(sb.Isolation); berr == nil {
 			if rs, serr := b.Status(cctx, sb); serr == nil && rs.State == core.RuntimeRunning {
 				sb.State, sb.Reason = core.StateRunning, ""
-				if uerr := m.store.UpdateSandbox(cctx, sb); uerr != nil {
+				if uerr := m.commitSandbox(cctx, sb, room); uerr != nil {
 					m.log.Error("record sandbox after a failed rollback", "sandbox", name, "err", uerr)
 				}
 				m.restarted(cctx, sb)
@@ -238,7 +244,7 @@ func (m *Manager) Rollback(ctx context.Context, name, ref string) (*core.Sandbox
 		return nil, err
 	}
 	sb.State, sb.Reason = core.StateRunning, ""
-	if err := m.store.UpdateSandbox(cctx, sb); err != nil {
+	if err := m.commitSandbox(cctx, sb, room); err != nil {
 		return nil, err
 	}
 	m.restarted(cctx, sb)
@@ -337,10 +343,15 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 	if sb.ExpiresAt.Before(now.Add(time.Minute)) {
 		sb.ExpiresAt = now.Add(time.Hour)
 	}
-	if err := m.store.InsertSandbox(ctx, sb); err != nil {
+	room, err := m.limits.reserve(1, sb.MemoryBytes, "forking")
+	if err != nil {
 		return nil, err
 	}
-	err := s.Fork(ctx, sb, sn.ID)
+	defer room.release()
+	if err := m.insertSandbox(ctx, sb, room); err != nil {
+		return nil, err
+	}
+	err = s.Fork(ctx, sb, sn.ID)
 	if err == nil && m.net != nil && pol != nil {
 		// Forks inherit the policy, on an address of their own.
 		err = m.net.setup(ctx, sb, *pol)
@@ -353,7 +364,7 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 	}
 	if err == nil {
 		sb.State = core.StateRunning
-		err = m.store.UpdateSandbox(ctx, sb)
+		err = m.updateSandbox(ctx, sb)
 	}
 	if err != nil {
 		m.abandonCreate(ctx, b, sb)

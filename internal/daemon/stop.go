@@ -144,7 +144,7 @@ func (m *Manager) stopFor(ctx context.Context, name, reason string) (*core.Sandb
 		return nil, fmt.Errorf("stop sandbox %s: %w", name, err)
 	}
 	sb.State, sb.Reason = core.StateStopped, reason
-	if err := m.store.UpdateSandbox(cctx, sb); err != nil {
+	if err := m.updateSandbox(cctx, sb); err != nil {
 		return nil, err
 	}
 	m.log.Info("sandbox stopped", "sandbox", name, "reason", reason)
@@ -166,7 +166,12 @@ func (m *Manager) Start(ctx context.Context, name string) (*core.Sandbox, error)
 	if sb.State != core.StateStopped {
 		return nil, errdefs.Precondition("sandbox %s is %s, not stopped", name, sb.State)
 	}
-	if err := m.startLocked(context.WithoutCancel(ctx), sb, st); err != nil {
+	room, err := m.reserveRAM(sb, "starting")
+	if err != nil {
+		return nil, err
+	}
+	defer room.release()
+	if err := m.startLocked(context.WithoutCancel(ctx), sb, st, room); err != nil {
 		return nil, err
 	}
 	m.resumed(sb)
@@ -174,9 +179,9 @@ func (m *Manager) Start(ctx context.Context, name string) (*core.Sandbox, error)
 	return sb, nil
 }
 
-// startLocked boots a stopped sandbox and records it running; the caller
-// holds its name's lock.
-func (m *Manager) startLocked(ctx context.Context, sb *core.Sandbox, st core.Stopper) error {
+// startLocked boots a stopped sandbox and records it running, ending the
+// reservation of its memory, room (nil: none); the caller holds its name's lock.
+func (m *Manager) startLocked(ctx context.Context, sb *core.Sandbox, st core.Stopper, room *reservation) error {
 	m.dropAgent(sb.ID)
 	if err := st.Start(ctx, sb); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", sb.Name, err)
@@ -185,7 +190,7 @@ func (m *Manager) startLocked(ctx context.Context, sb *core.Sandbox, st core.Sto
 		return fmt.Errorf("start sandbox %s: %w", sb.Name, err)
 	}
 	sb.State, sb.Reason = core.StateRunning, ""
-	return m.store.UpdateSandbox(ctx, sb)
+	return m.commitSandbox(ctx, sb, room)
 }
 
 // halted records what a sandbox recorded running or paused, and found
@@ -222,7 +227,7 @@ func (m *Manager) halted(ctx context.Context, cur *core.Sandbox) bool {
 
 // recordStopped records cur as it is now (stopped or failed).
 func (m *Manager) recordStopped(ctx context.Context, cur *core.Sandbox) {
-	if err := m.store.UpdateSandbox(ctx, cur); err != nil {
+	if err := m.updateSandbox(ctx, cur); err != nil {
 		m.log.Error("record a stopped sandbox", "sandbox", cur.Name, "err", err)
 	}
 	m.dropAgent(cur.ID)
@@ -247,7 +252,7 @@ func (m *Manager) reboot(ctx context.Context, name, id string, st core.Stopper) 
 			break
 		}
 		m.log.Info("sandbox rebooted by its guest: starting it again", "sandbox", name)
-		err := m.startLocked(ctx, cur, st)
+		err := m.startLocked(ctx, cur, st, nil) // recorded running: it holds its memory
 		if err == nil {
 			return
 		}

@@ -406,6 +406,41 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
+// Host limits: a create over --max-sandboxes or --max-memory fails with
+// the limit and the figures (429 limit_reached on the API), and info
+// shows the limits and their use.
+func TestHostLimits(t *testing.T) {
+	d := newDaemon(t, "--max-sandboxes", "2", "--max-memory", "1G", "--warm-pool", "-1")
+	d.must("create", "--name", "lim-a", "--memory", "512M")
+	d.expectCLI(t, []cliCase{
+		{[]string{"create", "--name", "lim-b", "--memory", "1G"}, 1, "host limit reached: creating this 1G sandbox would commit 1.5G of memory, over --max-memory 1G (512M committed)"},
+		{[]string{"create", "--name", "lim-b", "--memory", "512M"}, 0, ""},
+		{[]string{"create", "--name", "lim-c", "--memory", "64M"}, 1, "host limit reached: 2 sandboxes exist (nook serve --max-sandboxes 2)"},
+		{[]string{"stop", "lim-b"}, 0, ""},
+		{[]string{"serve", "--max-memory", "lots"}, 2, "--max-memory: size \"lots\" is not valid"},
+		{[]string{"serve", "--max-sandboxes", "-1"}, 2, "--max-sandboxes -1 is not valid"},
+	})
+	if out := d.must("info"); !strings.Contains(out, "sandboxes: 2 of 2 (--max-sandboxes)\ncommitted memory: 512M of 1G (--max-memory)\n") {
+		t.Errorf("info: %s", out)
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", d.socket())
+	}}}
+	resp, err := hc.Post("http://nook/v1/sandboxes", "application/json", strings.NewReader(`{"name": "lim-c"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eb api.ErrorBody
+	json.NewDecoder(resp.Body).Decode(&eb)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || eb.Error.Code != api.CodeLimitReached || !strings.Contains(eb.Error.Message, "--max-sandboxes 2") {
+		t.Fatalf("create over the limit: %d %+v", resp.StatusCode, eb)
+	}
+	// Room made, the create goes through.
+	d.must("rm", "lim-b")
+	d.must("create", "--name", "lim-c", "--memory", "512M")
+}
+
 func TestDaemonNotRunning(t *testing.T) {
 	bin := binaries(t)
 	cmd := exec.Command(bin, "ls")

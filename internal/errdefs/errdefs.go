@@ -18,6 +18,10 @@ var (
 	ErrResourceExhausted  = errors.New("resource exhausted")
 	ErrUnavailable        = errors.New("unavailable")
 	ErrPermissionDenied   = errors.New("permission denied")
+	// ErrLimit is a limit the host's operator set (nook serve
+	// --max-sandboxes, --max-memory) that the request would go over: the
+	// host refuses it rather than slow down for everyone.
+	ErrLimit = errors.New("host limit reached")
 )
 
 // categorized carries a user-facing message and a category; Error returns
@@ -56,3 +60,7 @@ func Unavailable(format string, args ...any) error { return newf(ErrUnavailable,
 
 // Denied returns an ErrPermissionDenied with a user-facing message.
 func Denied(format string, args ...any) error { return newf(ErrPermissionDenied, format, args...) }
+
+// Limit returns an ErrLimit with a user-facing message, which names the
+// limit and the figures.
+func Limit(format string, args ...any) error { return newf(ErrLimit, format, args...) }

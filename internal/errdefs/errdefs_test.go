@@ -15,3 +15,13 @@ func TestCategoriesSurviveWrapping(t *testing.T) {
 		t.Fatalf("message: %q", got)
 	}
 }
+
+func TestLimit(t *testing.T) {
+	err := fmt.Errorf("create: %w", Limit("host limit reached: %d sandboxes exist", 3))
+	if !errors.Is(err, ErrLimit) || errors.Is(err, ErrResourceExhausted) {
+		t.Fatalf("category: %v", err)
+	}
+	if got := err.Error(); got != "create: host limit reached: 3 sandboxes exist" {
+		t.Fatalf("message: %q", got)
+	}
+}

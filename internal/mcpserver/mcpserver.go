@@ -30,7 +30,8 @@ func New(c *sdk.Client, version string) *mcp.Server {
 	})
 	t := &tools{c: c}
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_create", Description: "Create a new, isolated Linux sandbox (Debian 12 with root, apt-get, python3, git, curl) and return it. " +
-		"Use this before running anything. It starts in well under a second. Returns the sandbox's name, which every other tool takes."}, t.create)
+		"Use this before running anything. It starts in well under a second. Returns the sandbox's name, which every other tool takes. " +
+		"A host full to its operator's limits refuses it with a message saying which (\"host limit reached: ...\"): destroy, stop or pause sandboxes you no longer need, then try again."}, t.create)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_list", Description: "List all sandboxes with their state, size and expiry. Use it to find a sandbox you created earlier."}, t.list)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_inspect", Description: "Show one sandbox: its state (running, paused, stopped or failed, with the reason), CPU and memory limits, environment and when it expires."}, t.inspect)
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_pause", Description: "Pause a sandbox you will come back to: its processes stop where they are (servers, shells, builds) and it uses no CPU. " +

@@ -326,7 +326,7 @@ func TestOpenAPIErrorStatuses(t *testing.T) {
 	doc := loadOpenAPI(t)
 	for _, err := range []error{
 		errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrFailedPrecondition,
-		errdefs.ErrResourceExhausted, errdefs.ErrUnavailable, errdefs.ErrPermissionDenied, errors.New("other"),
+		errdefs.ErrResourceExhausted, errdefs.ErrLimit, errdefs.ErrUnavailable, errdefs.ErrPermissionDenied, errors.New("other"),
 	} {
 		status, code := errorStatus(err)
 		if row := fmt.Sprintf("| `%s` | %d |", code, status); !strings.Contains(doc.Info.Description, row) {

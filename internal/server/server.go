@@ -180,6 +180,8 @@ func errorStatus(err error) (int, string) {
 		return http.StatusConflict, api.CodeFailedPrecondition
 	case errors.Is(err, errdefs.ErrResourceExhausted):
 		return http.StatusInsufficientStorage, api.CodeResourceExhausted
+	case errors.Is(err, errdefs.ErrLimit):
+		return http.StatusTooManyRequests, api.CodeLimitReached
 	case errors.Is(err, errdefs.ErrUnavailable):
 		return http.StatusServiceUnavailable, api.CodeUnavailable
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

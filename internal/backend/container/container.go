@@ -505,6 +505,34 @@ func (b *Backend) statusLocked(ctx context.Context, sb *core.Sandbox, lock *os.F
 	return core.RuntimeStatus{State: core.RuntimeAbsent, Detail: "the sandbox's files are gone"}, nil
 }
 
+// Alive implements core.Liveness: the init sb's record names (not
+// init.json's, which a rollback or a restore may have replaced) runs, as
+// /proc says; no lock is taken and no other file read. A frozen init
+// runs; a checkpointed, stopped, replaced or dead one does not.
+func (b *Backend) Alive(sb *core.Sandbox) bool {
+	var st state
+	if len(sb.BackendState) == 0 || json.Unmarshal(sb.BackendState, &st) != nil || st.PID <= 0 || st.StartTime == 0 {
+		return false
+	}
+	return procfs.StartTime(st.PID) == st.StartTime
+}
+
+// Refresh implements core.Liveness: the record takes the init init.json
+// names if that one runs (a resume from disk started it).
+func (b *Backend) Refresh(sb *core.Sandbox) bool {
+	var latest state
+	if fsutil.ReadJSON(filepath.Join(b.dir(sb.ID), "init.json"), &latest) != nil || latest.PID <= 0 ||
+		latest.StartTime == 0 || procfs.StartTime(latest.PID) != latest.StartTime {
+		return false
+	}
+	data, err := json.Marshal(latest)
+	if err != nil || bytes.Equal(data, sb.BackendState) {
+		return false
+	}
+	sb.BackendState = data
+	return true
+}
+
 func lastLine(s string) string {
 	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
 		return s[i+1:]

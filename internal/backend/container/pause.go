@@ -26,6 +26,10 @@ func (b *Backend) PauseKind(id string) string {
 	return "frozen: processes stopped by the cgroup freezer, memory kept in RAM, no CPU"
 }
 
+// PausedInRAM implements core.RAMPauser: a checkpointed container holds
+// no RAM; a frozen one does.
+func (b *Backend) PausedInRAM(id string) bool { return !b.checkpointed(id) }
+
 // Paused implements core.Pauser. It first waits for a runc that holds
 // the sandbox's lock (a pause, checkpoint or restore an earlier daemon
 // began, which runs on after that daemon died): a freeze landing after

@@ -71,6 +71,10 @@ func (b *Backend) PauseKind(id string) string {
 	return "saved: memory and devices written to disk and QEMU stopped (no CPU, no RAM)"
 }
 
+// PausedInRAM implements core.RAMPauser: a vm's pause saves it to disk
+// and ends its QEMU.
+func (b *Backend) PausedInRAM(string) bool { return false }
+
 func (b *Backend) runFile(id string) string { return filepath.Join(b.dir(id), "run.json") }
 
 // readRun returns what run.json says, and whether that QEMU is alive.
