@@ -52,7 +52,7 @@ type Create struct {
 
 // Probe is one round of every per-sandbox operation.
 type Probe struct {
-	Cold, Warm                            []time.Duration // a burst of 10 parallel creates
+	Cold, Warm                            []time.Duration // bursts of 10 parallel creates
 	Exec, Pause, Resume, Snapshot, Policy []time.Duration
 	Remove                                []time.Duration
 }
@@ -198,7 +198,7 @@ func (g *grower) grow(ctx context.Context, n int) error {
 		for i := range names {
 			names[i] = fmt.Sprintf("d%05d", len(g.names)+i)
 		}
-		ds, err := g.d.burst(ctx, names)
+		ds, err := g.d.burst(ctx, names, "")
 		if err != nil {
 			return err
 		}
@@ -258,22 +258,28 @@ func probe(ctx context.Context, d *procDaemon, prefix string) (Probe, error) {
 	if err := d.settle(ctx); err != nil {
 		return p, err
 	}
-	names := make([]string, 10)
+	// A burst from a full warm pool, then a burst of cold creates: a
+	// disk size other than the default is never taken from the pool.
+	names := make([]string, 20)
 	for i := range names {
 		names[i] = fmt.Sprintf("%s-%d", prefix, i)
 	}
-	ds, err := d.burst(ctx, names)
+	ds, err := d.burst(ctx, names[:10], "")
 	if err != nil {
 		return p, err
 	}
 	warm := d.log.warm()
-	for i, name := range names {
+	for i, name := range names[:10] {
 		if warm[name] {
 			p.Warm = append(p.Warm, ds[i])
 		} else {
 			p.Cold = append(p.Cold, ds[i])
 		}
 	}
+	if ds, err = d.burst(ctx, names[10:], "9G"); err != nil {
+		return p, err
+	}
+	p.Cold = append(p.Cold, ds...)
 	cl := d.cl
 	for i := 0; i < 50; i++ {
 		t := time.Now()
@@ -350,8 +356,8 @@ func (r *DensityResult) print(w io.Writer) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2fx\t%s\t<= 1.3x\n", name, ms(pct(a, .5)), ms(pct(b, .5)), Ratio(a, b), after)
 	}
-	line("create, cold (burst of 10)", r.At10.Cold, r.AtN.Cold, r.After.Cold)
-	line("create, warm (burst of 10)", r.At10.Warm, r.AtN.Warm, r.After.Warm)
+	line("create, cold (bursts of 10)", r.At10.Cold, r.AtN.Cold, r.After.Cold)
+	line("create, warm (bursts of 10)", r.At10.Warm, r.AtN.Warm, r.After.Warm)
 	line("exec round trip (true)", r.At10.Exec, r.AtN.Exec, r.After.Exec)
 	line("pause (freeze)", r.At10.Pause, r.AtN.Pause, r.After.Pause)
 	line("resume", r.At10.Resume, r.AtN.Resume, r.After.Resume)

@@ -256,11 +256,11 @@ func (d *procDaemon) stop() {
 	removeCgroups(d.cgroup())
 }
 
-// burst creates names in parallel (128M each) and returns each create's
-// latency.
-func (d *procDaemon) burst(ctx context.Context, names []string) ([]time.Duration, error) {
+// burst creates names in parallel (128M each, disk of the given size or
+// the default) and returns each create's latency.
+func (d *procDaemon) burst(ctx context.Context, names []string, disk string) ([]time.Duration, error) {
 	return parallel(names, func(name string) error {
-		_, err := d.cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: name, Memory: "128M"})
+		_, err := d.cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: name, Memory: "128M", Disk: disk})
 		return err
 	})
 }

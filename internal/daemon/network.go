@@ -271,19 +271,21 @@ func (n *sandboxNets) subnetFor(ctx context.Context, id string) (netip.Prefix, e
 	}
 	// Recorded but not loaded yet (a sandbox the backend starts while the
 	// daemon reconciles): its own subnet, and every recorded one is taken.
-	recs, err := n.store.ListNets(ctx)
-	if err != nil {
-		return netip.Prefix{}, err
-	}
-	for rid, rec := range recs {
-		p, err := netip.ParsePrefix(rec.Subnet)
+	var own netip.Prefix
+	if err := n.store.NetSubnets(ctx, func(rid, subnet string) {
+		p, err := netip.ParsePrefix(subnet)
 		if err != nil {
-			continue
+			return
 		}
 		if rid == id {
-			return p, nil
+			own = p
 		}
 		taken = append(taken, p)
+	}); err != nil {
+		return netip.Prefix{}, err
+	}
+	if own.IsValid() {
+		return own, nil
 	}
 	for pid, s := range n.pending {
 		if pid != id {

@@ -141,18 +141,18 @@ type Attachment struct {
 // Lifecycle of one sandbox: Allocate (Pool) → SetupContainer or SetupTap
 // (deny-all) → SetPolicy, AllowLearned, Expose as needed → Teardown.
 type Manager struct {
-	cfg    Config
-	pool   *Pool
-	lay    *layout
-	host   netns.NsHandle
-	nl     *netlink.Handle
+	cfg  Config
+	pool *Pool
+	lay  *layout
+	host netns.NsHandle
+	nl   *netlink.Handle
 	// addrSock reads one link's addresses (linkAddrs); addrMu serializes
 	// its requests.
 	addrSock *nl.NetlinkSocket
 	addrMu   sync.Mutex
-	log    *slog.Logger
-	cancel context.CancelFunc
-	done   chan struct{}
+	log      *slog.Logger
+	cancel   context.CancelFunc
+	done     chan struct{}
 
 	mu        sync.Mutex
 	locks     keylock.Map // serializes operations per sandbox ID

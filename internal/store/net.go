@@ -28,10 +28,51 @@ func (s *Store) PutNet(ctx context.Context, id string, n Net) error {
 	if err != nil {
 		return err
 	}
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
 	_, err = s.db.ExecContext(ctx, `INSERT INTO sandbox_net (id, subnet, policy, exposed) VALUES (?,?,?,?)
 		ON CONFLICT(id) DO UPDATE SET subnet = excluded.subnet, policy = excluded.policy, exposed = excluded.exposed`,
 		id, n.Subnet, string(n.Policy), string(exp))
-	return err
+	if err != nil {
+		// The row may or may not have changed: read the table again.
+		s.subnets = nil
+		return err
+	}
+	if s.subnets != nil {
+		s.subnets[id] = n.Subnet
+	}
+	return nil
+}
+
+// NetSubnets calls fn with each recorded sandbox network's sandbox ID and
+// subnet, from memory after the first call (the store keeps them beside
+// the table), so that it costs no query of every row.
+func (s *Store) NetSubnets(ctx context.Context, fn func(id, subnet string)) error {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
+	if s.subnets == nil {
+		rows, err := s.db.QueryContext(ctx, `SELECT id, subnet FROM sandbox_net`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		subnets := map[string]string{}
+		for rows.Next() {
+			var id, subnet string
+			if err := rows.Scan(&id, &subnet); err != nil {
+				return err
+			}
+			subnets[id] = subnet
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		s.subnets = subnets
+	}
+	for id, subnet := range s.subnets {
+		fn(id, subnet)
+	}
+	return nil
 }
 
 // ListNets returns every recorded sandbox network by sandbox ID.

@@ -70,3 +70,53 @@ func TestNetRecordAndLog(t *testing.T) {
 		t.Fatal("network log outlived its sandbox")
 	}
 }
+
+// NetSubnets answers from memory what the table holds: a record put, put
+// again with another subnet, and gone with its sandbox.
+func TestNetSubnetsFollowTheTable(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "nook.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	subnets := func() map[string]string {
+		t.Helper()
+		out := map[string]string{}
+		if err := s.NetSubnets(ctx, func(id, subnet string) { out[id] = subnet }); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	for _, id := range []string{"a", "b"} {
+		if err := s.InsertSandbox(ctx, sample(id, "n-"+id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.PutNet(ctx, "a", Net{Subnet: "10.89.0.0/30"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := subnets(); len(got) != 1 || got["a"] != "10.89.0.0/30" { // loaded from the table
+		t.Fatalf("NetSubnets = %v", got)
+	}
+	if err := s.PutNet(ctx, "b", Net{Subnet: "10.89.0.4/30"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutNet(ctx, "a", Net{Subnet: "10.89.0.8/30"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := subnets(); len(got) != 2 || got["a"] != "10.89.0.8/30" || got["b"] != "10.89.0.4/30" {
+		t.Fatalf("NetSubnets after puts = %v", got)
+	}
+	if err := s.DeleteSandbox(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	all, err := s.ListNets(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := subnets()
+	if len(got) != len(all) || got["b"] != all["b"].Subnet || len(got) != 1 {
+		t.Fatalf("NetSubnets = %v, the table %v", got, all)
+	}
+}

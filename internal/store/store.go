@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	_ "modernc.org/sqlite" // the database/sql driver "sqlite"
@@ -109,6 +110,11 @@ var migrations = []string{
 // Store is the daemon's database.
 type Store struct {
 	db *sql.DB
+	// netMu guards subnets, the subnets of sandbox_net by sandbox ID,
+	// kept beside the table (nil until first used): choosing a free
+	// subnet for a create reads them without a query of every row.
+	netMu   sync.Mutex
+	subnets map[string]string
 }
 
 // Open opens (creating if needed) the database at path and migrates it.
@@ -225,7 +231,12 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *core.Sandbox) error {
 
 // DeleteSandbox removes a sandbox's record.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
 	_, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	if err == nil && s.subnets != nil {
+		delete(s.subnets, id) // its sandbox_net row went with it (a trigger)
+	}
 	return err
 }
 
