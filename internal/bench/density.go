@@ -40,6 +40,8 @@ type DensityResult struct {
 	// answers with all N running; ReadoptExec until the last answers an
 	// exec too.
 	Readopt, ReadoptExec time.Duration
+	// ReadoptLog is the restarted daemon's log line of its reconcile.
+	ReadoptLog string
 	// Teardown is each rm of the N-10 while they go, in bursts of 10.
 	Teardown []time.Duration
 }
@@ -167,6 +169,11 @@ func RunDensity(ctx context.Context, cfg Config, n int) (*DensityResult, error) 
 	fmt.Fprintf(out, "density: kill -9 of the daemon, and its restart with %d sandboxes...\n", n)
 	if res.Readopt, res.ReadoptExec, err = d.readopt(ctx, g.names[len(g.names)-1], n); err != nil {
 		return nil, err
+	}
+	for _, line := range strings.Split(d.log.String(), "\n") {
+		if strings.Contains(line, "reconciled the sandboxes") {
+			res.ReadoptLog = line // the last restart's
+		}
 	}
 
 	fmt.Fprintf(out, "density: removing %d in bursts of 10...\n", n-10)
@@ -390,6 +397,9 @@ func (r *DensityResult) print(w io.Writer) {
 	fmt.Fprintf(tw, "host memory per sandbox (MemAvailable)\t%.1f MiB\t-\n", float64(r.HostMemPer)/(1<<20))
 	fmt.Fprintf(tw, "restart after kill -9 -> all %d listed running\t%s\t< 10s\n", r.N, ms(r.Readopt))
 	fmt.Fprintf(tw, "restart after kill -9 -> exec answered\t%s\t< 10s\n", ms(r.ReadoptExec))
+	if r.ReadoptLog != "" {
+		fmt.Fprintf(tw, "  the restart's reconcile\t%s\t-\n", r.ReadoptLog)
+	}
 	if len(r.Teardown) > 0 {
 		fmt.Fprintf(tw, "rm during teardown, bursts of 10, p50 / p95\t%s / %s\t-\n", ms(pct(r.Teardown, .5)), ms(pct(r.Teardown, .95)))
 	}

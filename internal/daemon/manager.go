@@ -1163,6 +1163,7 @@ func (m *Manager) refreshLiveness(ctx context.Context, lv core.Liveness, sb *cor
 // half created are removed, interrupted destroys finished, running ones
 // re-adopted or marked failed, and host resources no record owns removed.
 func (m *Manager) reconcile(ctx context.Context) error {
+	start := time.Now()
 	sbs, err := m.store.ListSandboxes(ctx)
 	if err != nil {
 		return err
@@ -1195,6 +1196,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			m.alignStopped(ctx, sb)
 		}
 	}
+	adopted := time.Now()
 	for iso, b := range m.backends {
 		ids, err := b.List(ctx)
 		if err != nil {
@@ -1211,7 +1213,9 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	}
 	// Snapshot files a crash left unrecorded (or half written), and those
 	// of snapshots whose records are gone, unless a sandbox uses them.
+	orphans := time.Now()
 	m.gcSnapshots(ctx)
+	gc := time.Now()
 	if m.net != nil {
 		// Policies, resolvers and exposed ports come back; networks no
 		// record owns go.
@@ -1223,6 +1227,8 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			m.log.Error("reconcile sandbox networks", "err", err)
 		}
 	}
+	m.log.Info("reconciled the sandboxes with the host", "sandboxes", len(sbs), "duration", time.Since(start),
+		"sandboxes_checked", adopted.Sub(start), "orphans_removed", orphans.Sub(adopted), "snapshots_gc", gc.Sub(orphans), "networks", time.Since(gc))
 	return nil
 }
 

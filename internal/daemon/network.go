@@ -783,6 +783,8 @@ func (n *sandboxNets) reconcile(ctx context.Context, sbs []*core.Sandbox) error 
 		return err
 	}
 	var keep []string
+	subnets := map[string]netip.Prefix{}
+	names := map[string]string{}
 	for _, sb := range sbs {
 		keep = append(keep, sb.ID)
 		rec, ok := recs[sb.ID]
@@ -802,18 +804,25 @@ func (n *sandboxNets) reconcile(ctx context.Context, sbs []*core.Sandbox) error 
 		n.mu.Lock()
 		n.state[sb.ID] = st
 		n.mu.Unlock()
-		if _, err := n.mgr.Adopt(ctx, sb.ID, st.subnet); err != nil {
+		subnets[sb.ID], names[sb.ID] = st.subnet, sb.Name
+	}
+	// Every interface in one commit, then each policy (adds only).
+	for id, err := range n.mgr.AdoptAll(ctx, subnets) {
+		if err != nil {
 			// A vm paused to disk or a stopped sandbox may have no
 			// interface: its next attach restores its policy and ports.
-			n.log.Warn("adopt sandbox network", "sandbox", sb.Name, "err", err)
+			n.log.Warn("adopt sandbox network", "sandbox", names[id], "err", err)
 			continue
 		}
 		// Connections are judged once for all, below.
-		if err := n.restore(ctx, sb.ID, true); err != nil {
-			n.log.Error("restore sandbox network policy", "sandbox", sb.Name, "err", err)
+		if err := n.restore(ctx, id, true); err != nil {
+			n.log.Error("restore sandbox network policy", "sandbox", names[id], "err", err)
 			continue
 		}
-		n.log.Info("re-adopted sandbox network", "sandbox", sb.Name, "subnet", st.subnet.String(), "policy", st.policy.String())
+		n.mu.Lock()
+		st := n.state[id]
+		n.mu.Unlock()
+		n.log.Info("re-adopted sandbox network", "sandbox", names[id], "subnet", st.subnet.String(), "policy", st.policy.String())
 	}
 	n.mgr.CutFlows(ctx)
 	removed, err := n.mgr.Reconcile(ctx, keep)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sort"
 
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/vishvananda/netlink"
@@ -120,25 +121,94 @@ func (m *Manager) Adopt(ctx context.Context, id string, subnet netip.Prefix) (Ki
 	}
 	unlock := m.lock(id)
 	defer unlock()
+	a, err := m.checkAdopt(id, subnet)
+	if err != nil {
+		return "", err
+	}
+	return a.kind, m.finishSetup(id, a.iface, a.kind, subnet, "", a.ifindex, true)
+}
+
+// adoption is an attachment found in the kernel, ready to be adopted.
+type adoption struct {
+	id, iface string
+	kind      Kind
+	subnet    netip.Prefix
+	ifindex   int
+}
+
+// checkAdopt checks that sandbox id's interface is there and its own,
+// sets it up and sets its reverse-path filtering. The caller holds id's
+// lock.
+func (m *Manager) checkAdopt(id string, subnet netip.Prefix) (adoption, error) {
 	iface := IfaceName(id)
 	link, err := m.nl.LinkByName(iface)
 	if err != nil {
 		if errors.As(err, new(netlink.LinkNotFoundError)) {
-			return "", errdefs.NotFound("sandbox %s has no network interface %s", id, iface)
+			return adoption{}, errdefs.NotFound("sandbox %s has no network interface %s", id, iface)
 		}
-		return "", fmt.Errorf("look up %s: %w", iface, err)
+		return adoption{}, fmt.Errorf("look up %s: %w", iface, err)
 	}
 	if link.Attrs().Alias != aliasPrefix+id || !m.hasAddr(link, Gateway(subnet)) {
-		return "", errdefs.NotFound("interface %s is not sandbox %s's attachment on %v", iface, id, subnet)
+		return adoption{}, errdefs.NotFound("interface %s is not sandbox %s's attachment on %v", iface, id, subnet)
 	}
 	kind := KindTap
 	if link.Type() == "veth" {
 		kind = KindVeth
 	}
 	if err := m.nl.LinkSetUp(link); err != nil {
-		return "", fmt.Errorf("set %s up: %w", iface, err)
+		return adoption{}, fmt.Errorf("set %s up: %w", iface, err)
 	}
-	return kind, m.finishSetup(id, iface, kind, subnet, "", link.Attrs().Index, true)
+	if err := m.prepareSetup(iface); err != nil {
+		return adoption{}, err
+	}
+	return adoption{id: id, iface: iface, kind: kind, subnet: subnet, ifindex: link.Attrs().Index}, nil
+}
+
+// AdoptAll is Adopt for many sandboxes (by ID, with their subnets) with
+// one nftables commit for all of them: a commit that removes elements
+// waits for an RCU grace period (milliseconds), and a daemon's start
+// adopts every sandbox at once. It returns each sandbox's error, nil for
+// those adopted.
+func (m *Manager) AdoptAll(ctx context.Context, subnets map[string]netip.Prefix) map[string]error {
+	errs := make(map[string]error, len(subnets))
+	ids := make([]string, 0, len(subnets))
+	for id, subnet := range subnets {
+		if err := m.checkArgs(ctx, id, subnet); err != nil {
+			errs[id] = err
+			continue
+		}
+		ids = append(ids, id)
+	}
+	sort.Strings(ids) // locks in one order
+	for _, id := range ids {
+		defer m.lock(id)()
+	}
+	var found []adoption
+	c := m.nft()
+	for _, id := range ids {
+		a, err := m.checkAdopt(id, subnets[id])
+		if err == nil {
+			err = m.queueSetup(c, id, a.iface, a.subnet)
+		}
+		if err != nil {
+			errs[id] = err
+			continue
+		}
+		found = append(found, a)
+	}
+	if err := c.Flush(); err != nil {
+		// One at a time, so that one sandbox's trouble stays its own.
+		m.log.WarnContext(ctx, "network: adopting sandboxes in one commit failed; one at a time", "err", err)
+		for _, a := range found {
+			errs[a.id] = m.finishSetup(a.id, a.iface, a.kind, a.subnet, "", a.ifindex, true)
+		}
+		return errs
+	}
+	for _, a := range found {
+		m.recordSetup(a.id, a.iface, a.kind, a.subnet, "", a.ifindex, true)
+		errs[a.id] = nil
+	}
+	return errs
 }
 
 // Subnets returns the subnets of every sandbox the manager has attached

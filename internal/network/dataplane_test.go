@@ -1093,3 +1093,40 @@ func TestLegacyLayoutRemoved(t *testing.T) {
 		t.Errorf("the new manager found %d allow elements of the live sandbox, want 1", n)
 	}
 }
+
+// AdoptAll adopts every sandbox a restarted Manager is given in one
+// commit: each deny-all until its policy comes back (the old one's
+// elements gone), and one whose interface is gone is NotFound without
+// failing the others.
+func TestAdoptAll(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	nsA, subA := e.sandbox("sb-a")
+	nsB, subB := e.sandbox("sb-b")
+	e.setPolicy("sb-a", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webA, 32)}}})
+	e.setPolicy("sb-b", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webB, 32)}}})
+	e.reach(nsA, webA.String()+":80", "world:")
+
+	m2, err := New(ctx, Config{NetnsDir: e.dir, HostNetns: e.topo.Host, Log: e.m.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	errs := m2.AdoptAll(ctx, map[string]netip.Prefix{"sb-a": subA, "sb-b": subB, "sb-gone": netip.MustParsePrefix("10.89.0.100/30")})
+	if errs["sb-a"] != nil || errs["sb-b"] != nil || !errors.Is(errs["sb-gone"], errdefs.ErrNotFound) || len(errs) != 3 {
+		t.Fatalf("AdoptAll = %v", errs)
+	}
+	e.refused(nsA, webA.String()+":80")
+	e.refused(nsB, webB.String()+":80")
+	if err := m2.SetPolicy(ctx, "sb-a", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webB, 32)}}}); err != nil {
+		t.Fatal(err)
+	}
+	e.reach(nsA, webB.String()+":80", "world:")
+	e.refused(nsA, webA.String()+":80") // the old policy's element went at adoption
+	e.refused(nsB, webB.String()+":80")
+	for _, id := range []string{"sb-a", "sb-b"} {
+		if err := m2.Teardown(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

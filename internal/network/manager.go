@@ -602,30 +602,49 @@ func (m *Manager) SetupTap(ctx context.Context, id string, subnet netip.Prefix) 
 // finishSetup installs the sandbox's rules (deny-all) and records it.
 // adopted says the sandbox existed before, so it may have connections.
 func (m *Manager) finishSetup(id, iface string, kind Kind, subnet netip.Prefix, path string, ifindex int, adopted bool) error {
-	// Strict reverse-path filtering on the sandbox's interface: a packet
-	// whose source would not route back through it (a spoofed address) is
-	// dropped before any rule, established flows included.
+	if err := m.prepareSetup(iface); err != nil {
+		return err
+	}
+	c := m.nft()
+	if err := m.queueSetup(c, id, iface, subnet); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("install rules for %s: %w", iface, err)
+	}
+	m.recordSetup(id, iface, kind, subnet, path, ifindex, adopted)
+	return nil
+}
+
+// prepareSetup sets strict reverse-path filtering on a sandbox's
+// interface: a packet whose source would not route back through it (a
+// spoofed address) is dropped before any rule, established flows
+// included.
+func (m *Manager) prepareSetup(iface string) error {
 	if err := inNetns(m.host, func() error { return writeSysctl("net/ipv4/conf/"+iface+"/rp_filter", "1") }); err != nil {
 		return fmt.Errorf("rp_filter on %s: %w", iface, err)
 	}
-	c := m.nft()
+	return nil
+}
+
+// queueSetup queues a sandbox's elements, deny-all: what an earlier run
+// or attachment left goes.
+func (m *Manager) queueSetup(c *nftables.Conn, id, iface string, subnet netip.Prefix) error {
 	m.mu.Lock()
 	stale := m.stale[iface]
 	if old := m.sandboxes[id]; old != nil {
 		stale = mergeElements(stale, policyElements(iface, &old.policy), m.lay.learnedElements(iface, old.learned))
 	}
 	m.mu.Unlock()
-	// What an earlier run or attachment left goes: the sandbox starts
-	// again deny-all.
 	if err := m.lay.removeAll(c, stale); err != nil {
 		return err
 	}
-	if err := m.lay.setup(c, iface, subnet); err != nil {
-		return err
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("install rules for %s: %w", iface, err)
-	}
+	return m.lay.setup(c, iface, subnet)
+}
+
+// recordSetup records a sandbox whose elements are in. adopted says the
+// sandbox existed before, so it may have connections.
+func (m *Manager) recordSetup(id, iface string, kind Kind, subnet netip.Prefix, path string, ifindex int, adopted bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.stale, iface)
@@ -644,7 +663,6 @@ func (m *Manager) finishSetup(id, iface string, kind Kind, subnet netip.Prefix, 
 	}
 	m.sandboxes[id] = sb
 	m.byIndex[ifindex] = id
-	return nil
 }
 
 func (m *Manager) hasAddr(link netlink.Link, gw netip.Addr) bool {
