@@ -184,7 +184,7 @@ func (m *Manager) AdoptAll(ctx context.Context, subnets map[string]netip.Prefix)
 		defer m.lock(id)()
 	}
 	var found []adoption
-	c := m.nft()
+	c, put := m.lasting()
 	for _, id := range ids {
 		a, err := m.checkAdopt(id, subnets[id])
 		if err == nil {
@@ -196,7 +196,9 @@ func (m *Manager) AdoptAll(ctx context.Context, subnets map[string]netip.Prefix)
 		}
 		found = append(found, a)
 	}
-	if err := c.Flush(); err != nil {
+	err := c.Flush()
+	put(err)
+	if err != nil {
 		// One at a time, so that one sandbox's trouble stays its own.
 		m.log.WarnContext(ctx, "network: adopting sandboxes in one commit failed; one at a time", "err", err)
 		for _, a := range found {

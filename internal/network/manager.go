@@ -146,6 +146,8 @@ type Manager struct {
 	lay  *layout
 	host netns.NsHandle
 	nl   *netlink.Handle
+	// conns holds idle lasting nftables connections (lasting).
+	conns chan *nftables.Conn
 	// addrSock reads one link's addresses (linkAddrs); addrMu serializes
 	// its requests.
 	addrSock *nl.NetlinkSocket
@@ -211,6 +213,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		byIndex:   map[int]string{},
 		tearing:   map[string]netip.Prefix{},
 		stale:     map[string]map[string][]nftables.SetElement{},
+		conns:     make(chan *nftables.Conn, lastingConns),
 	}
 	if cfg.HostNetns > 0 {
 		fd, err := unix.Dup(int(cfg.HostNetns))
@@ -306,6 +309,9 @@ func (m *Manager) closeHandles() {
 		m.addrSock.Close()
 		m.addrSock = nil
 	}
+	for len(m.conns) > 0 {
+		(<-m.conns).CloseLasting()
+	}
 	if m.host > 0 {
 		m.host.Close()
 		m.host = -1
@@ -335,6 +341,38 @@ func (m *Manager) Pool() *Pool { return m.pool }
 func (m *Manager) nft() *nftables.Conn {
 	c, _ := nftables.New(nftables.WithNetNSFd(int(m.host)))
 	return c
+}
+
+// lastingConns is how many idle lasting connections a Manager keeps.
+const lastingConns = 8
+
+// lasting returns a lasting nftables connection in the host namespace
+// for one batch, and put, which hands it back with the batch's error:
+// kept for the next batch, or closed when the batch failed (its socket
+// may hold answers nobody read). Closing a netlink socket costs the
+// kernel an RCU grace period (milliseconds), so a connection per batch
+// made every create, policy change and learned address wait for one.
+func (m *Manager) lasting() (*nftables.Conn, func(error)) {
+	var c *nftables.Conn
+	select {
+	case c = <-m.conns:
+	default:
+		var err error
+		if c, err = nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(int(m.host))); err != nil {
+			// Flush reports the same error.
+			return m.nft(), func(error) {}
+		}
+	}
+	return c, func(err error) {
+		if err == nil {
+			select {
+			case m.conns <- c:
+				return
+			default:
+			}
+		}
+		c.CloseLasting()
+	}
 }
 
 // ifacePrefix starts every sandbox interface's name.
@@ -605,11 +643,14 @@ func (m *Manager) finishSetup(id, iface string, kind Kind, subnet netip.Prefix, 
 	if err := m.prepareSetup(iface); err != nil {
 		return err
 	}
-	c := m.nft()
+	c, put := m.lasting()
 	if err := m.queueSetup(c, id, iface, subnet); err != nil {
+		put(err)
 		return err
 	}
-	if err := c.Flush(); err != nil {
+	err := c.Flush()
+	put(err)
+	if err != nil {
 		return fmt.Errorf("install rules for %s: %w", iface, err)
 	}
 	m.recordSetup(id, iface, kind, subnet, path, ifindex, adopted)
@@ -806,11 +847,14 @@ func (m *Manager) teardown(ctx context.Context, id string) error {
 
 // removeRules deletes a sandbox's set elements, whichever of them exist.
 func (m *Manager) removeRules(iface string, elems map[string][]nftables.SetElement) error {
-	c := m.nft()
+	c, put := m.lasting()
 	if err := m.lay.removeAll(c, elems); err != nil {
+		put(err)
 		return err
 	}
-	if err := c.Flush(); err != nil {
+	err := c.Flush()
+	put(err)
+	if err != nil {
 		return fmt.Errorf("remove rules of %s: %w", iface, err)
 	}
 	m.mu.Lock()
@@ -986,7 +1030,7 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 	if err != nil {
 		return err
 	}
-	c := m.nft()
+	c, put := m.lasting()
 	m.mu.Lock()
 	old := sb.policy
 	var learnedElems map[string][]nftables.SetElement
@@ -995,12 +1039,16 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 	}
 	m.mu.Unlock()
 	if err := m.lay.applyPolicy(c, sb.iface, &old, &comp); err != nil {
+		put(err)
 		return err
 	}
 	if err := m.lay.removeAll(c, learnedElems); err != nil {
+		put(err)
 		return err
 	}
-	if err := c.Flush(); err != nil {
+	err = c.Flush()
+	put(err)
+	if err != nil {
 		return fmt.Errorf("apply policy of %s: %w", id, err)
 	}
 	m.mu.Lock()
@@ -1159,19 +1207,23 @@ func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, 
 	if err != nil {
 		return err
 	}
-	c := m.nft()
+	c, put := m.lasting()
 	for _, v := range victims {
 		if !now.Before(v.entry.expires) {
 			continue // the kernel has let it expire
 		}
 		if err := m.lay.forget(c, sb.iface, v.addr, v.entry); err != nil {
+			put(err)
 			return err
 		}
 	}
 	if err := m.lay.learn(c, sb.iface, addr, ports, tmo, had); err != nil {
+		put(err)
 		return err
 	}
-	if err := c.Flush(); err != nil {
+	err = c.Flush()
+	put(err)
+	if err != nil {
 		return fmt.Errorf("learn %v for %s: %w", addr, id, err)
 	}
 	m.mu.Lock()
