@@ -78,21 +78,28 @@ func diskSize(sb *core.Sandbox) int64 {
 func (b *Backend) makeDisk(ctx context.Context, id string, size int64) error {
 	img := b.diskImage(id)
 	tmp := img + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
 	}
-	err = f.Truncate(size)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("make the sandbox's disk image: %w", err)
 	}
+	// mkfs.ext4 of a file reads the host's whole mount table (is it
+	// mounted?), which grows with every sandbox; of a block device it
+	// only opens the device exclusively. So: through a loop device,
+	// which detaches when closed (autoclear).
+	loop, err := attachLoop(f)
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
 	// -m 0: no blocks reserved for root (the sandbox's processes are root).
 	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0",
-		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0", tmp).CombinedOutput()
+		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0", loop.Name()).CombinedOutput()
+	loop.Close()
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("mkfs.ext4 of the sandbox's %s disk: %w: %s", core.FormatBytes(size), err, strings.TrimSpace(string(out)))
