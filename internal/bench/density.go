@@ -376,7 +376,8 @@ func (r *DensityResult) print(w io.Writer) {
 	first, last := r.growthSplit()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "growth to %d, bursts of 10\tfirst 100 p50\tfirst 100 p95\tlast 100 p50\tlast 100 p95\tratio p50\n", r.N)
+	k := len(first)
+	fmt.Fprintf(tw, "growth to %d, bursts of 10\tfirst %d p50\tfirst %d p95\tlast %d p50\tlast %d p95\tratio p50\n", r.N, k, k, k, k)
 	for _, kind := range []struct {
 		name string
 		warm bool
@@ -397,13 +398,13 @@ func (r *DensityResult) print(w io.Writer) {
 	fmt.Fprintf(tw, "host memory per sandbox (MemAvailable)\t%.1f MiB\t-\n", float64(r.HostMemPer)/(1<<20))
 	fmt.Fprintf(tw, "restart after kill -9 -> all %d listed running\t%s\t< 10s\n", r.N, ms(r.Readopt))
 	fmt.Fprintf(tw, "restart after kill -9 -> exec answered\t%s\t< 10s\n", ms(r.ReadoptExec))
-	if r.ReadoptLog != "" {
-		fmt.Fprintf(tw, "  the restart's reconcile\t%s\t-\n", r.ReadoptLog)
-	}
 	if len(r.Teardown) > 0 {
 		fmt.Fprintf(tw, "rm during teardown, bursts of 10, p50 / p95\t%s / %s\t-\n", ms(pct(r.Teardown, .5)), ms(pct(r.Teardown, .95)))
 	}
 	tw.Flush()
+	if r.ReadoptLog != "" {
+		fmt.Fprintf(w, "the restart's reconcile: %s\n", r.ReadoptLog)
+	}
 }
 
 // growthSplit returns the first and the last 100 creates of the growth
@@ -424,22 +425,22 @@ func pick(cs []Create, warm bool) []time.Duration {
 }
 
 // Ratio is b's median over a's.
-func Ratio(a, b []time.Duration) float64 {
-	return float64(pct(b, .5)) / float64(pct(a, .5))
+func Ratio(a, b []time.Duration) float64 { return RatioAt(a, b, .5) }
+
+// RatioAt is b's q-quantile over a's (0 when either is empty).
+func RatioAt(a, b []time.Duration, q float64) float64 {
+	if len(a) == 0 || len(b) == 0 {
+		return 0
+	}
+	return float64(pct(b, q)) / float64(pct(a, q))
 }
 
-// GrowthRatio is the median create (warm and cold alike) of the last
-// 100 of the growth over the first 100's.
-func (r *DensityResult) GrowthRatio() float64 {
+// GrowthRatio is the q-quantile of the cold creates among the growth's
+// last 100 over the same of its first 100 (warm ones are left out: the
+// warm pool's share changes as it adapts to the bursts).
+func (r *DensityResult) GrowthRatio(q float64) float64 {
 	first, last := r.growthSplit()
-	all := func(cs []Create) []time.Duration {
-		out := make([]time.Duration, len(cs))
-		for i, c := range cs {
-			out[i] = c.D
-		}
-		return out
-	}
-	return Ratio(all(first), all(last))
+	return RatioAt(pick(first, false), pick(last, false), q)
 }
 
 // rssOf is a process's resident memory in bytes (VmRSS).

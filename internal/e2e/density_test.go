@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,11 +17,17 @@ import (
 const densityN = 200
 
 // densityBound is the largest ratio of a per-sandbox latency with
-// densityN sandboxes alive to the same with 10 that the test accepts. The
-// target at 1,000 is 1.3x; a loaded CI machine makes medians of a few
-// samples noisy, so the test catches what grows with the sandboxes alive
-// (a quadratic create was 7x at 1,000 and 3x at 300), not a few percent.
-const densityBound = 2.0
+// densityN sandboxes alive to the same with 10 that the test accepts,
+// compared at the first quartile of each: the machine's other load (the
+// rest of make test) lengthens some samples of either phase, seldom the
+// quickest quarter, while a cost that grows with the sandboxes alive
+// lengthens them all. The target at 1,000 is 1.3x (medians); the test
+// catches what grows with the sandboxes alive (a quadratic create was 7x
+// at 1,000 and 3x at 300), not a few percent.
+const (
+	densityBound = 2.0
+	densityQ     = .25
+)
 
 // TestDensity runs the density benchmark at CI size and checks ratios
 // only, never absolute times: every per-sandbox operation with densityN
@@ -36,10 +43,12 @@ func TestDensity(t *testing.T) {
 	testutil.CleanupCgroupParent(t, cgroup)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
+	var out strings.Builder
 	res, err := bench.RunDensity(ctx, bench.Config{
 		AgentBinary: filepath.Join(filepath.Dir(bin), "nook-agent"), TemplatesDir: testutil.TemplatesDir(),
-		CgroupParent: cgroup, Out: testWriter{t},
+		CgroupParent: cgroup, Out: &out,
 	}, densityN)
+	t.Logf("nook-bench -density %d:\n%s", densityN, out.String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,19 +68,11 @@ func TestDensity(t *testing.T) {
 		if len(c.at10) == 0 || len(c.atN) == 0 {
 			continue // every create of a probe came warm (or cold)
 		}
-		if r := bench.Ratio(c.at10, c.atN); r > densityBound {
-			t.Errorf("%s with %d sandboxes alive is %.2fx what it is with 10 (bound %.1fx)", c.name, densityN, r, densityBound)
+		if r := bench.RatioAt(c.at10, c.atN, densityQ); r > densityBound {
+			t.Errorf("%s with %d sandboxes alive is %.2fx what it is with 10 (first quartiles; bound %.1fx)", c.name, densityN, r, densityBound)
 		}
 	}
-	if r := res.GrowthRatio(); r > densityBound {
-		t.Errorf("the last creates of the growth to %d take %.2fx the first (bound %.1fx)", densityN, r, densityBound)
+	if r := res.GrowthRatio(densityQ); r > densityBound {
+		t.Errorf("the last cold creates of the growth to %d take %.2fx the first (first quartiles; bound %.1fx)", densityN, r, densityBound)
 	}
-}
-
-// testWriter writes the benchmark's tables to the test log.
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p))
-	return len(p), nil
 }
