@@ -76,6 +76,10 @@ const DefaultIDClaimDir = "/var/lib/nook/userns"
 type Backend struct {
 	cfg  Config
 	pool *warmpool.Pool[state]
+	// versionMu guards the runc version Available read last, and the
+	// binary it read it from (path, size, mtime).
+	versionMu           sync.Mutex
+	versionKey, version string
 	// gcMu: snapshots, rollbacks and forks (readers) against the removal
 	// of layers nothing uses (the writer).
 	gcMu sync.RWMutex
@@ -122,17 +126,37 @@ func (b *Backend) Capabilities() api.Capabilities {
 		DefaultDiskBytes: DefaultDisk, MinDiskBytes: MinDisk}
 }
 
+// runcVersion is what `runc --version` says first, asked again only when
+// the binary changed (every create asks whether the backend is available).
+func (b *Backend) runcVersion(ctx context.Context, path string) (string, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	key := fmt.Sprintf("%s\x00%d\x00%d", path, fi.Size(), fi.ModTime().UnixNano())
+	b.versionMu.Lock()
+	defer b.versionMu.Unlock()
+	if b.versionKey == key {
+		return b.version, nil
+	}
+	out, err := exec.CommandContext(ctx, path, "--version").Output()
+	if err != nil {
+		return "", err
+	}
+	b.versionKey, b.version = key, strings.TrimPrefix(strings.SplitN(string(out), "\n", 2)[0], "runc version ")
+	return b.version, nil
+}
+
 // Available implements core.Backend.
 func (b *Backend) Available(ctx context.Context) (bool, string, map[string]string) {
 	path, err := exec.LookPath(b.cfg.Runc)
 	if err != nil {
 		return false, "runc is not installed (apt-get install runc)", nil
 	}
-	out, err := exec.CommandContext(ctx, path, "--version").Output()
+	v, err := b.runcVersion(ctx, path)
 	if err != nil {
 		return false, fmt.Sprintf("%s --version failed: %v", path, err), nil
 	}
-	v := strings.TrimPrefix(strings.SplitN(string(out), "\n", 2)[0], "runc version ")
 	versions := map[string]string{"runc": v}
 	if os.Geteuid() != 0 {
 		return false, "the container backend needs root", versions
