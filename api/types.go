@@ -295,6 +295,7 @@ type WarmPool struct {
 	Ready     int    `json:"ready"`
 	Starting  int    `json:"starting"`
 	Target    int    `json:"target"`
+	Min       int    `json:"min"`
 	Max       int    `json:"max"`
 	Hits      int64  `json:"hits"`
 	Misses    int64  `json:"misses"`

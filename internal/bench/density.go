@@ -151,8 +151,10 @@ func RunDensity(ctx context.Context, cfg Config, n int) (*DensityResult, error) 
 	if res.AtN, err = probe(ctx, d, "pn"); err != nil {
 		return nil, fmt.Errorf("probe at %d: %w", n, err)
 	}
-	// Idle: the warm pool refilled, nothing asked of the daemon.
-	if err := d.settle(ctx); err != nil {
+	// Idle: the warm pools back at their floor, nothing asked of the
+	// daemon.
+	fmt.Fprintf(out, "density: waiting for the warm pool to shrink back after the bursts...\n")
+	if err := d.settleTo(ctx, true); err != nil {
 		return nil, err
 	}
 	res.HostMemPer = (memBefore - memAvailable()) / int64(n)

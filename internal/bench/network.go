@@ -266,7 +266,12 @@ func (d *procDaemon) burst(ctx context.Context, names []string, disk string) ([]
 }
 
 // settle waits until every warm pool holds its target, nothing starting.
-func (d *procDaemon) settle(ctx context.Context) error {
+func (d *procDaemon) settle(ctx context.Context) error { return d.settleTo(ctx, false) }
+
+// settleTo is settle; atMin also waits until each pool's target is back
+// at its floor (a minute after the last burst), so that no pool shrinks
+// during what is measured next.
+func (d *procDaemon) settleTo(ctx context.Context, atMin bool) error {
 	for deadline := time.Now().Add(2 * time.Minute); ; {
 		info, err := d.cl.Info(ctx)
 		if err != nil {
@@ -274,7 +279,7 @@ func (d *procDaemon) settle(ctx context.Context) error {
 		}
 		full := true
 		for _, p := range info.WarmPools {
-			full = full && p.Starting == 0 && p.Ready >= p.Target
+			full = full && p.Starting == 0 && p.Ready == p.Target && (!atMin || p.Target <= p.Min)
 		}
 		if full {
 			return nil

@@ -68,6 +68,7 @@ type Stats struct {
 	Ready    int // started, waiting for a create
 	Starting int
 	Target   int   // what the pool fills to now
+	Min      int   // the floor of Target (Options.Size, within Max)
 	Max      int   // the cap of Target
 	Hits     int64 // takes that found one ready, since the pool began
 	Misses   int64 // takes that found none
@@ -379,7 +380,7 @@ func (p *Pool[T]) Stats() []Stats {
 	out := make([]Stats, 0, len(p.keys))
 	for key, k := range p.keys {
 		out = append(out, Stats{Key: key, Ready: len(k.ready), Starting: k.starting,
-			Target: p.targetLocked(key, k), Max: p.maxLocked(key), Hits: k.hits, Misses: k.misses})
+			Target: p.targetLocked(key, k), Min: min(p.opts.Size, p.maxLocked(key)), Max: p.maxLocked(key), Hits: k.hits, Misses: k.misses})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out
@@ -390,7 +391,7 @@ func (p *Pool[T]) Report(isolation string) []api.WarmPool {
 	var out []api.WarmPool
 	for _, s := range p.Stats() {
 		out = append(out, api.WarmPool{Isolation: isolation, Key: s.Key, Ready: s.Ready, Starting: s.Starting,
-			Target: s.Target, Max: s.Max, Hits: s.Hits, Misses: s.Misses})
+			Target: s.Target, Min: s.Min, Max: s.Max, Hits: s.Hits, Misses: s.Misses})
 	}
 	return out
 }
