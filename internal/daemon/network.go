@@ -864,7 +864,11 @@ func (n *sandboxNets) hostPrefixes() []netip.Prefix {
 	// Valid from here: an update while the list is read clears it again.
 	n.hostValid = n.hostWatch
 	out := []netip.Prefix{n.mgr.Pool().Prefix()}
-	addrs, _ := net.InterfaceAddrs()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		n.hostValid = false // not cached: the next policy asks again
+		n.log.Warn("list the host's addresses", "err", err)
+	}
 	for _, a := range addrs {
 		if ipn, ok := a.(*net.IPNet); ok {
 			if ip, ok := netip.AddrFromSlice(ipn.IP); ok && ip.Unmap().Is4() {

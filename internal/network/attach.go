@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"sort"
 
+	"github.com/google/nftables"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -183,20 +184,34 @@ func (m *Manager) AdoptAll(ctx context.Context, subnets map[string]netip.Prefix)
 	for _, id := range ids {
 		defer m.lock(id)()
 	}
+	// Every sandbox's elements in one list per set: a message each per
+	// set, not per sandbox (every message gets an answer, and too many
+	// overflow the socket).
 	var found []adoption
-	c, put := m.lasting()
+	var stale, base []map[string][]nftables.SetElement
 	for _, id := range ids {
 		a, err := m.checkAdopt(id, subnets[id])
-		if err == nil {
-			err = m.queueSetup(c, id, a.iface, a.subnet)
-		}
 		if err != nil {
 			errs[id] = err
 			continue
 		}
+		st, b := m.setupElements(id, a.iface, a.subnet)
+		stale, base = append(stale, st), append(base, b)
 		found = append(found, a)
 	}
-	err := c.Flush()
+	c, put := m.lasting()
+	err := m.lay.removeAll(c, mergeElements(stale...))
+	if err == nil {
+		err = m.lay.addAll(c, mergeElements(base...))
+	}
+	if err != nil {
+		put(err)
+		for _, a := range found {
+			errs[a.id] = err
+		}
+		return errs
+	}
+	err = c.Flush()
 	put(err)
 	if err != nil {
 		// One at a time, so that one sandbox's trouble stays its own.

@@ -44,6 +44,7 @@
 //	  ct state established,related accept
 //	  iifname @ifaces ct state invalid drop
 //	  iifname @ifaces goto sandbox
+//	  ip saddr @pool drop                      a sandbox link not (or no longer) registered
 //	  oifname @ifaces goto deny-inbound        nothing opens a connection into a sandbox
 //
 //	chain sandbox (fixed; a sandbox is its elements in the sets)
@@ -66,6 +67,7 @@
 //	  ct state established,related accept      replies to what the host opened (Expose)
 //	  iifname . ip daddr . l4proto . th dport @dns goto admit
 //	  iifname @ifaces goto deny-host           every host address and port
+//	  iifname != lo ip saddr @pool drop        a sandbox link not (or no longer) registered
 //
 //	chain admit (every new connection a sandbox may open)
 //	  add @conn-<limit> { iifname ct count over <limit> } goto deny-conntrack-limit

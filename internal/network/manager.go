@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	mdnetlink "github.com/mdlayher/netlink"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/keylock"
 	"github.com/vishvananda/netlink"
@@ -339,8 +340,45 @@ func (m *Manager) Pool() *Pool { return m.pool }
 // nft returns a fresh nftables connection in the host namespace: one per
 // batch, so concurrent operations never mix their messages.
 func (m *Manager) nft() *nftables.Conn {
-	c, _ := nftables.New(nftables.WithNetNSFd(int(m.host)))
+	c, _ := nftables.New(nftables.WithNetNSFd(int(m.host)), nftables.WithSockOptions(bigReceiveBuffer))
 	return c
+}
+
+// nftBuffer is the send and receive buffer of nftables connections. A
+// batch is one sendmsg, refused (EMSGSIZE) when larger than the send
+// buffer; and the kernel answers every message of a batch after the
+// commit, each answer its own buffer (hundreds of bytes of accounting),
+// and answers the receive buffer cannot hold are lost (ENOBUFS) although
+// the batch committed.
+const nftBuffer = 16 << 20
+
+// bigReceiveBuffer gives a netlink connection nftBuffer both ways, past
+// the host's rmem_max and wmem_max (SO_RCVBUFFORCE and SO_SNDBUFFORCE:
+// the daemon runs as root), and has the kernel answer without repeating
+// each request (NETLINK_CAP_ACK).
+func bigReceiveBuffer(c *mdnetlink.Conn) error {
+	if err := c.SetOption(mdnetlink.CapAcknowledge, true); err != nil {
+		return fmt.Errorf("netlink answers without their requests: %w", err)
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, nftBuffer)
+		if serr == nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, nftBuffer)
+		}
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		// Not root (tests without privileges): the host's maximum.
+		c.SetWriteBuffer(nftBuffer)
+		return c.SetReadBuffer(nftBuffer)
+	}
+	return nil
 }
 
 // lastingConns is how many idle lasting connections a Manager keeps.
@@ -358,7 +396,7 @@ func (m *Manager) lasting() (*nftables.Conn, func(error)) {
 	case c = <-m.conns:
 	default:
 		var err error
-		if c, err = nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(int(m.host))); err != nil {
+		if c, err = nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(int(m.host)), nftables.WithSockOptions(bigReceiveBuffer)); err != nil {
 			// Flush reports the same error.
 			return m.nft(), func(error) {}
 		}
@@ -671,16 +709,23 @@ func (m *Manager) prepareSetup(iface string) error {
 // queueSetup queues a sandbox's elements, deny-all: what an earlier run
 // or attachment left goes.
 func (m *Manager) queueSetup(c *nftables.Conn, id, iface string, subnet netip.Prefix) error {
-	m.mu.Lock()
-	stale := m.stale[iface]
-	if old := m.sandboxes[id]; old != nil {
-		stale = mergeElements(stale, policyElements(iface, &old.policy), m.lay.learnedElements(iface, old.learned))
-	}
-	m.mu.Unlock()
+	stale, base := m.setupElements(id, iface, subnet)
 	if err := m.lay.removeAll(c, stale); err != nil {
 		return err
 	}
-	return m.lay.setup(c, iface, subnet)
+	return m.lay.addAll(c, base)
+}
+
+// setupElements returns what an earlier run or attachment left of a
+// sandbox's elements, and its elements deny-all.
+func (m *Manager) setupElements(id, iface string, subnet netip.Prefix) (stale, base map[string][]nftables.SetElement) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	stale = m.stale[iface]
+	if old := m.sandboxes[id]; old != nil {
+		stale = mergeElements(stale, policyElements(iface, &old.policy), m.lay.learnedElements(iface, old.learned))
+	}
+	return stale, baseElements(iface, subnet)
 }
 
 // recordSetup records a sandbox whose elements are in. adopted says the
@@ -1208,14 +1253,18 @@ func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, 
 		return err
 	}
 	c, put := m.lasting()
+	// The evicted addresses' elements go in one list per set (a message
+	// each per set, not per address: every message gets an answer, and
+	// too many overflow the socket).
+	gone := map[netip.Addr]learnedEntry{}
 	for _, v := range victims {
-		if !now.Before(v.entry.expires) {
-			continue // the kernel has let it expire
+		if now.Before(v.entry.expires) { // else the kernel has let it expire
+			gone[v.addr] = v.entry
 		}
-		if err := m.lay.forget(c, sb.iface, v.addr, v.entry); err != nil {
-			put(err)
-			return err
-		}
+	}
+	if err := m.lay.removeAll(c, m.lay.learnedElements(sb.iface, gone)); err != nil {
+		put(err)
+		return err
 	}
 	if err := m.lay.learn(c, sb.iface, addr, ports, tmo, had); err != nil {
 		put(err)

@@ -178,7 +178,7 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set, chains 
 	for _, name := range []string{setPool, setBlocked, setPrivate, setDNSPorts} {
 		s := l.sharedSets[name]
 		c.FlushSet(s)
-		if err := c.SetAddElements(s, fill[name]); err != nil {
+		if err := addElements(c, s, fill[name]); err != nil {
 			return fmt.Errorf("fill set %s: %w", name, err)
 		}
 	}
@@ -250,7 +250,7 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set, chains 
 
 	sbChain := c.AddChain(l.chain(chainSandbox))
 	c.FlushChain(sbChain)
-	ifaces, dns := l.sharedSets[setIfaces], l.sharedSets[setDNS]
+	ifaces, dns, pool := l.sharedSets[setIfaces], l.sharedSets[setDNS], l.sharedSets[setPool]
 	rules := []struct {
 		ch    *nftables.Chain
 		exprs []expr.Any
@@ -260,6 +260,9 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set, chains 
 		{fwd, cat(ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())},
 		{fwd, cat(metaIn(expr.MetaKeyIIFNAME, ifaces), ctStateIn(expr.CtStateBitINVALID), drop())},
 		{fwd, cat(metaIn(expr.MetaKeyIIFNAME, ifaces), []expr.Any{gotoChain(chainSandbox)})},
+		// A pool address from an interface not registered (yet, or any
+		// more): a sandbox's link between its address and its elements.
+		{fwd, cat(ipv4Only(), saddrInSet(pool), drop())},
 		{fwd, cat(metaIn(expr.MetaKeyOIFNAME, ifaces), denyTo(ReasonInbound))},
 		// input: replies to connections the host opened, the sandbox's own
 		// resolver, and nothing else from a sandbox interface.
@@ -272,6 +275,10 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set, chains 
 			&expr.Lookup{SourceRegister: reg1, SetName: dns.Name, SetID: dns.ID},
 		}, admitted())},
 		{in, cat(metaIn(expr.MetaKeyIIFNAME, ifaces), denyTo(ReasonHost))},
+		{in, cat(ipv4Only(), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: ifnameKey("lo")}, // the host to its own gateway addresses
+		}, saddrInSet(pool), drop())},
 		// postrouting: masquerade the pool when it leaves by a non-sandbox
 		// interface.
 		{post, cat(ipv4Only(), saddrIn(l.pool), []expr.Any{
@@ -407,15 +414,10 @@ func policyElements(iface string, p *compiled) map[string][]nftables.SetElement 
 	return out
 }
 
-// setup queues a new sandbox's elements: deny-all until its policy.
-func (l *layout) setup(c *nftables.Conn, iface string, subnet netip.Prefix) error {
-	return l.addAll(c, baseElements(iface, subnet))
-}
-
 func (l *layout) addAll(c *nftables.Conn, elems map[string][]nftables.SetElement) error {
 	for _, name := range policySets {
 		if es := elems[name]; len(es) > 0 {
-			if err := c.SetAddElements(l.sharedSets[name], es); err != nil {
+			if err := addElements(c, l.sharedSets[name], es); err != nil {
 				return fmt.Errorf("add to set %s: %w", name, err)
 			}
 		}
@@ -444,7 +446,7 @@ func (l *layout) removeAll(c *nftables.Conn, elems map[string][]nftables.SetElem
 				add[i].Timeout = time.Millisecond
 			}
 		}
-		if err := c.SetAddElements(s, add); err != nil {
+		if err := addElements(c, s, add); err != nil {
 			return fmt.Errorf("remove from set %s: %w", name, err)
 		}
 		if s.HasTimeout && l.updatesTimeout {
@@ -454,7 +456,7 @@ func (l *layout) removeAll(c *nftables.Conn, elems map[string][]nftables.SetElem
 		for i, e := range es {
 			del[i] = nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd}
 		}
-		if err := c.SetDeleteElements(s, del); err != nil {
+		if err := deleteElements(c, s, del); err != nil {
 			return fmt.Errorf("remove from set %s: %w", name, err)
 		}
 	}
@@ -468,12 +470,12 @@ func (l *layout) applyPolicy(c *nftables.Conn, iface string, old, p *compiled) e
 	for _, name := range policySets {
 		s := l.sharedSets[name]
 		if len(prev[name]) > 0 {
-			if err := c.SetDeleteElements(s, prev[name]); err != nil {
+			if err := deleteElements(c, s, prev[name]); err != nil {
 				return fmt.Errorf("replace set %s: %w", name, err)
 			}
 		}
 		if len(next[name]) > 0 {
-			if err := c.SetAddElements(s, next[name]); err != nil {
+			if err := addElements(c, s, next[name]); err != nil {
 				return fmt.Errorf("replace set %s: %w", name, err)
 			}
 		}
@@ -535,50 +537,16 @@ func (l *layout) learn(c *nftables.Conn, iface string, addr netip.Addr, ports []
 	for i, k := range keys {
 		add[i] = nftables.SetElement{Key: k, Timeout: ttl}
 	}
-	if err := c.SetAddElements(s, add); err != nil {
+	if err := addElements(c, s, add); err != nil {
 		return err
 	}
 	if !refresh {
 		return nil
 	}
-	if err := c.SetDeleteElements(s, keysOnly(keys)); err != nil {
+	if err := deleteElements(c, s, keysOnly(keys)); err != nil {
 		return err
 	}
-	return c.SetAddElements(s, add)
-}
-
-// forget queues the removal of what the kernel may hold for a learned
-// address. A kernel that updates timeouts gets each element again with a
-// timeout of a millisecond: it expires within a jiffy and the kernel's gc
-// frees it later, without the RCU grace period a delete costs the
-// commit. An
-// older one gets each element added (a no-op if it is there) and deleted,
-// so one it has already expired does not fail the batch.
-func (l *layout) forget(c *nftables.Conn, iface string, addr netip.Addr, e learnedEntry) error {
-	var groups [][]PortRange
-	if e.kall {
-		groups = append(groups, nil)
-	}
-	if len(e.kports) > 0 {
-		groups = append(groups, e.kports)
-	}
-	for _, ports := range groups {
-		s, keys := l.learnKeys(iface, addr, ports)
-		add := make([]nftables.SetElement, len(keys))
-		for i, k := range keys {
-			add[i] = nftables.SetElement{Key: k, Timeout: time.Millisecond}
-		}
-		if err := c.SetAddElements(s, add); err != nil {
-			return err
-		}
-		if l.updatesTimeout {
-			continue
-		}
-		if err := c.SetDeleteElements(s, keysOnly(keys)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return addElements(c, s, add)
 }
 
 func keysOnly(keys [][]byte) []nftables.SetElement {
@@ -605,7 +573,7 @@ func (l *layout) probeTimeoutUpdate(newConn func() *nftables.Conn) (bool, error)
 		if err := c.AddSet(s, nil); err != nil {
 			return false, err
 		}
-		if err := c.SetAddElements(s, []nftables.SetElement{{Key: key, Timeout: tmo}}); err != nil {
+		if err := addElements(c, s, []nftables.SetElement{{Key: key, Timeout: tmo}}); err != nil {
 			return false, err
 		}
 		if err := c.Flush(); err != nil {
@@ -617,6 +585,56 @@ func (l *layout) probeTimeoutUpdate(newConn func() *nftables.Conn) (bool, error)
 		return false, fmt.Errorf("probe set element timeouts: %w", err)
 	}
 	return len(elems) == 1 && elems[0].Timeout == time.Minute, nil
+}
+
+// maxElemBytes bounds the encoded elements of one message. A netlink
+// attribute's length is 16 bits, and the encoder under google/nftables
+// (mdlayher/netlink) truncates a longer list of elements without an
+// error: the kernel then gets part of the list, or rejects the message.
+const maxElemBytes = 32 << 10
+
+// elemOverhead is an upper bound on what one element's attributes add to
+// its key and key end (nests, flags, timeout, padding).
+const elemOverhead = 64
+
+// chunks splits elements into lists that each encode within maxElemBytes.
+func chunks(elems []nftables.SetElement) [][]nftables.SetElement {
+	var out [][]nftables.SetElement
+	start, size := 0, 0
+	for i, e := range elems {
+		n := len(e.Key) + len(e.KeyEnd) + elemOverhead
+		if i > start && size+n > maxElemBytes {
+			out = append(out, elems[start:i])
+			start, size = i, 0
+		}
+		size += n
+	}
+	if start < len(elems) {
+		out = append(out, elems[start:])
+	}
+	return out
+}
+
+// addElements queues the addition of elems to s, in as many messages as
+// their size needs.
+func addElements(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement) error {
+	for _, ch := range chunks(elems) {
+		if err := c.SetAddElements(s, ch); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deleteElements queues the deletion of elems from s, in as many messages
+// as their size needs.
+func deleteElements(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement) error {
+	for _, ch := range chunks(elems) {
+		if err := c.SetDeleteElements(s, ch); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Expression helpers.
@@ -643,6 +661,14 @@ func ipv4Only() []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.NFPROTO_IPV4}},
+	}
+}
+
+// saddrInSet matches an IPv4 source address in s.
+func saddrInSet(s *nftables.Set) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID},
 	}
 }
 
