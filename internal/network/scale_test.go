@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
 )
 
 type capWriter struct {
