@@ -65,7 +65,6 @@ const (
 
 var (
 	typeProtoPort     = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
-	typeAddrProtoPort = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
 	typeIfDNS         = nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
 	typeIfAddr        = nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr)
 	typeIfAddrPort    = typeIfDNS
