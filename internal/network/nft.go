@@ -64,10 +64,10 @@ const (
 )
 
 var (
-	typeProtoPort     = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
-	typeIfDNS         = nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
-	typeIfAddr        = nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr)
-	typeIfAddrPort    = typeIfDNS
+	typeProtoPort  = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
+	typeIfDNS      = nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
+	typeIfAddr     = nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr)
+	typeIfAddrPort = typeIfDNS
 
 	// policySets are the sets keyed by a sandbox's interface, in the order
 	// they are filled and emptied.
