@@ -206,7 +206,11 @@ func (s *Server) Add(id string, listen netip.AddrPort, pol policy.Policy, hooks 
 	sb.ctx, sb.cancel = context.WithCancel(context.Background())
 	handler := mdns.HandlerFunc(sb.serveDNS)
 	sb.servers = []*mdns.Server{
-		{PacketConn: udp, Handler: handler, UDPSize: 4096},
+		// A read with no deadline to speak of: miekg/dns wakes the UDP
+		// loop whenever its read times out (2 s by default), which for a
+		// thousand idle sandboxes is 500 wakeups a second. Shutdown
+		// closes the socket, which ends the read.
+		{PacketConn: udp, Handler: handler, UDPSize: 4096, ReadTimeout: 24 * time.Hour},
 		{Listener: netutil.LimitListener(tcp, s.cfg.MaxTCPConns), Handler: handler, MaxTCPQueries: 256},
 	}
 	for _, srv := range sb.servers {
