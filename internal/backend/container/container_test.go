@@ -110,7 +110,7 @@ func TestWarmPoolGrowsAfterBurst(t *testing.T) {
 	}
 	waitWarm(t, b, h.TemplateID, 4)
 	pools := b.WarmPools()
-	want := api.WarmPool{Isolation: api.IsolationContainer, Key: h.TemplateID, Ready: 4, Target: 4, Max: 4, Hits: 1, Misses: 5}
+	want := api.WarmPool{Isolation: api.IsolationContainer, Key: h.TemplateID, Ready: 4, Target: 4, Min: 1, Max: 4, Hits: 1, Misses: 5}
 	if len(pools) != 1 || pools[0] != want {
 		t.Fatalf("warm pools %+v, want %+v", pools, want)
 	}
