@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/nookhq/nook/api"
-	"github.com/nookhq/nook/internal/procfs"
 )
 
 // The density benchmark (nook-bench -density N): what every per-sandbox
@@ -166,7 +165,7 @@ func RunDensity(ctx context.Context, cfg Config, n int) (*DensityResult, error) 
 	if res.IdleCPU, err = cpuOver(ctx, d.pid(), window); err != nil {
 		return nil, err
 	}
-	res.IdleRSS = rssOf(d.pid())
+	res.IdleRSS = procRSS(d.pid())
 
 	fmt.Fprintf(out, "density: kill -9 of the daemon, and its restart with %d sandboxes...\n", n)
 	if res.Readopt, res.ReadoptExec, err = d.readopt(ctx, g.names[len(g.names)-1], n); err != nil {
@@ -338,16 +337,14 @@ func probe(ctx context.Context, d *procDaemon, prefix string) (Probe, error) {
 
 // cpuOver is the share of one core pid used over window.
 func cpuOver(ctx context.Context, pid int, window time.Duration) (float64, error) {
-	const tick = 10 * time.Millisecond // USER_HZ
-	t0 := procfs.CPUTicks(pid)
+	t0 := procsCPU([]int{pid})
 	start := time.Now()
 	select {
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	case <-time.After(window):
 	}
-	t1 := procfs.CPUTicks(pid)
-	return float64(time.Duration(t1-t0)*tick) / float64(time.Since(start)), nil
+	return float64(procsCPU([]int{pid})-t0) / float64(time.Since(start)), nil
 }
 
 func (r *DensityResult) print(w io.Writer) {
@@ -443,15 +440,4 @@ func RatioAt(a, b []time.Duration, q float64) float64 {
 func (r *DensityResult) GrowthRatio(q float64) float64 {
 	first, last := r.growthSplit()
 	return RatioAt(pick(first, false), pick(last, false), q)
-}
-
-// rssOf is a process's resident memory in bytes (VmRSS).
-func rssOf(pid int) int64 {
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "VmRSS:") {
-			return parseKB(l)
-		}
-	}
-	return 0
 }

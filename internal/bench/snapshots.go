@@ -17,6 +17,7 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/backend/vm"
+	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/template"
 	"github.com/nookhq/nook/sdk"
 )
@@ -516,17 +517,7 @@ const clockTick = 100 // USER_HZ
 func procsCPU(pids []int) time.Duration {
 	var ticks int64
 	for _, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) > 12 {
-			u, _ := strconv.ParseInt(f[11], 10, 64)
-			k, _ := strconv.ParseInt(f[12], 10, 64)
-			ticks += u + k
-		}
+		ticks += procfs.CPUTicks(pid)
 	}
 	return time.Duration(ticks) * time.Second / clockTick
 }
