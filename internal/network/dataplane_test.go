@@ -961,53 +961,9 @@ func TestSpoofedSource(t *testing.T) {
 	ns, _ := e.sandbox("sb-spoof")
 	e.sandbox("sb-victim")
 	e.setPolicy("sb-spoof", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webA, 32)}}})
-	var ln net.PacketConn
-	if err := nettest.Do(e.topo.World, func() (err error) {
-		ln, err = net.ListenPacket("udp4", webA.String()+":9999")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	got := make(chan string, 16)
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			n, _, err := ln.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			got <- string(buf[:n])
-		}
-	}()
-	send := func(src netip.Addr, payload string) {
-		t.Helper()
-		err := nettest.Do(ns, func() error {
-			if src.IsValid() {
-				link, err := netlink.LinkByName("eth0")
-				if err != nil {
-					return err
-				}
-				if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: &net.IPNet{IP: src.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
-					return err
-				}
-			}
-			laddr := &net.UDPAddr{}
-			if src.IsValid() {
-				laddr.IP = src.AsSlice()
-			}
-			c, err := net.DialUDP("udp4", laddr, &net.UDPAddr{IP: webA.AsSlice(), Port: 9999})
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			_, err = c.Write([]byte(payload))
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	dst := netip.AddrPortFrom(webA, 9999)
+	got := udpSink(t, e, dst)
+	send := func(src netip.Addr, payload string) { sendUDPFrom(t, ns, src, dst, payload) }
 	send(netip.Addr{}, "own")
 	select {
 	case p := <-got:
@@ -1024,6 +980,62 @@ func TestSpoofedSource(t *testing.T) {
 	case p := <-got:
 		t.Fatalf("a spoofed datagram got out: %q", p)
 	case <-time.After(time.Second):
+	}
+}
+
+// udpSink listens on UDP at addr in the world and hands on each datagram
+// it reads.
+func udpSink(t *testing.T, e *env, addr netip.AddrPort) <-chan string {
+	t.Helper()
+	var ln net.PacketConn
+	if err := nettest.Do(e.topo.World, func() (err error) {
+		ln, err = net.ListenPacket("udp4", addr.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	got := make(chan string, 16)
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, _, err := ln.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			got <- string(buf[:n])
+		}
+	}()
+	return got
+}
+
+// sendUDPFrom sends payload to dst from inside ns, from src (a valid
+// address is added to eth0 first: a spoofed source) or, invalid, from
+// the sandbox's own address.
+func sendUDPFrom(t *testing.T, ns netns.NsHandle, src netip.Addr, dst netip.AddrPort, payload string) {
+	t.Helper()
+	err := nettest.Do(ns, func() error {
+		laddr := &net.UDPAddr{}
+		if src.IsValid() {
+			link, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: &net.IPNet{IP: src.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+				return err
+			}
+			laddr.IP = src.AsSlice()
+		}
+		c, err := net.DialUDP("udp4", laddr, net.UDPAddrFromAddrPort(dst))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte(payload))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -1,13 +1,10 @@
 package network
 
 import (
-	"net"
-
 	"bytes"
 	"context"
 	"fmt"
 	"github.com/nookhq/nook/internal/network/nettest"
-	"github.com/vishvananda/netlink"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -166,7 +163,7 @@ func TestPolicySequencesLeaveNothing(t *testing.T) {
 			if err := e.m.AllowLearned(ctx, "sb-seq", webB, []PortRange{{7, 7}}, 5*time.Millisecond); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(50 * time.Millisecond)
+			waitLearnedExpired(t, e.m, IfaceName("sb-seq"), learnIP, webB)
 			if err := e.m.SetPolicy(ctx, "sb-seq", Policy{Allow: pA.Allow, ResetLearned: true}); err != nil {
 				t.Fatalf("reset learned after expiry: %v", err)
 			}
@@ -176,7 +173,7 @@ func TestPolicySequencesLeaveNothing(t *testing.T) {
 			if err := e.m.AllowLearned(ctx, "sb-seq", webB, []PortRange{{7, 8}}, time.Minute); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(50 * time.Millisecond)
+			waitLearnedExpired(t, e.m, IfaceName("sb-seq"), learnIP)
 			// re-setup of a known sandbox (adopt path)
 			if _, err := e.m.SetupContainer(ctx, "sb-seq", sub); err != nil {
 				t.Fatalf("re-setup: %v", err)
@@ -195,7 +192,7 @@ func TestPolicySequencesLeaveNothing(t *testing.T) {
 			}
 			defer m2.Close()
 			m2.lay.updatesTimeout = upd
-			time.Sleep(20 * time.Millisecond) // the learned one expires after the read
+			waitLearnedExpired(t, m2, IfaceName("sb-seq"), learnIP) // expired after m2 read it
 			if errs := m2.AdoptAll(ctx, map[string]netip.Prefix{"sb-seq": sub}); errs["sb-seq"] != nil {
 				t.Fatal(errs["sb-seq"])
 			}
@@ -250,53 +247,9 @@ func TestEscapeSharedSetsCrossSandbox(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var ln net.PacketConn
-	if err := nettest.Do(e.topo.World, func() (err error) {
-		ln, err = net.ListenPacket("udp4", webA.String()+":80")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	got := make(chan string, 16)
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			n, _, err := ln.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			got <- string(buf[:n])
-		}
-	}()
-	send := func(src netip.Addr, payload string) {
-		t.Helper()
-		err := nettest.Do(nsA, func() error {
-			if src.IsValid() {
-				link, err := netlink.LinkByName("eth0")
-				if err != nil {
-					return err
-				}
-				if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: &net.IPNet{IP: src.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
-					return err
-				}
-			}
-			laddr := &net.UDPAddr{}
-			if src.IsValid() {
-				laddr.IP = src.AsSlice()
-			}
-			c, err := net.DialUDP("udp4", laddr, &net.UDPAddr{IP: webA.AsSlice(), Port: 80})
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			_, err = c.Write([]byte(payload))
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	dst := netip.AddrPortFrom(webA, 80)
+	got := udpSink(t, e, dst)
+	send := func(src netip.Addr, payload string) { sendUDPFrom(t, nsA, src, dst, payload) }
 	send(netip.Addr{}, "own")
 	select {
 	case p := <-got:
@@ -397,5 +350,29 @@ func TestFullLearnedRemoval(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// waitLearnedExpired waits until the kernel holds no live learned element
+// of iface for any of addrs: their timeouts passed.
+func waitLearnedExpired(t *testing.T, m *Manager, iface string, addrs ...netip.Addr) {
+	t.Helper()
+	c := m.nft()
+	live := func() bool {
+		for _, name := range []string{setLearn, setLearnPorts} {
+			for _, el := range liveElements(t, c, m.lay.sharedSets[name], iface) {
+				for _, a := range addrs {
+					if bytes.Equal(el.Key[16:20], addrKey(a)) {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(5 * time.Second); live(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("learned elements of %v still live after 5s", addrs)
+		}
 	}
 }
