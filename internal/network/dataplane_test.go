@@ -961,10 +961,17 @@ func TestSpoofedSource(t *testing.T) {
 	ns, _ := e.sandbox("sb-spoof")
 	e.sandbox("sb-victim")
 	e.setPolicy("sb-spoof", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webA, 32)}}})
-	dst := netip.AddrPortFrom(webA, 9999)
+	victim, _ := e.m.Subnet("sb-victim")
+	spoofOnlyOwnGetsOut(t, e, ns, netip.AddrPortFrom(webA, 9999), SandboxAddr(victim), netip.MustParseAddr("198.51.100.77"))
+}
+
+// spoofOnlyOwnGetsOut sends a datagram from inside ns to dst in the world
+// from the sandbox's own address, which must arrive, then one from each
+// spoofed address, none of which may. It returns the world's sink.
+func spoofOnlyOwnGetsOut(t *testing.T, e *env, ns netns.NsHandle, dst netip.AddrPort, spoofed ...netip.Addr) <-chan string {
+	t.Helper()
 	got := udpSink(t, e, dst)
-	send := func(src netip.Addr, payload string) { sendUDPFrom(t, ns, src, dst, payload) }
-	send(netip.Addr{}, "own")
+	sendUDPFrom(t, ns, netip.Addr{}, dst, "own")
 	select {
 	case p := <-got:
 		if p != "own" {
@@ -973,14 +980,15 @@ func TestSpoofedSource(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("the sandbox's own datagram did not arrive")
 	}
-	victim, _ := e.m.Subnet("sb-victim")
-	send(SandboxAddr(victim), "as-victim")
-	send(netip.MustParseAddr("198.51.100.77"), "as-outsider")
+	for _, src := range spoofed {
+		sendUDPFrom(t, ns, src, dst, "as-"+src.String())
+	}
 	select {
 	case p := <-got:
 		t.Fatalf("a spoofed datagram got out: %q", p)
 	case <-time.After(time.Second):
 	}
+	return got
 }
 
 // udpSink listens on UDP at addr in the world and hands on each datagram
