@@ -199,21 +199,10 @@ func (m *Manager) AdoptAll(ctx context.Context, subnets map[string]netip.Prefix)
 		stale, base = append(stale, st), append(base, b)
 		found = append(found, a)
 	}
-	c, put := m.lasting()
-	err := m.lay.removeAll(c, mergeElements(stale...))
-	if err == nil {
-		err = m.lay.addAll(c, mergeElements(base...))
-	}
-	if err != nil {
-		put(err)
-		for _, a := range found {
-			errs[a.id] = err
-		}
-		return errs
-	}
-	err = c.Flush()
-	put(err)
-	if err != nil {
+	if err := m.commit(
+		func(c *nftables.Conn) error { return m.lay.removeAll(c, mergeElements(stale...)) },
+		func(c *nftables.Conn) error { return m.lay.addAll(c, mergeElements(base...)) },
+	); err != nil {
 		// One at a time, so that one sandbox's trouble stays its own.
 		m.log.WarnContext(ctx, "network: adopting sandboxes in one commit failed; one at a time", "err", err)
 		for _, a := range found {

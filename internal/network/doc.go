@@ -167,8 +167,9 @@
 //
 // Kernel state outlives the daemon. After a restart the daemon creates a
 // new Manager (which reinstalls the chains and keeps the sandboxes'
-// elements), calls Adopt for each live sandbox (its interface
-// checked, its elements reset to deny-all), then SetPolicy with KeepFlows,
+// elements), calls AdoptAll with every live sandbox (each interface
+// checked, the elements of all reset to deny-all in one commit; Adopt
+// does one), then SetPolicy with KeepFlows,
 // Expose with the old host ports, CutFlows once, and Reconcile with the
 // IDs it knows to remove the rest.
 package network

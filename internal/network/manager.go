@@ -413,6 +413,22 @@ func (m *Manager) lasting() (*nftables.Conn, func(error)) {
 	}
 }
 
+// commit queues steps, in order, in one batch on a lasting connection
+// and commits it. The connection goes back for the next batch unless a
+// step or the commit failed.
+func (m *Manager) commit(steps ...func(c *nftables.Conn) error) error {
+	c, put := m.lasting()
+	for _, step := range steps {
+		if err := step(c); err != nil {
+			put(err)
+			return err
+		}
+	}
+	err := c.Flush()
+	put(err)
+	return err
+}
+
 // ifacePrefix starts every sandbox interface's name.
 const ifacePrefix = "nk"
 
@@ -681,14 +697,7 @@ func (m *Manager) finishSetup(id, iface string, kind Kind, subnet netip.Prefix, 
 	if err := m.prepareSetup(iface); err != nil {
 		return err
 	}
-	c, put := m.lasting()
-	if err := m.queueSetup(c, id, iface, subnet); err != nil {
-		put(err)
-		return err
-	}
-	err := c.Flush()
-	put(err)
-	if err != nil {
+	if err := m.commit(func(c *nftables.Conn) error { return m.queueSetup(c, id, iface, subnet) }); err != nil {
 		return fmt.Errorf("install rules for %s: %w", iface, err)
 	}
 	m.recordSetup(id, iface, kind, subnet, path, ifindex, adopted)
@@ -723,7 +732,7 @@ func (m *Manager) setupElements(id, iface string, subnet netip.Prefix) (stale, b
 	defer m.mu.Unlock()
 	stale = m.stale[iface]
 	if old := m.sandboxes[id]; old != nil {
-		stale = mergeElements(stale, policyElements(iface, &old.policy), m.lay.learnedElements(iface, old.learned))
+		stale = mergeElements(stale, m.installed(old))
 	}
 	return stale, baseElements(iface, subnet)
 }
@@ -843,7 +852,7 @@ func (m *Manager) teardown(ctx context.Context, id string) error {
 	sb := m.sandboxes[id]
 	elems := m.stale[iface]
 	if sb != nil {
-		elems = mergeElements(elems, policyElements(iface, &sb.policy), m.lay.learnedElements(iface, sb.learned))
+		elems = mergeElements(elems, m.installed(sb))
 		subnet = sb.subnet
 		delete(m.byIndex, sb.ifindex)
 		delete(m.sandboxes, id)
@@ -892,20 +901,20 @@ func (m *Manager) teardown(ctx context.Context, id string) error {
 
 // removeRules deletes a sandbox's set elements, whichever of them exist.
 func (m *Manager) removeRules(iface string, elems map[string][]nftables.SetElement) error {
-	c, put := m.lasting()
-	if err := m.lay.removeAll(c, elems); err != nil {
-		put(err)
-		return err
-	}
-	err := c.Flush()
-	put(err)
-	if err != nil {
+	if err := m.commit(func(c *nftables.Conn) error { return m.lay.removeAll(c, elems) }); err != nil {
 		return fmt.Errorf("remove rules of %s: %w", iface, err)
 	}
 	m.mu.Lock()
 	delete(m.stale, iface)
 	m.mu.Unlock()
 	return nil
+}
+
+// installed returns what the manager put in the sets for sb beyond its
+// base elements: its policy's and its learned addresses'. The caller
+// holds m.mu.
+func (m *Manager) installed(sb *sandbox) map[string][]nftables.SetElement {
+	return mergeElements(policyElements(sb.iface, &sb.policy), m.lay.learnedElements(sb.iface, sb.learned))
 }
 
 // mergeElements returns the union of element lists by set, each element
@@ -1075,7 +1084,6 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 	if err != nil {
 		return err
 	}
-	c, put := m.lasting()
 	m.mu.Lock()
 	old := sb.policy
 	var learnedElems map[string][]nftables.SetElement
@@ -1083,17 +1091,10 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 		learnedElems = m.lay.learnedElements(sb.iface, sb.learned)
 	}
 	m.mu.Unlock()
-	if err := m.lay.applyPolicy(c, sb.iface, &old, &comp); err != nil {
-		put(err)
-		return err
-	}
-	if err := m.lay.removeAll(c, learnedElems); err != nil {
-		put(err)
-		return err
-	}
-	err = c.Flush()
-	put(err)
-	if err != nil {
+	if err := m.commit(
+		func(c *nftables.Conn) error { return m.lay.applyPolicy(c, sb.iface, &old, &comp) },
+		func(c *nftables.Conn) error { return m.lay.removeAll(c, learnedElems) },
+	); err != nil {
 		return fmt.Errorf("apply policy of %s: %w", id, err)
 	}
 	m.mu.Lock()
@@ -1252,7 +1253,6 @@ func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, 
 	if err != nil {
 		return err
 	}
-	c, put := m.lasting()
 	// The evicted addresses' elements go in one list per set (a message
 	// each per set, not per address: every message gets an answer, and
 	// too many overflow the socket).
@@ -1262,17 +1262,10 @@ func (m *Manager) AllowLearned(ctx context.Context, id string, addr netip.Addr, 
 			gone[v.addr] = v.entry
 		}
 	}
-	if err := m.lay.removeAll(c, m.lay.learnedElements(sb.iface, gone)); err != nil {
-		put(err)
-		return err
-	}
-	if err := m.lay.learn(c, sb.iface, addr, ports, tmo, had); err != nil {
-		put(err)
-		return err
-	}
-	err = c.Flush()
-	put(err)
-	if err != nil {
+	if err := m.commit(
+		func(c *nftables.Conn) error { return m.lay.removeAll(c, m.lay.learnedElements(sb.iface, gone)) },
+		func(c *nftables.Conn) error { return m.lay.learn(c, sb.iface, addr, ports, tmo, had) },
+	); err != nil {
 		return fmt.Errorf("learn %v for %s: %w", addr, id, err)
 	}
 	m.mu.Lock()
