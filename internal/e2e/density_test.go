@@ -57,7 +57,6 @@ func TestDensity(t *testing.T) {
 		at10 []time.Duration
 		atN  []time.Duration
 	}{
-		{"create, cold", res.At10.Cold, res.AtN.Cold},
 		{"exec round trip", res.At10.Exec, res.AtN.Exec},
 		{"pause", res.At10.Pause, res.AtN.Pause},
 		{"resume", res.At10.Resume, res.AtN.Resume},
@@ -66,12 +65,16 @@ func TestDensity(t *testing.T) {
 		{"rm", res.At10.Remove, res.AtN.Remove},
 	} {
 		if len(c.at10) == 0 || len(c.atN) == 0 {
-			continue // every create of a probe came warm (or cold)
+			continue
 		}
 		if r := bench.RatioAt(c.at10, c.atN, densityQ); r > densityBound {
 			t.Errorf("%s with %d sandboxes alive is %.2fx what it is with 10 (first quartiles; bound %.1fx)", c.name, densityN, r, densityBound)
 		}
 	}
+	// Cold creates are judged over the growth (its first against its last
+	// cold creates, many bursts apart), not by the probes: a probe's cold
+	// creates are one burst of 10, which all share one moment's load from
+	// the rest of make test (a QEMU test beside it made one 2.01x).
 	if r := res.GrowthRatio(densityQ); r > densityBound {
 		t.Errorf("the last cold creates of the growth to %d take %.2fx the first (first quartiles; bound %.1fx)", densityN, r, densityBound)
 	}
