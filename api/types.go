@@ -294,6 +294,7 @@ type WarmPool struct {
 	Key       string `json:"key"`
 	Ready     int    `json:"ready"`
 	Starting  int    `json:"starting"`
+	Stopping  int    `json:"stopping"` // ready ones above a fallen target, being destroyed
 	Target    int    `json:"target"`
 	Min       int    `json:"min"`
 	Max       int    `json:"max"`

@@ -629,8 +629,12 @@ func printWarmPools(w io.Writer, pools []api.WarmPool) {
 	}
 	fmt.Fprintln(w, "warm pools:")
 	for _, p := range pools {
-		fmt.Fprintf(w, "  %-10s %s  ready %d of %d (%d starting, min %d, max %d), creates: %d warm, %d cold\n",
-			tsafe(p.Isolation), tsafe(p.Key), p.Ready, p.Target, p.Starting, p.Min, p.Max, p.Hits, p.Misses)
+		stopping := ""
+		if p.Stopping > 0 {
+			stopping = fmt.Sprintf(", %d stopping", p.Stopping)
+		}
+		fmt.Fprintf(w, "  %-10s %s  ready %d of %d (%d starting%s, min %d, max %d), creates: %d warm, %d cold\n",
+			tsafe(p.Isolation), tsafe(p.Key), p.Ready, p.Target, p.Starting, stopping, p.Min, p.Max, p.Hits, p.Misses)
 	}
 }
 

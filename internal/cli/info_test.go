@@ -41,12 +41,12 @@ func TestPrintWarmPools(t *testing.T) {
 		t.Errorf("no pools printed %q", b.String())
 	}
 	printWarmPools(&b, []api.WarmPool{
-		{Isolation: "container", Key: "base/b1", Ready: 3, Starting: 2, Target: 10, Min: 2, Max: 16, Hits: 12, Misses: 8},
+		{Isolation: "container", Key: "base/b1", Ready: 3, Starting: 2, Stopping: 4, Target: 10, Min: 2, Max: 16, Hits: 12, Misses: 8},
 		{Isolation: "vm", Key: "base/b1@1,1073741824,\x1b[2J", Ready: 1, Target: 1, Min: 1, Max: 1},
 	})
 	out := b.String()
 	for _, want := range []string{"warm pools:\n",
-		"  container  base/b1  ready 3 of 10 (2 starting, min 2, max 16), creates: 12 warm, 8 cold\n",
+		"  container  base/b1  ready 3 of 10 (2 starting, 4 stopping, min 2, max 16), creates: 12 warm, 8 cold\n",
 		"  vm         base/b1@1,1073741824,\\x1b[2J  ready 1 of 1 (0 starting, min 1, max 1), creates: 0 warm, 0 cold\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in:\n%s", want, out)

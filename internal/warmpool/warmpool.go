@@ -67,6 +67,7 @@ type Stats struct {
 	Key      string
 	Ready    int // started, waiting for a create
 	Starting int
+	Stopping int   // ready ones above a fallen target, being destroyed
 	Target   int   // what the pool fills to now
 	Min      int   // the floor of Target (Options.Size, within Max)
 	Max      int   // the cap of Target
@@ -97,6 +98,7 @@ type Pool[T any] struct {
 type keyState[T any] struct {
 	ready     []Item[T] // oldest first
 	starting  int
+	stopping  int  // decayed ones still being destroyed
 	wanted    bool // kept warm
 	demand    demand
 	hits      int64
@@ -264,10 +266,15 @@ func (p *Pool[T]) decay(key string, k *keyState[T]) {
 		k.ready = append([]Item[T](nil), k.ready[excess:]...)
 	}
 	p.armDecayLocked(key, k)
+	k.stopping += len(victims)
 	p.wg.Add(1)
 	p.mu.Unlock()
 	defer p.wg.Done()
-	if err := p.destroyAll(context.Background(), victims); err != nil && p.onError != nil {
+	err := p.destroyAll(context.Background(), victims)
+	p.mu.Lock()
+	k.stopping -= len(victims)
+	p.mu.Unlock()
+	if err != nil && p.onError != nil {
 		p.onError(key, err)
 	}
 }
@@ -379,7 +386,7 @@ func (p *Pool[T]) Stats() []Stats {
 	defer p.mu.Unlock()
 	out := make([]Stats, 0, len(p.keys))
 	for key, k := range p.keys {
-		out = append(out, Stats{Key: key, Ready: len(k.ready), Starting: k.starting,
+		out = append(out, Stats{Key: key, Ready: len(k.ready), Starting: k.starting, Stopping: k.stopping,
 			Target: p.targetLocked(key, k), Min: min(p.opts.Size, p.maxLocked(key)), Max: p.maxLocked(key), Hits: k.hits, Misses: k.misses})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
@@ -390,7 +397,7 @@ func (p *Pool[T]) Stats() []Stats {
 func (p *Pool[T]) Report(isolation string) []api.WarmPool {
 	var out []api.WarmPool
 	for _, s := range p.Stats() {
-		out = append(out, api.WarmPool{Isolation: isolation, Key: s.Key, Ready: s.Ready, Starting: s.Starting,
+		out = append(out, api.WarmPool{Isolation: isolation, Key: s.Key, Ready: s.Ready, Starting: s.Starting, Stopping: s.Stopping,
 			Target: s.Target, Min: s.Min, Max: s.Max, Hits: s.Hits, Misses: s.Misses})
 	}
 	return out

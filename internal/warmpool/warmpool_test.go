@@ -87,6 +87,8 @@ type fakeBackend struct {
 	inFlight  int
 	peakLoad  int // the most starts in flight at once
 	fail      error
+	// holdDestroys, when set, makes each destroy wait for a receive.
+	holdDestroys chan struct{}
 }
 
 func newFake(t *testing.T, opts Options, gated bool) *fakeBackend {
@@ -131,6 +133,13 @@ func (f *fakeBackend) start(ctx context.Context, key string) (Item[int], error) 
 }
 
 func (f *fakeBackend) destroy(ctx context.Context, id string) error {
+	if f.holdDestroys != nil {
+		select {
+		case <-f.holdDestroys:
+		case <-time.After(10 * time.Second):
+			f.t.Errorf("destroy of %s never released", id)
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !slices.Contains(f.started, id) {
@@ -362,6 +371,26 @@ func TestDecayAfterQuietPeriod(t *testing.T) {
 	}
 	f.pool.Shutdown(context.Background())
 	f.checkAllDestroyedOnce() // the taken too: never claimed
+}
+
+// While a decay destroys the sandboxes above the fallen target, Stats
+// counts them as stopping (what a benchmark waits out before it measures
+// an idle daemon), and no longer once they are gone.
+func TestStoppingWhileDecayDestroys(t *testing.T) {
+	clock := newFakeClock()
+	f := newFake(t, Options{Size: 1, Max: capAt(8), Parallel: 4, Clock: clock}, false)
+	f.pool.Want("a")
+	f.waitReady("a", 1)
+	burst(f.pool, "a", 4)
+	f.waitReady("a", 4)
+	f.holdDestroys = make(chan struct{})
+	defer close(f.holdDestroys) // the shutdown's destroys pass
+	go clock.Advance(QuietPeriod)
+	waitFor(t, "3 stopping", func() bool { s := f.stats("a"); return s.Stopping == 3 && s.Ready == 1 && s.Target == 1 })
+	for range 3 {
+		f.holdDestroys <- struct{}{}
+	}
+	waitFor(t, "none stopping", func() bool { return f.stats("a").Stopping == 0 })
 }
 
 // A start that fails stops that starter (no busy loop); a later Want
