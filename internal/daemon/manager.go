@@ -148,6 +148,7 @@ type Manager struct {
 
 	mu      sync.Mutex
 	locks   keylock.Map // serializes lifecycle operations per sandbox name
+	atRest  atRest      // sandboxes the reaper need not look at (reap.go)
 	reboots reboots     // guests' recent reboots (stop.go)
 	// hostRestarted: the host restarted since the daemon last ran (set
 	// during reconcile only): what ran then was stopped by it.
@@ -358,7 +359,13 @@ func (m *Manager) lockSandbox(ctx context.Context, name string) (*core.Sandbox, 
 }
 
 // lockName serializes lifecycle operations on one sandbox name.
-func (m *Manager) lockName(name string) func() { return m.locks.Lock(name) }
+// lockName takes a sandbox's lifecycle lock. Whatever the holder does,
+// the reaper looks at the sandbox again at its next tick.
+func (m *Manager) lockName(name string) func() {
+	unlock := m.locks.Lock(name)
+	m.atRest.forget(name)
+	return unlock
+}
 
 func (m *Manager) backend(isolation string) (core.Backend, error) {
 	b, ok := m.backends[isolation]
@@ -1101,6 +1108,10 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 	if err == nil && rs.Restarted {
 		m.restarted(ctx, sb)
 	}
+	if err == nil && rs.State == core.RuntimeSaved && sb.State == core.StatePaused {
+		m.restSaved(ctx, b, sb)
+		return true
+	}
 	if err != nil || rs.State == core.RuntimeRunning || rs.State == core.RuntimeSaved {
 		return true
 	}
@@ -1280,13 +1291,17 @@ func (m *Manager) reapOnce(ctx context.Context) {
 	for _, sb := range all {
 		switch sb.State {
 		case core.StateStopped:
-			m.alignStopped(ctx, sb)
+			if !m.atRest.is(sb) {
+				m.alignStopped(ctx, sb)
+			}
 		case core.StateRunning, core.StatePaused:
 			// The fast path: the process the record names runs (a look at
-			// /proc), so nothing changed. Otherwise the full look (Status),
-			// which also brings a record naming a replaced process up to date.
+			// /proc), so nothing changed; or the sandbox was found paused to
+			// disk and nothing took its lock since. Otherwise the full look
+			// (Status), which also brings a record naming a replaced process
+			// up to date.
 			lv, ok := m.backends[sb.Isolation].(core.Liveness)
-			if ok && lv.Alive(sb) {
+			if ok && lv.Alive(sb) || m.atRest.is(sb) {
 				continue
 			}
 			if m.checkHealth(ctx, sb) && ok {

@@ -288,12 +288,18 @@ func (m *Manager) alignStopped(ctx context.Context, sb *core.Sandbox) {
 	if err != nil || cur.ID != sb.ID || cur.State != core.StateStopped {
 		return
 	}
-	if rs, err := m.backends[cur.Isolation].Status(ctx, cur); err == nil && rs.State != core.RuntimeStopped && rs.State != core.RuntimeAbsent {
-		m.log.Warn("a sandbox recorded stopped runs (a start was cut short): stopping it", "sandbox", cur.Name)
-		m.dropAgent(cur.ID)
-		if err := st.Stop(ctx, cur.ID); err != nil {
-			m.log.Error("stop a sandbox recorded stopped", "sandbox", cur.Name, "err", err)
-		}
+	rs, err := m.backends[cur.Isolation].Status(ctx, cur)
+	if err != nil {
+		return
+	}
+	if rs.State == core.RuntimeStopped || rs.State == core.RuntimeAbsent {
+		m.atRest.mark(cur) // under the lock: nothing runs until a holder starts it
+		return
+	}
+	m.log.Warn("a sandbox recorded stopped runs (a start was cut short): stopping it", "sandbox", cur.Name)
+	m.dropAgent(cur.ID)
+	if err := st.Stop(ctx, cur.ID); err != nil {
+		m.log.Error("stop a sandbox recorded stopped", "sandbox", cur.Name, "err", err)
 	}
 }
 

@@ -221,3 +221,58 @@ func TestHostRestartStops(t *testing.T) {
 	}
 	m3.Destroy(ctx, "power-cut")
 }
+
+// The reaper marks a stopped sandbox, and one paused to disk, at rest
+// and skips their look on later ticks; any operation on the sandbox (it
+// takes the name's lock) makes the next tick look again.
+func TestReaperRests(t *testing.T) {
+	m, _ := newManager(t)
+	ctx := context.Background()
+	if _, err := m.Create(ctx, api.CreateSandboxRequest{Name: "rest1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Destroy(ctx, "rest1") })
+	atRest := func() bool {
+		sb, err := m.store.GetSandbox(ctx, "rest1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.atRest.is(sb)
+	}
+	if _, err := m.Stop(ctx, "rest1"); err != nil {
+		t.Fatal(err)
+	}
+	m.reapOnce(ctx)
+	if !atRest() {
+		t.Fatal("a stopped sandbox is not at rest after a reap")
+	}
+	if _, err := m.Start(ctx, "rest1"); err != nil {
+		t.Fatal(err)
+	}
+	if atRest() {
+		t.Fatal("a started sandbox is still at rest")
+	}
+	m.reapOnce(ctx)
+	if atRest() {
+		t.Fatal("a running sandbox is at rest")
+	}
+	sb, err := m.Pause(ctx, "rest1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.reapOnce(ctx)
+	rs, err := m.backends[sb.Isolation].Status(ctx, sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if saved := rs.State == core.RuntimeSaved; atRest() != saved {
+		t.Fatalf("paused (%s), at rest %v", rs.State, atRest())
+	}
+	// A record the reaper did not mark (the one after a resume) is looked at.
+	if _, err := m.Resume(ctx, "rest1"); err != nil {
+		t.Fatal(err)
+	}
+	if atRest() {
+		t.Fatal("a resumed sandbox is at rest")
+	}
+}
