@@ -28,9 +28,13 @@ func main() {
 	flag.IntVar(&cfg.SnapshotRounds, "snapshot-rounds", 20, "vm pause/resume rounds (forks: half as many)")
 	flag.IntVar(&cfg.PausedVMs, "paused-vms", 100, "paused vms whose CPU and RSS are measured")
 	flag.IntVar(&cfg.SnapshotChain, "snapshot-chain", 20, "snapshots in the chain whose disk use is measured")
-	density := flag.Int("density", 0, "measure only density: every per-sandbox operation with 10 and with N container sandboxes alive")
+	density := flag.Int("density", 0, "measure only density: every per-sandbox operation with 10 and with N container sandboxes alive (and -density-vms vms)")
 	flag.IntVar(&cfg.DensityN, "density-n", 200, "container sandboxes alive in the full run's density figures (0: none)")
+	flag.IntVar(&cfg.DensityVMs, "density-vms", 4, "vms held through the density figures (one running, the rest paused) besides the containers, and probed at 10 and at N (0: none)")
 	flag.Parse()
+	if !cfg.VM {
+		cfg.DensityVMs = 0
+	}
 	cfg.Out = os.Stdout
 	if cfg.Creates < 20 {
 		cfg.Creates = 20

@@ -43,6 +43,7 @@ type Config struct {
 	OnlyVMShape  bool   // measure only vms at the default shape and systemd vms
 	OnlyNet      bool   // measure only sandbox networking
 	DensityN     int    // sandboxes alive in the density figures (0: none)
+	DensityVMs   int    // vms held through the density figures (0: none)
 	// CgroupParent is the cgroup parent of the daemons the network and
 	// density figures run as processes (default nook-bench-net).
 	CgroupParent string

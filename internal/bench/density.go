@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/sdk"
 )
 
 // The density benchmark (nook-bench -density N): what every per-sandbox
@@ -43,6 +45,11 @@ type DensityResult struct {
 	ReadoptLog string
 	// Teardown is each rm of the N-10 while they go, in bursts of 10.
 	Teardown []time.Duration
+	// VMs is how many vms were held through the run (one running, the
+	// rest paused); VMSkipped says why none were when the vm backend is
+	// not available.
+	VMs       int
+	VMSkipped string
 }
 
 // Create is one create's latency and where it came from.
@@ -56,6 +63,8 @@ type Probe struct {
 	Cold, Warm                            []time.Duration // bursts of 10 parallel creates
 	Exec, Pause, Resume, Snapshot, Policy []time.Duration
 	Remove                                []time.Duration
+	// The same for a vm (one at a time; empty without vms).
+	VMCreate, VMExec, VMPause, VMResume, VMRemove []time.Duration
 }
 
 // logBuf keeps a daemon's log and answers which creates were warm.
@@ -142,6 +151,19 @@ func RunDensity(ctx context.Context, cfg Config, n int) (*DensityResult, error) 
 	if res.At10, err = probe(ctx, d, "p10"); err != nil {
 		return nil, fmt.Errorf("probe at 10: %w", err)
 	}
+	heldVMs := 0 // vms among the sandboxes that run
+	if cfg.DensityVMs > 0 {
+		fmt.Fprintf(out, "density: %d vms held (one running, the rest paused), then a vm probed with 10 containers...\n", cfg.DensityVMs)
+		if res.VMSkipped, err = holdVMs(ctx, d, cfg.DensityVMs); err != nil {
+			return nil, err
+		}
+		if res.VMSkipped == "" {
+			res.VMs, heldVMs = cfg.DensityVMs, 1
+			if err := vmProbe(ctx, d, "v10", &res.At10); err != nil {
+				return nil, fmt.Errorf("vm probe at 10: %w", err)
+			}
+		}
+	}
 	fmt.Fprintf(out, "density: growing to %d in bursts of 10...\n", n)
 	if err := g.grow(ctx, n); err != nil {
 		return nil, err
@@ -149,6 +171,11 @@ func RunDensity(ctx context.Context, cfg Config, n int) (*DensityResult, error) 
 	res.Growth = g.creates
 	if res.AtN, err = probe(ctx, d, "pn"); err != nil {
 		return nil, fmt.Errorf("probe at %d: %w", n, err)
+	}
+	if res.VMs > 0 {
+		if err := vmProbe(ctx, d, "vn", &res.AtN); err != nil {
+			return nil, fmt.Errorf("vm probe at %d: %w", n, err)
+		}
 	}
 	// Idle: the warm pools back at their floor, nothing asked of the
 	// daemon.
@@ -168,7 +195,7 @@ func RunDensity(ctx context.Context, cfg Config, n int) (*DensityResult, error) 
 	res.IdleRSS = procRSS(d.pid())
 
 	fmt.Fprintf(out, "density: kill -9 of the daemon, and its restart with %d sandboxes...\n", n)
-	if res.Readopt, res.ReadoptExec, err = d.readopt(ctx, g.names[len(g.names)-1], n); err != nil {
+	if res.Readopt, res.ReadoptExec, err = d.readopt(ctx, g.names[len(g.names)-1], n+heldVMs); err != nil {
 		return nil, err
 	}
 	for _, line := range strings.Split(d.log.String(), "\n") {
@@ -177,6 +204,11 @@ func RunDensity(ctx context.Context, cfg Config, n int) (*DensityResult, error) 
 		}
 	}
 
+	if res.VMs > 0 {
+		if _, err := parallel(heldNames(res.VMs), func(name string) error { return d.cl.DeleteSandbox(ctx, name) }); err != nil {
+			return nil, err
+		}
+	}
 	fmt.Fprintf(out, "density: removing %d in bursts of 10...\n", n-10)
 	if res.Teardown, err = g.shrink(ctx, 10); err != nil {
 		return nil, err
@@ -335,6 +367,84 @@ func probe(ctx context.Context, d *procDaemon, prefix string) (Probe, error) {
 	return p, nil
 }
 
+// The vms of the density run: the benchmarks' vm shape at half its
+// memory, so that a few fit beside N containers. All have one shape: the
+// first create makes its snapshot and the rest come from its warm pool,
+// the way a host's vms of one shape are made.
+const densityVMMemory = "512M"
+
+func densityVM(name string) api.CreateSandboxRequest {
+	return api.CreateSandboxRequest{Name: name, Isolation: api.IsolationVM, CPUs: vmCPUs, Memory: densityVMMemory}
+}
+
+// vmProbe times a vm's create (from a full warm pool), exec round trip,
+// pause (to disk), resume and rm into p.
+func vmProbe(ctx context.Context, d *procDaemon, name string, p *Probe) (err error) {
+	if err := d.settle(ctx); err != nil {
+		return err
+	}
+	cl := d.cl
+	t := time.Now()
+	if _, err := cl.CreateSandbox(ctx, densityVM(name)); err != nil {
+		return err
+	}
+	p.VMCreate = append(p.VMCreate, time.Since(t))
+	defer func() {
+		t := time.Now()
+		if rmErr := cl.DeleteSandbox(ctx, name); rmErr != nil && err == nil {
+			err = rmErr
+		}
+		p.VMRemove = append(p.VMRemove, time.Since(t))
+	}()
+	for i := 0; i < 20; i++ {
+		t := time.Now()
+		if st, err := cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"true"}}, io.Discard, io.Discard); err != nil || st.ExitCode != 0 {
+			return fmt.Errorf("exec true in a vm: %v %+v", err, st)
+		}
+		p.VMExec = append(p.VMExec, time.Since(t))
+	}
+	for i := 0; i < 3; i++ {
+		t := time.Now()
+		if _, err := cl.PauseSandbox(ctx, name); err != nil {
+			return err
+		}
+		t1 := time.Now()
+		if _, err := cl.ResumeSandbox(ctx, name); err != nil {
+			return err
+		}
+		p.VMPause, p.VMResume = append(p.VMPause, t1.Sub(t)), append(p.VMResume, time.Since(t1))
+	}
+	return nil
+}
+
+func heldNames(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("vheld%02d", i)
+	}
+	return names
+}
+
+// holdVMs creates n vms one after another and pauses all but the first,
+// or returns why the vm backend is not available.
+func holdVMs(ctx context.Context, d *procDaemon, n int) (skipped string, err error) {
+	for i, name := range heldNames(n) {
+		_, err := d.cl.CreateSandbox(ctx, densityVM(name))
+		if e := (*sdk.Error)(nil); i == 0 && errors.As(err, &e) && e.Code == api.CodeUnavailable && strings.Contains(e.Message, "backend is not available") {
+			return e.Message, nil
+		}
+		if err != nil {
+			return "", fmt.Errorf("held vm: %w", err)
+		}
+		if i > 0 {
+			if _, err := d.cl.PauseSandbox(ctx, name); err != nil {
+				return "", fmt.Errorf("pause of a held vm: %w", err)
+			}
+		}
+	}
+	return "", nil
+}
+
 // cpuOver is the share of one core pid used over window.
 func cpuOver(ctx context.Context, pid int, window time.Duration) (float64, error) {
 	t0 := procsCPU([]int{pid})
@@ -370,7 +480,18 @@ func (r *DensityResult) print(w io.Writer) {
 	line("snapshot (container)", r.At10.Snapshot, r.AtN.Snapshot, r.After.Snapshot)
 	line("network policy change", r.At10.Policy, r.AtN.Policy, r.After.Policy)
 	line("rm", r.At10.Remove, r.AtN.Remove, r.After.Remove)
+	if r.VMs > 0 {
+		fmt.Fprintf(tw, "vm (1 vCPU, %s; %d more held: 1 running, %d paused)\t\t\t\t\t\n", densityVMMemory, r.VMs, r.VMs-1)
+		line("vm create, warm", r.At10.VMCreate, r.AtN.VMCreate, nil)
+		line("vm exec round trip (true)", r.At10.VMExec, r.AtN.VMExec, nil)
+		line("vm pause (to disk)", r.At10.VMPause, r.AtN.VMPause, nil)
+		line("vm resume", r.At10.VMResume, r.AtN.VMResume, nil)
+		line("vm rm", r.At10.VMRemove, r.AtN.VMRemove, nil)
+	}
 	tw.Flush()
+	if r.VMSkipped != "" {
+		fmt.Fprintf(w, "vms skipped: %s\n", r.VMSkipped)
+	}
 
 	first, last := r.growthSplit()
 	fmt.Fprintln(w)

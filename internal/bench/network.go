@@ -213,6 +213,9 @@ func (d *procDaemon) start(ctx context.Context) error {
 		"--data-dir", filepath.Join(d.root, "data"), "--run-dir", filepath.Join(d.root, "run"), "--socket", d.socket(),
 		"--templates-dir", d.cfg.TemplatesDir, "--agent", d.cfg.AgentBinary, "--cgroup-parent", d.cgroup(),
 		"--dns-upstream", benchDNS + ":53"}, d.args...)
+	if d.cfg.VMCacheDir != "" {
+		args = append(args, "--vm-cache-dir", d.cfg.VMCacheDir) // the template's vm image and snapshot, made once
+	}
 	if sock := os.Getenv("NOOK_BENCH_DEBUG_SOCKET"); sock != "" {
 		args = append(args, "--debug-socket", sock) // profiles of the daemon under test
 	}
@@ -279,7 +282,7 @@ func (d *procDaemon) settleTo(ctx context.Context, atMin bool) error {
 		}
 		full := true
 		for _, p := range info.WarmPools {
-			full = full && p.Starting == 0 && p.Ready == p.Target && (!atMin || p.Target <= p.Min)
+			full = full && p.Starting == 0 && p.Ready == p.Target && (!atMin || p.Target <= p.Min && p.Stopping == 0)
 		}
 		if full {
 			return nil
