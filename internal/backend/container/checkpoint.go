@@ -369,7 +369,7 @@ func (b *Backend) runcRestore(ctx context.Context, id string, lock *os.File, ima
 	if !tcpClose {
 		args = append(args, "--tcp-established")
 	}
-	if err := b.runcFiles(ctx, id, []*os.File{lock}, append(args, id)...); err != nil {
+	if err := b.runcSetup(ctx, id, []*os.File{lock}, append(args, id)...); err != nil {
 		return fmt.Errorf("restore with CRIU: %w%s", err, formatCRIUErrors(criuErrorLines(filepath.Join(work, "restore.log"))))
 	}
 	return nil

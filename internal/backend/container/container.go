@@ -33,6 +33,7 @@ import (
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/keylock"
+	"github.com/nookhq/nook/internal/mntns"
 	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/internal/warmpool"
@@ -89,6 +90,11 @@ type Backend struct {
 	// once, before any is started (markLegacy).
 	legacyOnce sync.Once
 	legacyErr  error
+	// base is the mount namespace runc run and restore start from
+	// (mountBase); baseFailed: it could not be made, do not try again.
+	baseMu     sync.Mutex
+	base       *mntns.Base
+	baseFailed bool
 }
 
 var _ core.Backend = (*Backend)(nil)
@@ -377,7 +383,7 @@ func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fres
 		return b.restoreSnapshot(ctx, sb, mem)
 	}
 	runStart := time.Now()
-	if err := b.runc(ctx, sb.ID, "run", "--detach", "--pid-file", pidFile, "--bundle", dir, sb.ID); err != nil {
+	if err := b.runcSetup(ctx, sb.ID, nil, "run", "--detach", "--pid-file", pidFile, "--bundle", dir, sb.ID); err != nil {
 		return err
 	}
 	b.cfg.Log.Debug("runc run", "sandbox", sb.ID, "duration", time.Since(runStart))
@@ -419,6 +425,19 @@ func (b *Backend) runc(ctx context.Context, id string, args ...string) error {
 
 // runcFiles is runc with files the runc process inherits (fd 3 on).
 func (b *Backend) runcFiles(ctx context.Context, id string, files []*os.File, args ...string) error {
+	return b.runcCmd(ctx, id, files, false, args...)
+}
+
+// runcSetup is runcFiles for the commands that set a container's root up
+// (run, restore): runc runs in a mount namespace of its own that has the
+// host's base mounts and this sandbox's root and namespace files, not the
+// mounts of every other sandbox (internal/mntns), so that what it costs
+// does not grow with the number of sandboxes.
+func (b *Backend) runcSetup(ctx context.Context, id string, files []*os.File, args ...string) error {
+	return b.runcCmd(ctx, id, files, true, args...)
+}
+
+func (b *Backend) runcCmd(ctx context.Context, id string, files []*os.File, setup bool, args ...string) error {
 	log := filepath.Join(b.dir(id), "runc.log")
 	full := append([]string{"--root", b.cfg.RuncRoot, "--log", log, "--log-format", "text"}, args...)
 	cmd := exec.CommandContext(ctx, b.cfg.Runc, full...)
@@ -426,10 +445,52 @@ func (b *Backend) runcFiles(ctx context.Context, id string, files []*os.File, ar
 	cmd.ExtraFiles = files
 	// Its own process group: a Ctrl-C aimed at the daemon's terminal must not reach sandboxes.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Run(); err != nil {
+	var err error
+	if base := b.mountBase(setup); base != nil {
+		if err = base.Start(cmd, b.setupBinds(id)...); err == nil {
+			err = cmd.Wait()
+		}
+	} else {
+		err = cmd.Run()
+	}
+	if err != nil {
 		return fmt.Errorf("runc %s: %w: %s", args[0], err, runcError(tail(log)))
 	}
 	return nil
+}
+
+// mountBase is the base namespace runc's setup commands start from, made
+// on first use; nil (runc runs in the daemon's namespace) when setup is
+// false or the base cannot be made (a kernel without open_tree, before
+// 5.2: logged once).
+func (b *Backend) mountBase(setup bool) *mntns.Base {
+	if !setup {
+		return nil
+	}
+	b.baseMu.Lock()
+	defer b.baseMu.Unlock()
+	if b.base == nil && !b.baseFailed {
+		base, err := mntns.New(b.cfg.StateDir)
+		if err != nil {
+			b.baseFailed = true
+			b.cfg.Log.Warn("runc runs in the daemon's mount namespace: a create costs more with every sandbox", "err", err)
+			return nil
+		}
+		b.base = base
+	}
+	return b.base
+}
+
+// setupBinds are the paths of sandbox id that runc's setup needs from the
+// daemon's namespace: its root and the files that hold its namespaces.
+func (b *Backend) setupBinds(id string) []string {
+	binds := []string{b.rootfs(id)}
+	for _, p := range []string{b.netnsFile(id), b.usernsFile(id)} {
+		if _, err := os.Stat(p); err == nil {
+			binds = append(binds, p)
+		}
+	}
+	return binds
 }
 
 // runcError is the message of runc's last error line in a text log
