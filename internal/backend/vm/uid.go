@@ -120,12 +120,22 @@ func (b *Backend) recordedUID(id string) (uint32, bool) {
 
 // readUID reads the user recorded in a vm directory, if it is in the range from base.
 func readUID(dir string, base uint32) (uint32, bool) {
+	v, ok := recordedUser(dir)
+	if !ok || v < base || uint64(v) >= uint64(base)+uidSlots {
+		return 0, false
+	}
+	return v, true
+}
+
+// recordedUser reads the user recorded in a vm directory, whatever range
+// it is in.
+func recordedUser(dir string) (uint32, bool) {
 	data, err := os.ReadFile(filepath.Join(dir, "uid"))
 	if err != nil {
 		return 0, false
 	}
 	v, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 32)
-	if err != nil || v < uint64(base) || v >= uint64(base)+uidSlots {
+	if err != nil {
 		return 0, false
 	}
 	return uint32(v), true

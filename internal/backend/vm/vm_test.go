@@ -493,6 +493,10 @@ func TestBackingHeaderIgnored(t *testing.T) {
 	if got := s.Sh(t, "cat /root/a"); got != "mine\n" {
 		t.Fatalf("after the header was rewritten: %q", got)
 	}
+	// qemuPID finds the vm's QEMU among its user's processes.
+	if st, live := b.readRun(s.ID); !live || qemuPID(b.dir(s.ID)) != st.PID {
+		t.Fatalf("qemuPID found %d, the vm's QEMU is %d (live %v)", qemuPID(b.dir(s.ID)), st.PID, live)
+	}
 	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", qemuPID(b.dir(s.ID))))
 	if strings.Contains(string(cmdline), "/etc/passwd") {
 		t.Fatal("QEMU was given the rewritten backing file")
