@@ -183,6 +183,8 @@ type procDaemon struct {
 	cl   *sdk.Client
 	log  *logBuf
 	cmd  *exec.Cmd
+	// logFile has a copy of the log (NOOK_BENCH_DEBUG_LOG).
+	logFile *os.File
 }
 
 func startProcDaemon(ctx context.Context, cfg Config, s *simNet, root string, args ...string) (*procDaemon, error) {
@@ -219,8 +221,22 @@ func (d *procDaemon) start(ctx context.Context) error {
 	if sock := os.Getenv("NOOK_BENCH_DEBUG_SOCKET"); sock != "" {
 		args = append(args, "--debug-socket", sock) // profiles of the daemon under test
 	}
+	if os.Getenv("NOOK_BENCH_DEBUG_LOG") != "" {
+		args = append(args, "--debug") // each step's duration in the daemon's log (NOOK_BENCH_DEBUG_LOG names the file)
+	}
 	d.cmd = exec.CommandContext(ctx, "nsenter", args...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	if path := os.Getenv("NOOK_BENCH_DEBUG_LOG"); path != "" {
+		if d.logFile == nil { // one file for every start; stop closes it
+			f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+			if err != nil {
+				return err
+			}
+			d.logFile = f
+		}
+		d.cmd.Stdout = io.MultiWriter(d.log, d.logFile)
+		d.cmd.Stderr = d.cmd.Stdout
+	}
 	if err := d.cmd.Start(); err != nil {
 		return err
 	}
@@ -256,6 +272,9 @@ func (d *procDaemon) stop() {
 	}
 	d.cmd.Process.Signal(unix.SIGTERM)
 	d.cmd.Wait()
+	if d.logFile != nil {
+		d.logFile.Close()
+	}
 	removeCgroups(d.cgroup())
 }
 
