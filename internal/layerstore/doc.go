@@ -1,0 +1,39 @@
+// Package layerstore turns image layers into overlay lower directories
+// (issue 14: templates from OCI images). This first part is the unpacker:
+// Unpack applies one layer's tar stream to an empty directory in the
+// format overlayfs reads, so that a stack of such directories, given to
+// an overlay mount as its lowers, is the image's root filesystem.
+//
+// A layer comes from a registry, an archive or a build step: nothing in
+// it is trusted. Every entry is created through file descriptors, below
+// the layer's directory:
+//   - names are cleaned (a leading "/" or "./" is dropped, as Docker and
+//     containerd do); one that still climbs with ".." is refused
+//     (ErrUnsafe);
+//   - the parent directory is opened with openat2(RESOLVE_BENEATH |
+//     RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV): an
+//     entry below a symlink, even one of this layer pointing inside it, is
+//     refused, and no write can land outside the layer whatever the
+//     entries before it made;
+//   - the entry itself is made with *at calls on that descriptor, never
+//     followed if it is a symlink (O_NOFOLLOW, AT_SYMLINK_NOFOLLOW);
+//     symlink targets are stored as they are, since nothing on the host
+//     follows them;
+//   - a hard link's target is resolved the same way; one outside the
+//     layer, through a symlink or to a directory is refused, and one
+//     whose target an earlier layer holds is copied up from the lowers
+//     (Options.Lowers) first, as real `docker save` output needs.
+//
+// Whiteouts (OCI image-spec layer.md) become overlay's: ".wh.NAME" a 0:0
+// character device NAME, ".wh..wh..opq" the trusted.overlay.opaque
+// xattr on its directory, and a directory that replaces a whiteout of
+// the same layer is opaque too. Owners are kept as the tar has them
+// (0-based: a sandbox's idmapped mount shifts them). Of the extended
+// attributes only user.*, security.capability and POSIX ACLs are kept;
+// trusted.overlay.* (which would steer overlay's lookups: redirects,
+// metacopy) and the rest are dropped and counted. Device nodes and
+// fifos are created as given (sandboxes mount their root nodev; the
+// store is root's alone); sockets are skipped; other entry types fail
+// the layer. Options.MaxBytes bounds the data written, against a
+// decompression bomb.
+package layerstore
