@@ -22,7 +22,11 @@
 //   - a hard link's target is resolved the same way; one outside the
 //     layer, through a symlink or to a directory is refused, and one
 //     whose target an earlier layer holds is copied up from the lowers
-//     (Options.Lowers) first, as real `docker save` output needs.
+//     (Options.Lowers) first, as real `docker save` output needs: the
+//     file the lowers' merged view shows there (whiteouts and opaque
+//     directories of higher lowers hide lower ones), typed through an
+//     O_PATH descriptor before it is opened, so that no fifo or device
+//     node of a layer is ever opened on the host.
 //
 // Whiteouts (OCI image-spec layer.md) become overlay's: ".wh.NAME" a 0:0
 // character device NAME, ".wh..wh..opq" the trusted.overlay.opaque
@@ -33,7 +37,11 @@
 // trusted.overlay.* (which would steer overlay's lookups: redirects,
 // metacopy) and the rest are dropped and counted. Device nodes and
 // fifos are created as given (sandboxes mount their root nodev; the
-// store is root's alone); sockets are skipped; other entry types fail
-// the layer. Options.MaxBytes bounds the data written, against a
-// decompression bomb.
+// store must be root's alone); other entry types fail the layer.
+// Options.MaxBytes bounds what a layer makes, against a decompression
+// bomb: its file data, and a fixed cost for each entry and each
+// directory made for one. A name deeper than MaxDepth is refused. The
+// result depends on the lowers (copied-up files, inherited directory
+// metadata): a store keys an unpacked layer by its chain ID, never by
+// its diff ID alone.
 package layerstore

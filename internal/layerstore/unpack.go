@@ -45,6 +45,14 @@ type Stats struct {
 }
 
 const (
+	// MaxDepth is the most components an entry's name may have: real
+	// images stay far below it, and it bounds the directories one entry
+	// makes and the descriptors a removal holds.
+	MaxDepth = 128
+	// inodeCost is what each entry, and each directory made for one,
+	// counts against Options.MaxBytes besides its data.
+	inodeCost = 4096
+
 	whPrefix = ".wh."
 	whOpaque = ".wh..wh..opq"
 	resolve  = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
@@ -78,7 +86,7 @@ func Unpack(ctx context.Context, r io.Reader, dst string, opt Options) (Stats, e
 	}
 	// Directories' times last: their entries changed them.
 	for _, d := range u.dirTimes {
-		if err := u.setTimes(d.name, d.mtime, d.atime); err != nil {
+		if err := u.setTimes(d); err != nil {
 			return u.st, fmt.Errorf("layer entry %q: %w", d.name, err)
 		}
 	}
@@ -89,12 +97,14 @@ type unpacker struct {
 	root      int
 	opt       Options
 	st        Stats
+	charged   int64           // against MaxBytes: data, and inodeCost per entry and directory made
 	whiteouts map[string]bool // names this layer whited out (a dir made over one is opaque)
 	dirTimes  []dirTime
 }
 
 type dirTime struct {
 	name         string
+	ino          uint64 // the directory's inode when its entry was applied
 	mtime, atime time.Time
 }
 
@@ -110,6 +120,9 @@ func clean(name string) (string, error) {
 			return "", fmt.Errorf("%w: the name climbs out with \"..\"", ErrUnsafe)
 		}
 	}
+	if strings.Count(n, "/") >= MaxDepth {
+		return "", fmt.Errorf("%w: more than %d levels deep", ErrUnsafe, MaxDepth)
+	}
 	return n, nil
 }
 
@@ -123,6 +136,9 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	if err != nil {
 		return err
 	}
+	if err := u.charge(inodeCost + int64(len(hdr.Linkname))); err != nil {
+		return err
+	}
 	if name == "" { // the root: only its metadata
 		if hdr.Typeflag != tar.TypeDir {
 			return fmt.Errorf("%w: the layer's root is not a directory", ErrUnsafe)
@@ -131,6 +147,10 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	}
 	dir, base := path.Split(name)
 	dir = strings.TrimSuffix(dir, "/")
+	if strings.Contains("/"+dir+"/", "/"+whPrefix+whPrefix) { // inside aufs' own (.wh..wh.plnk/)
+		u.st.Skipped++
+		return nil
+	}
 	if base == whOpaque {
 		pfd, err := u.parent(name)
 		if err != nil {
@@ -156,7 +176,13 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		defer unix.Close(pfd)
 		var st unix.Stat_t
 		if unix.Fstatat(pfd, target, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
-			return nil // this layer has the entry: the whiteout is for the lowers only
+			// This layer has the entry: the whiteout is for the lowers
+			// only, which a directory of this layer then hides.
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				u.st.Whiteouts++
+				return setXattrAt(pfd, target, "trusted.overlay.opaque", "y")
+			}
+			return nil
 		}
 		u.st.Whiteouts++
 		u.whiteouts[path.Join(dir, target)] = true
@@ -170,7 +196,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	if hdr.Uid >= 65536 || hdr.Gid >= 65536 {
 		u.st.HighIDs++
 	}
-	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid > 1<<31 || hdr.Gid > 1<<31 {
+	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid >= 1<<31 || hdr.Gid >= 1<<31 {
 		return fmt.Errorf("%w: owner %d:%d", ErrUnsafe, hdr.Uid, hdr.Gid)
 	}
 	switch hdr.Typeflag {
@@ -227,6 +253,9 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		if err := unix.Mknodat(pfd, base, mode|0o600, int(unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor)))); err != nil {
 			return err
 		}
+		if mode == unix.S_IFCHR && hdr.Devmajor == 0 && hdr.Devminor == 0 {
+			u.whiteouts[name] = true // overlay reads it as one
+		}
 		return u.metaAt(pfd, base, name, hdr, false)
 	default:
 		return fmt.Errorf("%w: entry type %q", ErrUnsafe, hdr.Typeflag)
@@ -244,7 +273,9 @@ func (u *unpacker) parent(name string) (int, error) {
 	if err == nil {
 		return fd, nil
 	}
-	if err != unix.ENOENT {
+	// Missing parents are made below; a whiteout of this layer in the
+	// way (ENOTDIR) becomes a directory there.
+	if err != unix.ENOENT && err != unix.ENOTDIR {
 		return -1, unsafeResolve(dir, err)
 	}
 	// Create the missing parents one by one, each through the last.
@@ -256,8 +287,29 @@ func (u *unpacker) parent(name string) (int, error) {
 	for _, el := range strings.Split(dir, "/") {
 		walked = path.Join(walked, el)
 		made := false
+		if u.whiteouts[walked] {
+			// A whiteout of this layer is where a child goes: it becomes
+			// the directory, opaque (it hides the lowers' as the whiteout did).
+			var st unix.Stat_t
+			if unix.Fstatat(cur, el, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR {
+				if err := unix.Unlinkat(cur, el, 0); err != nil {
+					unix.Close(cur)
+					return -1, err
+				}
+			}
+		}
+		if err := u.charge(inodeCost); err != nil {
+			unix.Close(cur)
+			return -1, err
+		}
 		if err := unix.Mkdirat(cur, el, 0o755); err == nil {
 			made = true
+			if u.whiteouts[walked] {
+				if err := setXattrAt(cur, el, "trusted.overlay.opaque", "y"); err != nil {
+					unix.Close(cur)
+					return -1, err
+				}
+			}
 		} else if err != unix.EEXIST {
 			unix.Close(cur)
 			return -1, err
@@ -342,40 +394,131 @@ func (u *unpacker) link(pfd int, base string, hdr *tar.Header) error {
 	return unix.Linkat(tfd, tbase, pfd, base, 0)
 }
 
-// copyUp copies the regular file name from the topmost lower that has it
-// to tbase in tfd, with its owner, mode and kept xattrs.
+// copyUp copies the regular file name from the lowers, as overlay shows
+// it (lowerFile), to tbase in tfd, with its owner, mode and kept xattrs.
 func (u *unpacker) copyUp(tfd int, tbase, name string) error {
-	for _, l := range u.opt.Lowers {
-		lr, err := unix.Open(l, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-		if err != nil {
-			continue
-		}
-		src, err := unix.Openat2(lr, name, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: resolve})
-		unix.Close(lr)
-		if err != nil {
-			continue
-		}
-		sf := os.NewFile(uintptr(src), name)
-		defer sf.Close()
-		var st unix.Stat_t
-		if err := unix.Fstat(src, &st); err != nil {
-			return err
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFREG {
-			return fmt.Errorf("%w: hard link to %q, not a regular file below", ErrUnsafe, name)
-		}
-		df, err := u.writeFile(tfd, tbase, sf)
-		if err != nil {
-			return err
-		}
-		defer df.Close()
-		// The mode after the owner: a chown clears setuid and setgid.
-		if err := unix.Fchown(int(df.Fd()), int(st.Uid), int(st.Gid)); err != nil {
-			return err
-		}
-		return unix.Fchmod(int(df.Fd()), st.Mode&0o7777)
+	src, err := u.lowerFile(name)
+	if err != nil {
+		return err
 	}
-	return fmt.Errorf("%w: hard link to %q, which neither this layer nor one below holds", ErrUnsafe, name)
+	defer src.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(src.Fd()), &st); err != nil {
+		return err
+	}
+	df, err := u.writeFile(tfd, tbase, src)
+	if err != nil {
+		return err
+	}
+	defer df.Close()
+	// The mode after the owner: a chown clears setuid and setgid.
+	if err := unix.Fchown(int(df.Fd()), int(st.Uid), int(st.Gid)); err != nil {
+		return err
+	}
+	if err := unix.Fchmod(int(df.Fd()), st.Mode&0o7777); err != nil {
+		return err
+	}
+	return copyXattrs(int(src.Fd()), int(df.Fd()))
+}
+
+// lowerFile opens, for reading, the file name is in the lowers' merged
+// view: the entry of the topmost lower that has one, unless a higher one
+// hides it (a whiteout of it or of a parent, a parent that is not a
+// directory, an opaque parent). Only a regular file is opened: its type
+// is checked on an O_PATH descriptor first, so no device or fifo of a
+// lower is ever opened.
+func (u *unpacker) lowerFile(name string) (*os.File, error) {
+	comps := strings.Split(name, "/")
+	for _, l := range u.opt.Lowers {
+		fd, hidden, err := lookupLower(l, comps)
+		if err != nil {
+			return nil, err
+		}
+		if fd >= 0 {
+			defer unix.Close(fd)
+			var st unix.Stat_t
+			if err := unix.Fstat(fd, &st); err != nil {
+				return nil, err
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFREG {
+				return nil, fmt.Errorf("%w: hard link to %q, not a regular file below", ErrUnsafe, name)
+			}
+			rfd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return nil, err
+			}
+			return os.NewFile(uintptr(rfd), name), nil
+		}
+		if hidden {
+			break
+		}
+	}
+	return nil, fmt.Errorf("%w: hard link to %q, which neither this layer nor one below holds", ErrUnsafe, name)
+}
+
+// lookupLower walks comps in one lower directory without following a
+// symlink: an O_PATH descriptor of the entry if the lower has one, else
+// whether it hides what the lowers under it have there.
+func lookupLower(lower string, comps []string) (fd int, hidden bool, err error) {
+	cur, err := unix.Open(lower, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, false, nil
+	}
+	defer func() { unix.Close(cur) }()
+	opaque := false
+	for i, c := range comps {
+		var st unix.Stat_t
+		if err := unix.Fstatat(cur, c, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if err == unix.ENOENT {
+				return -1, opaque, nil
+			}
+			return -1, false, err
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0 {
+			return -1, true, nil // a whiteout
+		}
+		if i == len(comps)-1 {
+			fd, err := unix.Openat(cur, c, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			return fd, false, err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return -1, true, nil
+		}
+		next, err := unix.Openat(cur, c, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, false, err
+		}
+		unix.Close(cur)
+		cur = next
+		buf := make([]byte, 1)
+		if n, err := unix.Fgetxattr(cur, "trusted.overlay.opaque", buf); err == nil && n == 1 && buf[0] == 'y' {
+			opaque = true
+		}
+	}
+	return -1, opaque, nil
+}
+
+// copyXattrs copies the kept xattrs of a regular file.
+func copyXattrs(src, dst int) error {
+	buf := make([]byte, 64<<10)
+	n, err := unix.Flistxattr(src, buf)
+	if err != nil || n == 0 {
+		return nil
+	}
+	val := make([]byte, 64<<10)
+	for _, x := range strings.Split(strings.TrimRight(string(buf[:n]), "\x00"), "\x00") {
+		if !keptXattr(x, tar.TypeReg) {
+			continue
+		}
+		m, err := unix.Fgetxattr(src, x, val)
+		if err != nil {
+			continue
+		}
+		if err := unix.Fsetxattr(dst, x, val[:m], 0); err != nil {
+			return fmt.Errorf("xattr %s: %w", x, err)
+		}
+	}
+	return nil
 }
 
 // writeFile creates base in pfd (it must not exist) with r's data,
@@ -388,15 +531,25 @@ func (u *unpacker) writeFile(pfd int, base string, r io.Reader) (*os.File, error
 	f := os.NewFile(uintptr(fd), base)
 	limit := int64(-1)
 	if u.opt.MaxBytes > 0 {
-		limit = u.opt.MaxBytes - u.st.Bytes
+		limit = u.opt.MaxBytes - u.charged
 	}
 	n, err := copyLimited(f, r, limit)
 	u.st.Bytes += n
+	u.charged += n
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
 	return f, nil
+}
+
+// charge counts n bytes of what the layer makes against MaxBytes.
+func (u *unpacker) charge(n int64) error {
+	u.charged += n
+	if u.opt.MaxBytes > 0 && u.charged > u.opt.MaxBytes {
+		return fmt.Errorf("%w: more than %d bytes of files, entries and directories", ErrTooLarge, u.opt.MaxBytes)
+	}
+	return nil
 }
 
 // replace removes whatever non-directory or directory tree is at base.
@@ -472,12 +625,19 @@ func (u *unpacker) metaAt(pfd int, base, name string, hdr *tar.Header, dir bool)
 			u.st.DroppedXattrs++
 			continue
 		}
+		if err := u.charge(int64(len(x) + len(hdr.PAXRecords[k]))); err != nil {
+			return err
+		}
 		if err := setXattrAt(pfd, base, x, hdr.PAXRecords[k]); err != nil {
 			return fmt.Errorf("xattr %s: %w", x, err)
 		}
 	}
 	if dir {
-		u.dirTimes = append(u.dirTimes, dirTime{name: name, mtime: hdr.ModTime, atime: hdr.AccessTime})
+		var st unix.Stat_t
+		if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return err
+		}
+		u.dirTimes = append(u.dirTimes, dirTime{name: name, ino: st.Ino, mtime: hdr.ModTime, atime: hdr.AccessTime})
 		return nil
 	}
 	return unix.UtimesNanoAt(pfd, base, times(hdr), unix.AT_SYMLINK_NOFOLLOW)
@@ -487,6 +647,9 @@ func (u *unpacker) metaAt(pfd int, base, name string, hdr *tar.Header, dir bool)
 // the entry, and opening a device node is not harmless), user.*, file
 // capabilities and POSIX ACLs; never overlay's own.
 func keptXattr(x string, typ byte) bool {
+	if typ == tar.TypeGNUSparse {
+		typ = tar.TypeReg
+	}
 	if typ != tar.TypeReg && typ != tar.TypeDir {
 		return false
 	}
@@ -512,18 +675,26 @@ func setXattrAt(pfd int, base, key, value string) error {
 	return unix.Fsetxattr(fd, key, []byte(value), 0)
 }
 
-func (u *unpacker) setTimes(name string, mtime, atime time.Time) error {
-	pfd := u.root
-	base := "."
-	if name != "" {
-		fd, err := u.parent(name)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		pfd, base = fd, path.Base(name)
+// setTimes sets a directory's times at the end, through a descriptor,
+// if the directory its entry made is still there (a later entry may have
+// replaced it).
+func (u *unpacker) setTimes(d dirTime) error {
+	fd, err := unix.Dup(u.root)
+	if d.name != "" {
+		fd, err = openBeneath(u.root, d.name)
 	}
-	return unix.UtimesNanoAt(pfd, base, []unix.Timespec{ts(atime, mtime), ts(mtime, mtime)}, unix.AT_SYMLINK_NOFOLLOW)
+	if err == unix.ENOENT || err == unix.ENOTDIR || err == unix.ELOOP {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Ino != d.ino {
+		return err
+	}
+	return unix.UtimesNanoAt(fd, ".", []unix.Timespec{ts(d.atime, d.mtime), ts(d.mtime, d.mtime)}, 0)
 }
 
 func times(hdr *tar.Header) []unix.Timespec {

@@ -332,17 +332,38 @@ func TestEscape(t *testing.T) {
 	}
 }
 
-// A layer whose files hold more than MaxBytes stops with ErrTooLarge.
+// A layer whose files, entries and directories hold more than MaxBytes
+// stops with ErrTooLarge: each entry and each directory made for one
+// counts inodeCost besides its data, so a few bytes of tar cannot make
+// a deep tree of empty directories either.
 func TestMaxBytes(t *testing.T) {
 	testutil.RequireRoot(t)
-	s := newScene(t)
-	_, err := unpack(t, s.layer, Options{MaxBytes: 10}, ent{name: "a", data: "12345"}, ent{name: "b", data: "123456"})
-	if !errors.Is(err, ErrTooLarge) {
+	two := []ent{{name: "a", data: "12345"}, {name: "b", data: "123456"}}
+	if _, err := unpack(t, t.TempDir(), Options{MaxBytes: 2*inodeCost + 10}, two...); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("err %v, want ErrTooLarge", err)
 	}
-	if _, err := unpack(t, t.TempDir(), Options{MaxBytes: 11}, ent{name: "a", data: "12345"}, ent{name: "b", data: "123456"}); err != nil {
+	if _, err := unpack(t, t.TempDir(), Options{MaxBytes: 2*inodeCost + 11}, two...); err != nil {
 		t.Fatalf("at the bound: %v", err)
 	}
+	deep := strings.Repeat("d/", 100) + "f"
+	if _, err := unpack(t, t.TempDir(), Options{MaxBytes: 50 * inodeCost}, ent{name: deep}); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("100 implicit directories within 50 inodes' worth: %v", err)
+	}
+}
+
+// A name deeper than MaxDepth is refused: it bounds what one entry makes
+// and what a removal of a tree holds open.
+func TestMaxDepth(t *testing.T) {
+	testutil.RequireRoot(t)
+	s := newScene(t)
+	ok := strings.Repeat("a/", MaxDepth-1) + "f"
+	if _, err := unpack(t, s.layer, Options{}, ent{name: ok}, ent{name: "a", data: "replaces the tree"}); err != nil {
+		t.Fatalf("%d levels: %v", MaxDepth, err)
+	}
+	if _, err := unpack(t, t.TempDir(), Options{}, ent{name: "a/" + ok}); !errors.Is(err, ErrUnsafe) {
+		t.Fatalf("%d levels: %v, want ErrUnsafe", MaxDepth+1, err)
+	}
+	s.untouched(t)
 }
 
 // FuzzUnpack: whatever the stream, nothing outside the layer changes and
