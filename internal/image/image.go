@@ -50,6 +50,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/layerstore"
 )
 
 // Kind is where a reference points.
@@ -154,6 +155,12 @@ type Layer struct {
 	Size      int64
 	MediaType types.MediaType
 	Layer     v1.Layer
+}
+
+// Blob is the layer as layerstore unpacks it: read as stored, checked
+// against its digest and diff ID, keyed by its chain ID.
+func (l Layer) Blob() layerstore.Blob {
+	return layerstore.Blob{Digest: l.Digest.String(), DiffID: l.DiffID.String(), Chain: l.ChainID.String(), Open: l.Layer.Compressed}
 }
 
 // Resolve finds the image ref names, for the wanted platform.

@@ -1,8 +1,15 @@
 // Package layerstore turns image layers into overlay lower directories
-// (issue 14: templates from OCI images). This first part is the unpacker:
-// Unpack applies one layer's tar stream to an empty directory in the
-// format overlayfs reads, so that a stack of such directories, given to
-// an overlay mount as its lowers, is the image's root filesystem.
+// (issue 14: templates from OCI images). Unpack applies one layer's tar
+// stream to an empty directory in the format overlayfs reads, so that a
+// stack of such directories, given to an overlay mount as its lowers, is
+// the image's root filesystem. A Store keeps them, one directory per
+// chain ID (a layer's result depends on the layers under it), and Ensure
+// makes one: under a lock file, so that concurrent builds unpack a layer
+// once; into a temporary directory renamed into place only once the
+// stored bytes and the tar matched their digests over every byte (the
+// registry client checks a blob only at its end, archives and layouts
+// not at all); gzip, zstd or plain. Nothing is left of a layer that
+// failed; Open removes what a crash cut short.
 //
 // A layer comes from a registry, an archive or a build step: nothing in
 // it is trusted. Every entry is created through file descriptors, below

@@ -3,7 +3,6 @@ package layerstore
 import (
 	"archive/tar"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,14 +12,26 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/errdefs"
 )
 
 // ErrUnsafe marks a layer with an entry that would write outside the
-// layer's directory or through a symlink.
-var ErrUnsafe = errors.New("unsafe layer entry")
+// layer's directory or through a symlink (an invalid argument).
+var ErrUnsafe error = &sentinel{"unsafe layer entry", errdefs.ErrInvalidArgument}
 
-// ErrTooLarge marks a layer whose files hold more than Options.MaxBytes.
-var ErrTooLarge = errors.New("layer too large")
+// ErrTooLarge marks a layer that makes more than Options.MaxBytes (an
+// invalid argument).
+var ErrTooLarge error = &sentinel{"layer too large", errdefs.ErrInvalidArgument}
+
+// sentinel is an error of its own that is also of a category.
+type sentinel struct {
+	msg string
+	cat error
+}
+
+func (e *sentinel) Error() string { return e.msg }
+func (e *sentinel) Unwrap() error { return e.cat }
 
 // Options tune Unpack.
 type Options struct {
