@@ -1,0 +1,54 @@
+// Package layerstore turns image layers into overlay lower directories
+// (issue 14: templates from OCI images). Unpack applies one layer's tar
+// stream to an empty directory in the format overlayfs reads, so that a
+// stack of such directories, given to an overlay mount as its lowers, is
+// the image's root filesystem. A Store keeps them, one directory per
+// chain ID (a layer's result depends on the layers under it), and Ensure
+// makes one: under a lock file, so that concurrent builds unpack a layer
+// once; into a temporary directory renamed into place only once the
+// stored bytes and the tar matched their digests over every byte (the
+// registry client checks a blob only at its end, archives and layouts
+// not at all); gzip, zstd or plain. Nothing is left of a layer that
+// failed; Open removes what a crash cut short.
+//
+// A layer comes from a registry, an archive or a build step: nothing in
+// it is trusted. Every entry is created through file descriptors, below
+// the layer's directory:
+//   - names are cleaned (a leading "/" or "./" is dropped, as Docker and
+//     containerd do); one that still climbs with ".." is refused
+//     (ErrUnsafe);
+//   - the parent directory is opened with openat2(RESOLVE_BENEATH |
+//     RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV): an
+//     entry below a symlink, even one of this layer pointing inside it, is
+//     refused, and no write can land outside the layer whatever the
+//     entries before it made;
+//   - the entry itself is made with *at calls on that descriptor, never
+//     followed if it is a symlink (O_NOFOLLOW, AT_SYMLINK_NOFOLLOW);
+//     symlink targets are stored as they are, since nothing on the host
+//     follows them;
+//   - a hard link's target is resolved the same way; one outside the
+//     layer, through a symlink or to a directory is refused, and one
+//     whose target an earlier layer holds is copied up from the lowers
+//     (Options.Lowers) first, as real `docker save` output needs: the
+//     file the lowers' merged view shows there (whiteouts and opaque
+//     directories of higher lowers hide lower ones), typed through an
+//     O_PATH descriptor before it is opened, so that no fifo or device
+//     node of a layer is ever opened on the host.
+//
+// Whiteouts (OCI image-spec layer.md) become overlay's: ".wh.NAME" a 0:0
+// character device NAME, ".wh..wh..opq" the trusted.overlay.opaque
+// xattr on its directory, and a directory that replaces a whiteout of
+// the same layer is opaque too. Owners are kept as the tar has them
+// (0-based: a sandbox's idmapped mount shifts them). Of the extended
+// attributes only user.*, security.capability and POSIX ACLs are kept;
+// trusted.overlay.* (which would steer overlay's lookups: redirects,
+// metacopy) and the rest are dropped and counted. Device nodes and
+// fifos are created as given (sandboxes mount their root nodev; the
+// store must be root's alone); other entry types fail the layer.
+// Options.MaxBytes bounds what a layer makes, against a decompression
+// bomb: its file data, and a fixed cost for each entry and each
+// directory made for one. A name deeper than MaxDepth is refused. The
+// result depends on the lowers (copied-up files, inherited directory
+// metadata): a store keys an unpacked layer by its chain ID, never by
+// its diff ID alone.
+package layerstore

@@ -1,0 +1,196 @@
+package layerstore
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/fsutil"
+)
+
+// Store keeps unpacked layers, each in DIR/<chain>/layer where chain is
+// the hex of its chain ID: a layer unpacked over its lowers is shared by
+// every image whose stack up to it is the same.
+type Store struct {
+	dir string
+}
+
+// Open opens (making it if needed) the store in dir, root's alone, and
+// removes what an unpack a crash cut short left.
+func Open(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, err
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, ".tmp-*"))
+	for _, p := range left {
+		if err := os.RemoveAll(p); err != nil {
+			return nil, err
+		}
+	}
+	return &Store{dir: dir}, nil
+}
+
+// Blob is a layer to unpack: the digests it must have and how to read it
+// as stored (gzip, zstd or plain tar).
+type Blob struct {
+	Digest string // sha256:HEX of the stored bytes
+	DiffID string // sha256:HEX of the uncompressed tar
+	Chain  string // sha256:HEX of it and everything below it: the key
+	Open   func() (io.ReadCloser, error)
+}
+
+// Path is where layer chain is, unpacked.
+func (s *Store) Path(chain string) (string, error) {
+	h, err := hexOf(chain)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(s.dir, h, "layer"), nil
+}
+
+// Has reports whether layer chain is unpacked.
+func (s *Store) Has(chain string) bool {
+	p, err := s.Path(chain)
+	if err != nil {
+		return false
+	}
+	_, err = os.Lstat(p)
+	return err == nil
+}
+
+func hexOf(d string) (string, error) {
+	h, ok := strings.CutPrefix(d, "sha256:")
+	if !ok || len(h) != 64 || strings.Trim(h, "0123456789abcdef") != "" {
+		return "", errdefs.Invalid("layer digest %q is not sha256:HEX", d)
+	}
+	return h, nil
+}
+
+// Ensure unpacks b over lowers (the directories of the layers below it,
+// topmost first) unless it is there already, and returns its directory
+// and whether this call made it. The stored bytes and the tar must have
+// the blob's digests, checked over every byte: a layer that does not, or
+// that Unpack refuses, leaves nothing. Two Ensures of one layer, in this
+// process or another, unpack it once.
+func (s *Store) Ensure(ctx context.Context, b Blob, lowers []string, opt Options) (dir string, made bool, err error) {
+	h, err := hexOf(b.Chain)
+	if err != nil {
+		return "", false, err
+	}
+	final := filepath.Join(s.dir, h)
+	unlock, err := fsutil.Flock(ctx, final+".lock")
+	if err != nil {
+		return "", false, err
+	}
+	defer unlock()
+	if _, err := os.Lstat(final); err == nil {
+		return filepath.Join(final, "layer"), false, nil
+	}
+	rnd := make([]byte, 6)
+	rand.Read(rnd)
+	tmp := filepath.Join(s.dir, ".tmp-"+h[:16]+"-"+hex.EncodeToString(rnd))
+	if err := os.MkdirAll(filepath.Join(tmp, "layer"), 0o755); err != nil {
+		return "", false, err
+	}
+	defer os.RemoveAll(tmp) // gone once renamed
+	opt.Lowers = lowers
+	if err := unpackBlob(ctx, b, filepath.Join(tmp, "layer"), opt); err != nil {
+		return "", false, err
+	}
+	if err := syncDir(tmp); err != nil {
+		return "", false, err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return "", false, err
+	}
+	if err := syncDir(s.dir); err != nil {
+		return "", false, err
+	}
+	return filepath.Join(final, "layer"), true, nil
+}
+
+// unpackBlob reads b, checks both digests over every byte, and unpacks
+// it to dst.
+func unpackBlob(ctx context.Context, b Blob, dst string, opt Options) error {
+	rc, err := b.Open()
+	if err != nil {
+		return fmt.Errorf("layer %s: %w", b.Digest, err)
+	}
+	defer rc.Close()
+	stored := sha256.New()
+	br := bufio.NewReaderSize(io.TeeReader(rc, stored), 1<<20)
+	tarStream, closeDec, err := decompress(br)
+	if err != nil {
+		return errdefs.Invalid("layer %s: %v", b.Digest, err)
+	}
+	defer closeDec()
+	diff := sha256.New()
+	tr := io.TeeReader(tarStream, diff)
+	if _, err := Unpack(ctx, tr, dst, opt); err != nil {
+		return fmt.Errorf("layer %s: %w", b.Digest, err)
+	}
+	// The digests cover every byte: what follows the tar's end too.
+	if _, err := io.Copy(io.Discard, tr); err != nil {
+		return fmt.Errorf("layer %s: %w", b.Digest, err)
+	}
+	if _, err := io.Copy(io.Discard, br); err != nil {
+		return fmt.Errorf("layer %s: %w", b.Digest, err)
+	}
+	if got := sum(stored); got != b.Digest {
+		return errdefs.Invalid("layer %s: the bytes received have digest %s", b.Digest, got)
+	}
+	if got := sum(diff); got != b.DiffID {
+		return errdefs.Invalid("layer %s: its tar has digest %s, the image's config says %s", b.Digest, got, b.DiffID)
+	}
+	return nil
+}
+
+func sum(h hash.Hash) string { return "sha256:" + hex.EncodeToString(h.Sum(nil)) }
+
+// decompress returns the tar inside r: gzip and zstd by their magic
+// numbers, anything else as it is.
+func decompress(r *bufio.Reader) (io.Reader, func(), error) {
+	magic, _ := r.Peek(4)
+	switch {
+	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
+		zr, err := gzip.NewReader(r)
+		if err != nil {
+			return nil, nil, err
+		}
+		zr.Multistream(true)
+		return zr, func() { zr.Close() }, nil
+	case bytes.HasPrefix(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
+		zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1))
+		if err != nil {
+			return nil, nil, err
+		}
+		return zr, zr.Close, nil
+	}
+	return r, func() {}, nil
+}
+
+func syncDir(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Syncfs(fd)
+}
