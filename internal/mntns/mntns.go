@@ -49,7 +49,8 @@ type Base struct {
 }
 
 // New makes a base namespace: a private copy of the caller's mount
-// namespace without the mounts under any of hide (and their submounts)
+// namespace without the mounts below any of hide (a mount at hide
+// itself, a disk for the sandboxes, stays: what is below lives on it)
 // and without any namespace file mounts.
 func New(hide ...string) (*Base, error) {
 	var ns *os.File
@@ -144,10 +145,10 @@ func isOctal(s string) bool {
 	return s[0] <= '3'
 }
 
+// under reports whether p is strictly below one of dirs.
 func under(p string, dirs []string) bool {
 	for _, d := range dirs {
-		d = filepath.Clean(d)
-		if p == d || strings.HasPrefix(p, d+"/") {
+		if d = filepath.Clean(d); strings.HasPrefix(p, d+"/") {
 			return true
 		}
 	}

@@ -38,7 +38,20 @@ func TestParseMountinfo(t *testing.T) {
 func TestStart(t *testing.T) {
 	testutil.RequireRoot(t)
 	dir := t.TempDir()
-	hidden, bind, later := filepath.Join(dir, "hidden"), filepath.Join(dir, "bind"), filepath.Join(dir, "later")
+	// state is a mount (a disk for the sandboxes) that stays; hidden, a
+	// mount below it, goes.
+	state := filepath.Join(dir, "state")
+	hidden, bind, later := filepath.Join(state, "hidden"), filepath.Join(dir, "bind"), filepath.Join(dir, "later")
+	if err := os.Mkdir(state, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", state, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(state, unix.MNT_DETACH) })
+	if err := os.WriteFile(filepath.Join(state, "config.json"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, d := range []string{hidden, bind, later} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -61,7 +74,7 @@ func TestStart(t *testing.T) {
 	t.Cleanup(func() { unix.Unmount(nsFile, unix.MNT_DETACH) })
 	unix.Unmount(later, unix.MNT_DETACH) // mounted again after the base
 
-	base, err := New(hidden)
+	base, err := New(state)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +83,7 @@ func TestStart(t *testing.T) {
 	}
 	hostBefore := mountPoints(t, "/proc/self/mountinfo")
 	var out bytes.Buffer
-	cmd := exec.Command("sh", "-c", "cat /proc/self/mountinfo; echo ==; cat "+filepath.Join(bind, "f"))
+	cmd := exec.Command("sh", "-c", "cat /proc/self/mountinfo; echo ==; cat "+filepath.Join(bind, "f")+" "+filepath.Join(state, "config.json"))
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := base.Start(cmd, bind); err != nil {
 		t.Fatal(err)
@@ -79,7 +92,7 @@ func TestStart(t *testing.T) {
 		t.Fatalf("%v: %s", err, out.String())
 	}
 	info, file, _ := strings.Cut(out.String(), "==\n")
-	if file != "in the bind\n" {
+	if file != "in the bind\n{}" {
 		t.Errorf("the bind's file read %q", file)
 	}
 	seen := map[string]string{}
@@ -91,6 +104,9 @@ func TestStart(t *testing.T) {
 	}
 	if _, ok := seen[hidden]; ok {
 		t.Error("the hidden mount is in the program's namespace")
+	}
+	if seen[state] != "tmpfs" {
+		t.Error("the mount at the hidden directory itself is not in the program's namespace")
 	}
 	if _, ok := seen[later]; ok {
 		t.Error("a mount made after the base is in the program's namespace")
