@@ -358,9 +358,8 @@ func (m *Manager) lockSandbox(ctx context.Context, name string) (*core.Sandbox, 
 	return sb, unlock, nil
 }
 
-// lockName serializes lifecycle operations on one sandbox name.
-// lockName takes a sandbox's lifecycle lock. Whatever the holder does,
-// the reaper looks at the sandbox again at its next tick.
+// lockName serializes lifecycle operations on one sandbox name. Whatever
+// the holder does, the reaper looks at the sandbox again at its next tick.
 func (m *Manager) lockName(name string) func() {
 	unlock := m.locks.Lock(name)
 	m.atRest.forget(name)
