@@ -173,6 +173,80 @@ type Template struct {
 	SizeBytes int64     `json:"size_bytes"`
 	Packages  []string  `json:"packages,omitempty"`
 	InUseBy   int       `json:"in_use_by"` // sandboxes using it
+	// Source is what the build came from: "recipe" (nook's own, built
+	// with mmdebstrap) or "image".
+	Source string `json:"source,omitempty"`
+	// Image is the image reference it was built from, as given; Digest
+	// the manifest digest that reference named at build time, and
+	// Canonical the reference a rebuild without pull uses (REPO@DIGEST
+	// for a registry image).
+	Image     string `json:"image,omitempty"`
+	Digest    string `json:"digest,omitempty"`
+	Canonical string `json:"canonical,omitempty"`
+	Platform  string `json:"platform,omitempty"`
+	// Layers are the image's layers, bottom first.
+	Layers []TemplateLayer `json:"layers,omitempty"`
+	// Config is the image's runtime config: exec defaults for its sandboxes.
+	Config *ImageConfig `json:"config,omitempty"`
+}
+
+// TemplateLayer is one layer of an image template.
+type TemplateLayer struct {
+	Digest string `json:"digest"`  // of the blob as the image stores it
+	DiffID string `json:"diff_id"` // of the uncompressed tar
+	Size   int64  `json:"size"`    // of the blob
+}
+
+// ImageConfig is what an image says about running it. Env, WorkingDir
+// and User are the defaults of every exec in its sandboxes (an exec's
+// own env, cwd and user win; a sandbox's --env wins over the image's).
+type ImageConfig struct {
+	Env          []string          `json:"env,omitempty"`
+	WorkingDir   string            `json:"working_dir,omitempty"`
+	User         string            `json:"user,omitempty"`
+	Entrypoint   []string          `json:"entrypoint,omitempty"`
+	Cmd          []string          `json:"cmd,omitempty"`
+	ExposedPorts []string          `json:"exposed_ports,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+}
+
+// BuildTemplateRequest is the body of POST /v1/templates. Without From
+// it builds one of nook's recipes (base, dev); with it, a template from
+// an image.
+type BuildTemplateRequest struct {
+	Name string `json:"name"`
+	// From is an image: a registry reference (python:3.12-slim,
+	// ghcr.io/org/img@sha256:...), oci:DIR[:TAG] (an OCI layout) or
+	// docker-archive:FILE[:REPO:TAG] (docker save output), read on the
+	// daemon's host.
+	From string `json:"from,omitempty"`
+	// Pull resolves a tag again; without it a rebuild from the same
+	// reference uses the digest the template recorded.
+	Pull bool `json:"pull,omitempty"`
+}
+
+// BuildEvent is one line of the NDJSON stream POST /v1/templates
+// answers with: progress, then exactly one of Template (done) or Error.
+type BuildEvent struct {
+	// Progress is a line of the build's output.
+	Progress string `json:"progress,omitempty"`
+	// Layer reports a layer done: its digest, its size, and whether it
+	// was already in the layer store (Cached).
+	Layer *BuildLayerEvent `json:"layer,omitempty"`
+	// Template is the build, when it succeeded.
+	Template *Template `json:"template,omitempty"`
+	Error    *Error    `json:"error,omitempty"`
+}
+
+// BuildLayerEvent reports one layer of an image build.
+type BuildLayerEvent struct {
+	Index    int     `json:"index"` // from 0, bottom first
+	Count    int     `json:"count"`
+	Digest   string  `json:"digest"`
+	Size     int64   `json:"size"`
+	Cached   bool    `json:"cached"`
+	Seconds  float64 `json:"seconds"`
+	Unpacked int64   `json:"unpacked_bytes,omitempty"`
 }
 
 // TemplateRecipe is a template nook knows how to build.

@@ -18,7 +18,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/layerstore"
-	"github.com/nookhq/nook/internal/testutil"
 )
 
 type file struct {
@@ -57,7 +56,7 @@ func tarLayer(t *testing.T, comp compression.Compression, files ...file) v1.Laye
 // its hard link to a file of the lower one included. A second image that
 // shares the bottom layer reuses it.
 func TestPullIntoLayerStore(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	host := serve(t, nil)
 	base := tarLayer(t, compression.GZip,
 		file{name: "etc/", typ: tar.TypeDir},

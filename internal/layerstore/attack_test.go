@@ -17,8 +17,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/nookhq/nook/internal/testutil"
 )
 
 // Finding 1 (high): copyUp opens the lower's entry O_RDONLY (blocking,
@@ -28,7 +26,7 @@ import (
 // arbitrary host device node (a watchdog arms on open, a tty can become
 // the daemon's controlling terminal, ...).
 func TestAttackCopyUpOpensFifo(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	dir := t.TempDir()
 	l1, l2 := filepath.Join(dir, "l1"), filepath.Join(dir, "l2")
 	os.Mkdir(l1, 0o755)
@@ -70,7 +68,7 @@ func TestAttackCopyUpOpensFifo(t *testing.T) {
 // to the lower layers whatever their order in the tar; the directory of
 // this layer must be opaque.
 func TestAttackWhiteoutAfterEntryIgnored(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	dir := t.TempDir()
 	l1, l2, mnt := filepath.Join(dir, "l1"), filepath.Join(dir, "l2"), filepath.Join(dir, "mnt")
 	for _, d := range []string{l1, l2, mnt} {
@@ -96,7 +94,7 @@ func TestAttackWhiteoutAfterEntryIgnored(t *testing.T) {
 // with no directory entry for it (".wh.a", "a/x") fails the layer with
 // ErrUnsafe: the whiteout's char device is in the way of parent().
 func TestAttackWhiteoutThenChildFails(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	s := newScene(t)
 	if _, err := unpack(t, s.layer, Options{}, ent{name: ".wh.a"}, ent{name: "a/x", data: "x"}); err != nil {
 		t.Fatalf("FINDING: \".wh.a\" then \"a/x\" fails: %v (parent() should replace this layer's whiteout by an opaque directory)", err)
@@ -108,7 +106,7 @@ func TestAttackWhiteoutThenChildFails(t *testing.T) {
 // layer later replaced fails the whole layer, or its times land on the
 // non-directory that replaced it.
 func TestAttackDirTimesAfterReplace(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	s := newScene(t)
 	_, err := unpack(t, s.layer, Options{},
 		ent{name: "d/", typ: tar.TypeDir, mode: 0o755},
@@ -126,7 +124,7 @@ func TestAttackDirTimesAfterReplace(t *testing.T) {
 // file comes back from a lower below. It also drops the file's xattrs
 // (security.capability, user.*) although its comment says they are kept.
 func TestAttackCopyUpIgnoresWhiteouts(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	dir := t.TempDir()
 	l1, l2, l3 := filepath.Join(dir, "l1"), filepath.Join(dir, "l2"), filepath.Join(dir, "l3")
 	for _, d := range []string{l1, l2, l3} {
@@ -146,7 +144,7 @@ func TestAttackCopyUpIgnoresWhiteouts(t *testing.T) {
 }
 
 func TestAttackCopyUpDropsXattrs(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	dir := t.TempDir()
 	l1, l2 := filepath.Join(dir, "l1"), filepath.Join(dir, "l2")
 	os.Mkdir(l1, 0o755)

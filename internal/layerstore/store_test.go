@@ -17,7 +17,6 @@ import (
 	"compress/gzip"
 
 	"github.com/nookhq/nook/internal/errdefs"
-	"github.com/nookhq/nook/internal/testutil"
 )
 
 func digest(b []byte) string {
@@ -51,7 +50,7 @@ func blob(t *testing.T, comp string, ents ...ent) (Blob, []byte) {
 // Each compression is unpacked and checked; a second Ensure finds the
 // layer there; concurrent Ensures of one layer unpack it once.
 func TestEnsure(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	s, err := Open(filepath.Join(t.TempDir(), "layers"))
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +89,7 @@ func TestEnsure(t *testing.T) {
 // A layer whose bytes or tar do not have the digests the image names, or
 // that Unpack refuses, leaves nothing behind.
 func TestEnsureRefuses(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "layers")
 	s, err := Open(root)
 	if err != nil {

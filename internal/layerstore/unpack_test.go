@@ -16,8 +16,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/nookhq/nook/internal/testutil"
 )
 
 // ent is one tar entry of a test layer.
@@ -141,7 +139,7 @@ func unpack(t testing.TB, dst string, opt Options, ents ...ent) (Stats, error) {
 }
 
 func TestUnpackTree(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	s := newScene(t)
 	st, err := unpack(t, s.layer, Options{},
 		ent{name: "./", typ: tar.TypeDir, mode: 0o755},
@@ -214,7 +212,7 @@ func getXattr(p, key string) (string, error) {
 // The kernel is the oracle: two layers unpacked here and mounted as
 // overlay lowers show what the image spec says they hold.
 func TestWhiteoutsInOverlay(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	dir := t.TempDir()
 	l1, l2, mnt := filepath.Join(dir, "l1"), filepath.Join(dir, "l2"), filepath.Join(dir, "mnt")
 	for _, d := range []string{l1, l2, mnt} {
@@ -271,7 +269,7 @@ func TestWhiteoutsInOverlay(t *testing.T) {
 // it is refused (ErrUnsafe), or (a name with a leading /, a symlink an
 // entry replaces) lands inside; nothing outside changes either way.
 func TestEscape(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	for _, c := range []struct {
 		name   string
 		ents   func(s *scene) []ent
@@ -338,7 +336,7 @@ func TestEscape(t *testing.T) {
 // counts inodeCost besides its data, so a few bytes of tar cannot make
 // a deep tree of empty directories either.
 func TestMaxBytes(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	two := []ent{{name: "a", data: "12345"}, {name: "b", data: "123456"}}
 	if _, err := unpack(t, t.TempDir(), Options{MaxBytes: 2*inodeCost + 10}, two...); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("err %v, want ErrTooLarge", err)
@@ -355,7 +353,7 @@ func TestMaxBytes(t *testing.T) {
 // A name deeper than MaxDepth is refused: it bounds what one entry makes
 // and what a removal of a tree holds open.
 func TestMaxDepth(t *testing.T) {
-	testutil.RequireRoot(t)
+	requireRoot(t)
 	s := newScene(t)
 	ok := strings.Repeat("a/", MaxDepth-1) + "f"
 	if _, err := unpack(t, s.layer, Options{}, ent{name: ok}, ent{name: "a", data: "replaces the tree"}); err != nil {

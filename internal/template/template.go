@@ -112,6 +112,39 @@ type meta struct {
 	CreatedAt time.Time `json:"created_at"`
 	SizeBytes int64     `json:"size_bytes"`
 	Packages  []string  `json:"packages"`
+	// Source is SourceRecipe (also when absent: builds from before
+	// images) or SourceImage.
+	Source    string           `json:"source,omitempty"`
+	Image     string           `json:"image,omitempty"`
+	Digest    string           `json:"digest,omitempty"`
+	Canonical string           `json:"canonical,omitempty"`
+	Platform  string           `json:"platform,omitempty"`
+	Layers    []metaLayer      `json:"layers,omitempty"`
+	Config    *api.ImageConfig `json:"config,omitempty"`
+}
+
+// metaLayer is a layer of an image build; Chain keys it in the layer store.
+type metaLayer struct {
+	api.TemplateLayer
+	Chain string `json:"chain"`
+}
+
+// Where a build came from.
+const (
+	SourceRecipe = "recipe"
+	SourceImage  = "image"
+)
+
+func (m *meta) template() api.Template {
+	t := api.Template{Name: m.Name, ID: m.ID, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Packages: m.Packages,
+		Source: m.Source, Image: m.Image, Digest: m.Digest, Canonical: m.Canonical, Platform: m.Platform, Config: m.Config}
+	if t.Source == "" {
+		t.Source = SourceRecipe
+	}
+	for _, l := range m.Layers {
+		t.Layers = append(t.Layers, l.TemplateLayer)
+	}
+	return t
 }
 
 // NewStore returns the template store in dir.
@@ -154,7 +187,7 @@ func (s *Store) readMeta(name, build string) (api.Template, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return api.Template{}, fmt.Errorf("template %s: corrupt template.json: %w", name, err)
 	}
-	return api.Template{Name: m.Name, ID: m.ID, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Packages: m.Packages}, nil
+	return m.template(), nil
 }
 
 // Rootfs returns the root filesystem directory of a template build ID ("name/build").
@@ -245,7 +278,7 @@ func (s *Store) EnsureBuilt(ctx context.Context, name string, progress io.Writer
 // than its recipe now names.
 func stale(t api.Template) bool {
 	r, ok := recipe(t.Name)
-	return ok && !slices.Equal(r.Packages, t.Packages)
+	return ok && t.Source == SourceRecipe && !slices.Equal(r.Packages, t.Packages)
 }
 
 // once runs fn under the template's cross-process lock, sharing one run
@@ -299,9 +332,7 @@ func (s *Store) build(ctx context.Context, r Recipe, progress io.Writer) (api.Te
 	if _, err := exec.LookPath("mmdebstrap"); err != nil {
 		return api.Template{}, errdefs.Precondition("mmdebstrap is not installed: apt-get install mmdebstrap (make deps does it)")
 	}
-	rnd := make([]byte, 3)
-	rand.Read(rnd)
-	buildID := time.Now().UTC().Format("20060102t150405") + "-" + hex.EncodeToString(rnd)
+	buildID := newBuildID()
 	tmp := filepath.Join(s.dir, r.Name, ".build-"+buildID)
 	final := filepath.Join(s.dir, r.Name, buildID)
 	defer os.RemoveAll(tmp)
@@ -330,24 +361,41 @@ func (s *Store) build(ctx context.Context, r Recipe, progress io.Writer) (api.Te
 		return api.Template{}, fmt.Errorf("mmdebstrap failed building template %s: %w (see the output above)", r.Name, err)
 	}
 	size, _ := dirSize(filepath.Join(tmp, "rootfs"))
-	m := meta{Name: r.Name, ID: r.Name + "/" + buildID, CreatedAt: time.Now().UTC(), SizeBytes: size, Packages: r.Packages}
-	mb, _ := json.MarshalIndent(m, "", "  ")
-	if err := fsutil.WriteFileSync(filepath.Join(tmp, "template.json"), mb); err != nil {
+	m := &meta{Name: r.Name, ID: r.Name + "/" + buildID, SizeBytes: size, Packages: r.Packages, Source: SourceRecipe}
+	if err := s.commit(tmp, final, m); err != nil {
 		return api.Template{}, err
 	}
-	if err := os.Rename(tmp, final); err != nil {
-		return api.Template{}, err
-	}
-	if err := fsutil.WriteFileSync(filepath.Join(s.dir, r.Name, ".current.tmp"), []byte(buildID+"\n")); err != nil {
-		return api.Template{}, err
-	}
-	if err := os.Rename(filepath.Join(s.dir, r.Name, ".current.tmp"), filepath.Join(s.dir, r.Name, "current")); err != nil {
-		return api.Template{}, err
-	}
-	syncDir(filepath.Join(s.dir, r.Name))
 	fmt.Fprintf(progress, "template %s built in %s (%d MB)\n", r.Name, time.Since(start).Round(time.Second), size>>20)
 	s.log.Info("template built", "template", m.ID, "duration", time.Since(start))
-	return api.Template{Name: m.Name, ID: m.ID, CreatedAt: m.CreatedAt, SizeBytes: size, Packages: m.Packages}, nil
+	return m.template(), nil
+}
+
+// newBuildID names a new build: its time, and randomness.
+func newBuildID() string {
+	rnd := make([]byte, 3)
+	rand.Read(rnd)
+	return time.Now().UTC().Format("20060102t150405") + "-" + hex.EncodeToString(rnd)
+}
+
+// commit writes m into the build directory tmp (its rootfs made), moves
+// it to final and makes it the template's current build.
+func (s *Store) commit(tmp, final string, m *meta) error {
+	m.CreatedAt = time.Now().UTC()
+	mb, _ := json.MarshalIndent(m, "", "  ")
+	if err := fsutil.WriteFileSync(filepath.Join(tmp, "template.json"), mb); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return err
+	}
+	if err := fsutil.WriteFileSync(filepath.Join(s.dir, m.Name, ".current.tmp"), []byte(filepath.Base(final)+"\n")); err != nil {
+		return err
+	}
+	if err := os.Rename(filepath.Join(s.dir, m.Name, ".current.tmp"), filepath.Join(s.dir, m.Name, "current")); err != nil {
+		return err
+	}
+	syncDir(filepath.Join(s.dir, m.Name))
+	return nil
 }
 
 // Remove deletes a template: its current build and every build that
@@ -372,7 +420,7 @@ func (s *Store) Remove(ctx context.Context, name string, inUse func(id string) (
 	if err := os.Remove(filepath.Join(s.dir, name, "current")); err != nil {
 		return err
 	}
-	return s.gcLocked(name, inUse)
+	return errors.Join(s.gcLocked(name, inUse), s.GCLayers(ctx))
 }
 
 // GC removes the builds of a template that are neither current nor in use.
@@ -382,7 +430,7 @@ func (s *Store) GC(ctx context.Context, name string, inUse func(id string) (int,
 		return err
 	}
 	defer unlock()
-	return s.gcLocked(name, inUse)
+	return errors.Join(s.gcLocked(name, inUse), s.GCLayers(ctx))
 }
 
 func (s *Store) gcLocked(name string, inUse func(id string) (int, error)) error {

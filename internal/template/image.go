@@ -1,0 +1,258 @@
+package template
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/image"
+	"github.com/nookhq/nook/internal/layerstore"
+)
+
+// ImageOptions tune BuildImage.
+type ImageOptions struct {
+	// Pull resolves the reference again; without it, a rebuild of a
+	// template from the same registry reference uses the digest the
+	// current build recorded (a tag moved since is not followed).
+	Pull bool
+	// Resolve tunes the registry client (credentials, transport, platform).
+	Resolve image.Options
+	// OnLayer is told about each layer once it is in the layer store.
+	OnLayer func(api.BuildLayerEvent)
+	// MaxLayerBytes bounds what one layer unpacks to (0: DefaultMaxLayerBytes).
+	MaxLayerBytes int64
+}
+
+// DefaultMaxLayerBytes bounds one layer's unpacked files, against a
+// decompression bomb.
+const DefaultMaxLayerBytes = 64 << 30
+
+// layersDir is the layer store, inside the template store so that a
+// build's rootfs can hard-link the layers' files (one filesystem). Its
+// name is no valid template name.
+func (s *Store) layersDir() string { return filepath.Join(s.dir, ".layers") }
+
+// BuildImage builds template name from an image (see image.ParseRef for
+// the references it takes) and makes it current. The image's layers are
+// unpacked once into the layer store (shared by every template whose
+// stack of layers up to one is the same); the build's rootfs is their
+// merged view made of hard links to them (layerstore.Merge), which the
+// backends read as they read a recipe's rootfs. The image's config is
+// recorded: its Env, WorkingDir and User are its sandboxes' exec
+// defaults.
+func (s *Store) BuildImage(ctx context.Context, name, from string, opt ImageOptions, progress io.Writer) (api.Template, error) {
+	if err := checkName(name); err != nil {
+		return api.Template{}, err
+	}
+	ref, err := image.ParseRef(from)
+	if err != nil {
+		return api.Template{}, err
+	}
+	return s.once(ctx, name, progress, func(ctx context.Context) (api.Template, error) {
+		return s.buildImage(ctx, name, from, ref, opt, orDiscard(progress))
+	})
+}
+
+func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref, opt ImageOptions, progress io.Writer) (api.Template, error) {
+	start := time.Now()
+	resolveRef := ref
+	if old, err := s.Get(name); err == nil && !opt.Pull && ref.Kind == image.Registry && old.Source == SourceImage && old.Image == from && old.Canonical != "" {
+		if r, err := image.ParseRef(old.Canonical); err == nil {
+			resolveRef = r
+			fmt.Fprintf(progress, "%s: using the digest template %s recorded (%s); --pull resolves the reference again\n", from, name, old.Digest)
+		}
+	}
+	fmt.Fprintf(progress, "resolving %s\n", resolveRef)
+	res, err := image.Resolve(ctx, resolveRef, opt.Resolve)
+	if err != nil {
+		return api.Template{}, err
+	}
+	var total int64
+	for _, l := range res.Layers {
+		total += l.Size
+	}
+	fmt.Fprintf(progress, "%s is %s (%s), %d layers, %d MB\n", from, res.Digest, res.Platform.String(), len(res.Layers), total>>20)
+
+	// From the first layer until the build is committed, no layer GC may
+	// run: the layers are not yet named by any build.
+	if err := os.MkdirAll(s.layersDir(), 0o700); err != nil {
+		return api.Template{}, err
+	}
+	unlockGC, err := fsutil.Flock(ctx, filepath.Join(s.layersDir(), ".gc.lock"))
+	if err != nil {
+		return api.Template{}, err
+	}
+	defer unlockGC()
+	ls, err := layerstore.Open(s.layersDir())
+	if err != nil {
+		return api.Template{}, err
+	}
+	max := opt.MaxLayerBytes
+	if max == 0 {
+		max = DefaultMaxLayerBytes
+	}
+	var dirs []string
+	m := &meta{Name: name, Source: SourceImage, Image: from, Digest: res.Digest.String(), Platform: res.Platform.String()}
+	if res.Canonical != "" {
+		m.Canonical = res.Canonical
+	}
+	for i, l := range res.Layers {
+		lowers := make([]string, 0, len(dirs))
+		for j := len(dirs) - 1; j >= 0; j-- {
+			lowers = append(lowers, dirs[j])
+		}
+		lstart := time.Now()
+		dir, made, err := ls.Ensure(ctx, l.Blob(), lowers, layerstore.Options{MaxBytes: max})
+		if err != nil {
+			return api.Template{}, fmt.Errorf("image %s: layer %d of %d (%s): %w", from, i+1, len(res.Layers), l.Digest, err)
+		}
+		ev := api.BuildLayerEvent{Index: i, Count: len(res.Layers), Digest: l.Digest.String(), Size: l.Size, Cached: !made, Seconds: time.Since(lstart).Seconds()}
+		if made {
+			fmt.Fprintf(progress, "layer %d/%d %s: %d MB pulled and unpacked in %s\n", i+1, len(res.Layers), short(l.Digest.String()), l.Size>>20, time.Since(lstart).Round(time.Millisecond))
+		} else {
+			fmt.Fprintf(progress, "layer %d/%d %s: cached\n", i+1, len(res.Layers), short(l.Digest.String()))
+		}
+		if opt.OnLayer != nil {
+			opt.OnLayer(ev)
+		}
+		dirs = append(dirs, dir)
+		m.Layers = append(m.Layers, metaLayer{TemplateLayer: api.TemplateLayer{Digest: l.Digest.String(), DiffID: l.DiffID.String(), Size: l.Size}, Chain: l.ChainID.String()})
+	}
+	m.Config = imageConfig(res)
+
+	buildID := newBuildID()
+	tmp := filepath.Join(s.dir, name, ".build-"+buildID)
+	final := filepath.Join(s.dir, name, buildID)
+	defer os.RemoveAll(tmp)
+	rootfs := filepath.Join(tmp, "rootfs")
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+		return api.Template{}, err
+	}
+	if err := layerstore.Merge(rootfs, dirs); err != nil {
+		return api.Template{}, fmt.Errorf("image %s: %w", from, err)
+	}
+	if err := baseDirs(rootfs); err != nil {
+		return api.Template{}, fmt.Errorf("image %s: %w", from, err)
+	}
+	m.SizeBytes, _ = dirSize(rootfs)
+	m.ID = name + "/" + buildID
+	if err := s.commit(tmp, final, m); err != nil {
+		return api.Template{}, err
+	}
+	fmt.Fprintf(progress, "template %s built from %s in %s\n", name, from, time.Since(start).Round(time.Millisecond))
+	s.log.Info("template built from an image", "template", m.ID, "image", from, "digest", m.Digest, "duration", time.Since(start))
+	return m.template(), nil
+}
+
+func short(digest string) string {
+	d := strings.TrimPrefix(digest, "sha256:")
+	if len(d) > 12 {
+		d = d[:12]
+	}
+	return d
+}
+
+// imageConfig is what nook keeps of an image's config.
+func imageConfig(res *image.Resolved) *api.ImageConfig {
+	c := res.Config.Config
+	out := &api.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd, Labels: c.Labels}
+	for p := range c.ExposedPorts {
+		out.ExposedPorts = append(out.ExposedPorts, p)
+	}
+	sort.Strings(out.ExposedPorts)
+	return out
+}
+
+// baseDirs makes the directories every sandbox mounts on or writes to
+// that a minimal image may lack (a vm's agent mounts /proc, /sys, /dev
+// and /run, and writes /etc/hosts); present ones are left as they are.
+func baseDirs(rootfs string) error {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	for _, d := range []struct {
+		name string
+		mode fs.FileMode
+	}{{"proc", 0o555}, {"sys", 0o555}, {"dev", 0o755}, {"run", 0o755}, {"etc", 0o755}, {"root", 0o700}, {"tmp", 0o777 | fs.ModeSticky}} {
+		if _, err := root.Lstat(d.name); err == nil {
+			continue
+		}
+		if err := root.Mkdir(d.name, 0o700); err != nil {
+			return err
+		}
+		if err := root.Chmod(d.name, d.mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// GCLayers removes the layers no build of any template names. Builds
+// from images hold the same lock from their first layer to their commit.
+func (s *Store) GCLayers(ctx context.Context) error {
+	if _, err := os.Stat(s.layersDir()); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	unlock, err := fsutil.Flock(ctx, filepath.Join(s.layersDir(), ".gc.lock"))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	used := map[string]bool{}
+	names, err := os.ReadDir(s.dir)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if !n.IsDir() || checkName(n.Name()) != nil {
+			continue
+		}
+		builds, err := os.ReadDir(filepath.Join(s.dir, n.Name()))
+		if err != nil {
+			return err
+		}
+		for _, b := range builds {
+			if !b.IsDir() || strings.HasPrefix(b.Name(), ".") {
+				continue
+			}
+			var m meta
+			raw, err := os.ReadFile(filepath.Join(s.dir, n.Name(), b.Name(), "template.json"))
+			if err != nil {
+				continue
+			}
+			if err := json.Unmarshal(raw, &m); err != nil {
+				return fmt.Errorf("template build %s/%s: corrupt template.json: %w", n.Name(), b.Name(), err)
+			}
+			for _, l := range m.Layers {
+				used[strings.TrimPrefix(l.Chain, "sha256:")] = true
+			}
+		}
+	}
+	entries, err := os.ReadDir(s.layersDir())
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		n := e.Name()
+		if strings.HasPrefix(n, ".") || used[strings.TrimSuffix(n, ".lock")] {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(s.layersDir(), n)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
