@@ -12,6 +12,7 @@
 package sdk
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -345,6 +346,39 @@ func (c *Client) BuildTemplate(ctx context.Context, name string, progress io.Wri
 		return "", &Error{Status: http.StatusOK, Code: api.CodeInternal, Message: msg}
 	}
 	return "", fmt.Errorf("template build of %s: the stream ended without a result", name)
+}
+
+// BuildTemplateFrom builds a template from one of nook's recipes (no
+// From) or from an image (req.From: a registry reference, oci:DIR or
+// docker-archive:FILE on the daemon's host), calling on with each event
+// of the build as it comes (progress lines, layers; on may be nil), and
+// returns the template built.
+func (c *Client) BuildTemplateFrom(ctx context.Context, req api.BuildTemplateRequest, on func(api.BuildEvent)) (*api.Template, error) {
+	resp, err := c.do(ctx, "POST", "/v1/templates", req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		var ev api.BuildEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return nil, fmt.Errorf("template build of %s: a line of the stream is not an event: %w", req.Name, err)
+		}
+		switch {
+		case ev.Error != nil:
+			return nil, &Error{Status: http.StatusOK, Code: ev.Error.Code, Message: ev.Error.Message}
+		case ev.Template != nil:
+			return ev.Template, nil
+		case on != nil:
+			on(ev)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("template build of %s: %w", req.Name, err)
+	}
+	return nil, fmt.Errorf("template build of %s: the stream ended without a result", req.Name)
 }
 
 // DeleteTemplate removes a template no sandbox uses.

@@ -531,20 +531,49 @@ func rmCmd() *cobra.Command {
 }
 
 func templateCmd() *cobra.Command {
-	c := &cobra.Command{Use: "template", Short: "Build, list and remove templates"}
-	c.AddCommand(&cobra.Command{
-		Use:   "build NAME",
-		Short: "Build (or rebuild) a template, e.g. base",
-		Args:  cobra.ExactArgs(1),
+	c := &cobra.Command{Use: "template", Short: "Build, list, inspect and remove templates"}
+	var req api.BuildTemplateRequest
+	var buildJSON bool
+	build := &cobra.Command{
+		Use:   "build NAME [--from IMAGE [--pull]]",
+		Short: "Build (or rebuild) a template: one of nook's (base, dev), or from an image",
+		Long: `Build (or rebuild) a template: one of nook's recipes (base, dev), or with
+--from an image: a registry reference (python:3.12-slim,
+ghcr.io/org/img@sha256:..., with ~/.docker/config.json credentials),
+oci:DIR[:TAG] (an OCI layout) or docker-archive:FILE[:REPO:TAG] (docker
+save output). A tag resolves to a digest the template records; a rebuild
+from the same reference keeps that digest unless --pull. The image's ENV,
+WORKDIR and USER are the defaults of every exec in its sandboxes.
+Progress goes to stderr; the template's build ID (or with --json the
+template) to stdout.`,
+		Args: cobra.ExactArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
-			id, err := cl.BuildTemplate(cmd.Context(), args[0], cmd.ErrOrStderr())
+			req.Name = args[0]
+			if req.Pull && req.From == "" {
+				return &usageError{errors.New("--pull needs --from IMAGE")}
+			}
+			errw := cmd.ErrOrStderr()
+			t, err := cl.BuildTemplateFrom(cmd.Context(), req, func(ev api.BuildEvent) {
+				switch {
+				case ev.Progress != "":
+					fmt.Fprintln(errw, tsafe(ev.Progress))
+				}
+			})
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), id)
+			if buildJSON {
+				return printJSON(cmd.OutOrStdout(), t)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), t.ID)
 			return nil
 		}),
-	}, &cobra.Command{
+	}
+	build.Flags().StringVar(&req.From, "from", "", "build from this image (registry reference, oci:DIR[:TAG] or docker-archive:FILE[:REPO:TAG])")
+	build.Flags().BoolVar(&req.Pull, "pull", false, "resolve the image's tag again instead of the digest the template recorded")
+	build.Flags().BoolVar(&buildJSON, "json", false, "print the template as JSON")
+	var lsJSON, inspectJSON bool
+	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List templates",
 		Args:  cobra.NoArgs,
@@ -553,27 +582,109 @@ func templateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if lsJSON {
+				return printJSON(cmd.OutOrStdout(), tl)
+			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tBUILD\tSIZE\tCREATED\tIN USE BY")
+			fmt.Fprintln(tw, "NAME\tBUILD\tSOURCE\tSIZE\tCREATED\tIN USE BY")
 			for _, t := range tl.Templates {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", tsafe(t.Name), tsafe(t.ID), core.FormatBytes(t.SizeBytes), t.CreatedAt.Local().Format(time.RFC3339), t.InUseBy)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", tsafe(t.Name), tsafe(t.ID), tsafe(templateSource(t)), core.FormatBytes(t.SizeBytes), t.CreatedAt.Local().Format(time.RFC3339), t.InUseBy)
 			}
 			for _, r := range tl.Buildable {
 				if !hasTemplate(tl, r.Name) {
-					fmt.Fprintf(tw, "%s\t(not built: nook template build %s)\t\t\t\n", tsafe(r.Name), tsafe(r.Name))
+					fmt.Fprintf(tw, "%s\t(not built: nook template build %s)\t\t\t\t\n", tsafe(r.Name), tsafe(r.Name))
 				}
 			}
 			return tw.Flush()
 		}),
-	}, &cobra.Command{
+	}
+	ls.Flags().BoolVar(&lsJSON, "json", false, "print the list as JSON")
+	inspect := &cobra.Command{
+		Use:   "inspect NAME",
+		Short: "Show a template: its source, digest, layers and image config",
+		Args:  cobra.ExactArgs(1),
+		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
+			tl, err := cl.ListTemplates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			for _, t := range tl.Templates {
+				if t.Name != args[0] {
+					continue
+				}
+				if inspectJSON {
+					return printJSON(cmd.OutOrStdout(), t)
+				}
+				return printTemplate(cmd.OutOrStdout(), t)
+			}
+			return fmt.Errorf("template %s not found: nook template ls lists them", tsafe(args[0]))
+		}),
+	}
+	inspect.Flags().BoolVar(&inspectJSON, "json", false, "print the template as JSON")
+	c.AddCommand(build, ls, inspect, &cobra.Command{
 		Use:   "rm NAME",
-		Short: "Remove a template no sandbox uses",
+		Short: "Remove a template no sandbox uses (its image layers go once no other template uses them)",
 		Args:  cobra.ExactArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			return cl.DeleteTemplate(cmd.Context(), args[0])
 		}),
 	})
 	return c
+}
+
+// templateSource says in a few words what a template was built from.
+func templateSource(t api.Template) string {
+	if t.Source != "image" {
+		return "recipe"
+	}
+	d := strings.TrimPrefix(t.Digest, "sha256:")
+	if len(d) > 12 {
+		d = d[:12]
+	}
+	return t.Image + " (" + d + ")"
+}
+
+func printTemplate(w io.Writer, t api.Template) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "name:\t%s\nbuild:\t%s\nsource:\t%s\nsize:\t%s\ncreated:\t%s\nin use by:\t%d\n", tsafe(t.Name), tsafe(t.ID), tsafe(t.Source),
+		core.FormatBytes(t.SizeBytes), t.CreatedAt.Local().Format(time.RFC3339), t.InUseBy)
+	if t.Source == "image" {
+		fmt.Fprintf(tw, "image:\t%s\ndigest:\t%s\ncanonical:\t%s\nplatform:\t%s\n", tsafe(t.Image), tsafe(t.Digest), tsafe(t.Canonical), tsafe(t.Platform))
+		for i, l := range t.Layers {
+			fmt.Fprintf(tw, "layer %d:\t%s (%s)\n", i+1, tsafe(l.Digest), core.FormatBytes(l.Size))
+		}
+	}
+	if c := t.Config; c != nil {
+		for _, e := range c.Env {
+			fmt.Fprintf(tw, "env:\t%s\n", tsafe(e))
+		}
+		show := func(k string, v []string) {
+			if len(v) > 0 {
+				fmt.Fprintf(tw, "%s:\t%s\n", k, tsafe(strings.Join(v, " ")))
+			}
+		}
+		if c.WorkingDir != "" {
+			fmt.Fprintf(tw, "workdir:\t%s\n", tsafe(c.WorkingDir))
+		}
+		if c.User != "" {
+			fmt.Fprintf(tw, "user:\t%s\n", tsafe(c.User))
+		}
+		show("entrypoint", c.Entrypoint)
+		show("cmd", c.Cmd)
+		show("exposed", c.ExposedPorts)
+		keys := make([]string, 0, len(c.Labels))
+		for k := range c.Labels {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(tw, "label:\t%s=%s\n", tsafe(k), tsafe(c.Labels[k]))
+		}
+	}
+	if len(t.Packages) > 0 {
+		fmt.Fprintf(tw, "packages:\t%s\n", tsafe(strings.Join(t.Packages, " ")))
+	}
+	return tw.Flush()
 }
 
 func infoCmd() *cobra.Command {

@@ -639,7 +639,15 @@ func (m *Manager) configureAgent(ctx context.Context, sb *core.Sandbox, wake boo
 	}
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	env := map[string]string{"NOOK_SANDBOX": sb.Name}
+	env := map[string]string{}
+	if cfg := m.imageConfig(sb); cfg != nil {
+		for _, kv := range cfg.Env {
+			if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+				env[k] = v
+			}
+		}
+	}
+	env["NOOK_SANDBOX"] = sb.Name
 	for k, v := range sb.Env {
 		env[k] = v
 	}
@@ -967,6 +975,14 @@ func (m *Manager) Exec(ctx context.Context, name string, req api.ExecRequest) (*
 	}
 	areq := &agent.ExecRequest{Argv: req.Cmd, Env: req.Env, Cwd: req.Cwd, User: req.User, TimeoutMS: timeout.Milliseconds(),
 		Background: req.Background, Stdin: req.Stdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols}
+	if cfg := m.imageConfig(sb); cfg != nil { // an image's USER and WORKDIR, unless the call names its own
+		if areq.User == "" {
+			areq.User = cfg.User
+		}
+		if areq.Cwd == "" {
+			areq.Cwd = cfg.WorkingDir
+		}
+	}
 	if req.Background {
 		pid, err := c.Start(ctx, areq)
 		if err != nil {
@@ -1407,6 +1423,40 @@ func (m *Manager) Templates(ctx context.Context) (api.TemplateList, error) {
 	}
 	sort.Slice(ts, func(i, j int) bool { return ts[i].Name < ts[j].Name })
 	return api.TemplateList{Templates: ts, Buildable: template.BuildableList()}, nil
+}
+
+// imageConfig is the image config of the template build a sandbox was
+// made from, or nil (a recipe's build, or one that is gone).
+func (m *Manager) imageConfig(sb *core.Sandbox) *api.ImageConfig {
+	if sb.TemplateID == "" {
+		return nil
+	}
+	t, err := m.templates.ByID(sb.TemplateID)
+	if err != nil {
+		return nil
+	}
+	return t.Config
+}
+
+// BuildTemplateFrom builds a template from what req names: one of nook's
+// recipes, or an image (req.From). Progress lines go to w, and each
+// image layer done to onLayer (if not nil).
+func (m *Manager) BuildTemplateFrom(ctx context.Context, req api.BuildTemplateRequest, w io.Writer, onLayer func(api.BuildLayerEvent)) (api.Template, error) {
+	if req.From == "" {
+		if req.Pull {
+			return api.Template{}, errdefs.Invalid("pull needs an image: pass from (nook template build NAME --from IMAGE --pull)")
+		}
+		if err := template.CheckBuildable(req.Name); err != nil {
+			return api.Template{}, err
+		}
+		return m.BuildTemplate(ctx, req.Name, w)
+	}
+	t, err := m.templates.BuildImage(ctx, req.Name, req.From, template.ImageOptions{Pull: req.Pull, OnLayer: onLayer}, w)
+	if err != nil {
+		return t, err
+	}
+	m.afterBuild(ctx, req.Name, t)
+	return t, nil
 }
 
 // BuildTemplate (re)builds a template, writing progress to w.

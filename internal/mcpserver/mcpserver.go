@@ -50,6 +50,10 @@ func New(c *sdk.Client, version string) *mcp.Server {
 		"Waits up to wait_seconds (default 2) for more output if there is none yet. Returns the output, next_offset, and whether it is still running (with its exit code once it has exited)."}, t.output)
 	mcp.AddTool(s, &mcp.Tool{Name: "process_list", Description: "List the processes started with process_start (and exec) in a sandbox, running or recently finished, with their pids and exit codes."}, t.processes)
 	mcp.AddTool(s, &mcp.Tool{Name: "process_kill", Description: "Send a signal (default TERM; KILL to force) to a background process and everything it started."}, t.kill)
+	mcp.AddTool(s, &mcp.Tool{Name: "template_list", Description: "List the templates sandboxes can start from (name, source image and digest, size) and the ones nook can build (base, dev).",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, t.templates)
+	mcp.AddTool(s, &mcp.Tool{Name: "template_build", Description: "Build a template that sandbox_create can start from: from an image (from: a registry reference such as python:3.12-slim or ghcr.io/org/img@sha256:...) " +
+		"or, without from, one of nook's own (base, dev). The image's ENV, WORKDIR and USER become the defaults of every command in its sandboxes. Returns the template; takes as long as the image takes to pull."}, t.buildTemplate)
 	mcp.AddTool(s, &mcp.Tool{Name: "network_log", Description: "Show what a sandbox was denied on the network: blocked connections and refused DNS lookups, newest last, each with the destination and why " +
 		"(policy: not in the allowlist; not-allowed: a name the policy does not allow; tunnel: a lookup shaped like data smuggling). " +
 		"Use it when a download, git clone or API call fails inside a sandbox, to see which domain the task needs allowed."}, t.netLog)
@@ -92,6 +96,29 @@ func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInp
 		return fail(err)
 	}
 	return nil, sb, nil
+}
+
+// TemplateBuildInput is template_build's input.
+type TemplateBuildInput struct {
+	Name string `json:"name" jsonschema:"the template's name: lowercase letters, digits and '-'"`
+	From string `json:"from,omitempty" jsonschema:"the image to build it from: a registry reference (python:3.12-slim, ghcr.io/org/img:tag, ...@sha256:...); omit to build nook's own base or dev"`
+	Pull bool   `json:"pull,omitempty" jsonschema:"resolve the image's tag again instead of the digest a previous build of this template recorded"`
+}
+
+func (t *tools) buildTemplate(ctx context.Context, _ *mcp.CallToolRequest, in TemplateBuildInput) (*mcp.CallToolResult, any, error) {
+	tpl, err := t.c.BuildTemplateFrom(ctx, api.BuildTemplateRequest{Name: in.Name, From: in.From, Pull: in.Pull}, nil)
+	if err != nil {
+		return fail(err)
+	}
+	return nil, tpl, nil
+}
+
+func (t *tools) templates(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+	tl, err := t.c.ListTemplates(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	return nil, tl, nil
 }
 
 // NetLogInput is network_log's input.

@@ -10,6 +10,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -119,6 +120,7 @@ func (s *Server) routes() []route {
 		{"PUT /v1/sandboxes/{name}/files/archive", accessSandboxWrite, s.uploadArchive},
 		{"GET /v1/sandboxes/{name}/files/watch", accessSandboxRead, s.watchFiles},
 		{"GET /v1/templates", accessAnyToken, s.listTemplates},
+		{"POST /v1/templates", accessAdmin, s.buildTemplateFrom},
 		{"POST /v1/templates/{name}/build", accessAdmin, s.buildTemplate},
 		{"DELETE /v1/templates/{name}", accessAdmin, s.deleteTemplate},
 		{"POST /v1/tokens", accessHost, s.createToken},
@@ -395,6 +397,79 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fmt.Fprintf(fw, "ok %s\n", t.ID)
+}
+
+// buildTemplateFrom builds a template from a recipe or an image and
+// streams NDJSON api.BuildEvents: progress lines and layers, then the
+// template or the error. A request that cannot start (bad body, bad
+// name, a host path from a remote caller) is an ordinary error answer.
+func (s *Server) buildTemplateFrom(w http.ResponseWriter, r *http.Request) {
+	var req api.BuildTemplateRequest
+	if err := decode(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := template.CheckName(req.Name); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if (strings.HasPrefix(req.From, "oci:") || strings.HasPrefix(req.From, "docker-archive:")) && !callerFrom(r.Context()).host {
+		writeError(w, http.StatusForbidden, api.CodePermissionDenied,
+			"oci: and docker-archive: images are files on the daemon's host: build them there, over the unix socket (or push the image to a registry)")
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	fw := &flushWriter{w: w, rc: http.NewResponseController(w)}
+	var mu sync.Mutex
+	send := func(ev api.BuildEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		b, _ := json.Marshal(ev)
+		fw.Write(append(b, '\n'))
+	}
+	lines := &lineWriter{emit: func(line string) { send(api.BuildEvent{Progress: line}) }}
+	t, err := s.m.BuildTemplateFrom(r.Context(), req, lines, func(l api.BuildLayerEvent) { send(api.BuildEvent{Layer: &l}) })
+	lines.flush()
+	if err != nil {
+		status, code := errorStatus(err)
+		if status >= 500 {
+			s.log.Error("template build", "template", req.Name, "err", err)
+		}
+		send(api.BuildEvent{Error: &api.Error{Code: code, Message: err.Error()}})
+		return
+	}
+	send(api.BuildEvent{Template: &t})
+}
+
+// lineWriter cuts what is written into lines for emit.
+type lineWriter struct {
+	mu   sync.Mutex
+	buf  []byte
+	emit func(string)
+}
+
+func (l *lineWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = append(l.buf, p...)
+	for {
+		i := bytes.IndexByte(l.buf, '\n')
+		if i < 0 {
+			break
+		}
+		l.emit(strings.TrimRight(string(l.buf[:i]), "\r"))
+		l.buf = l.buf[i+1:]
+	}
+	return len(p), nil
+}
+
+func (l *lineWriter) flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.buf) > 0 {
+		l.emit(string(l.buf))
+		l.buf = nil
+	}
 }
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {

@@ -97,6 +97,8 @@ type Store struct {
 
 	mu     sync.Mutex
 	builds map[string]*build // in progress, by name
+
+	byID sync.Map // build ID -> api.Template, of builds read (they never change)
 }
 
 type build struct {
@@ -155,6 +157,9 @@ func NewStore(dir string, log *slog.Logger) *Store {
 // Dir is the store's directory.
 func (s *Store) Dir() string { return s.dir }
 
+// CheckName returns an ErrInvalidArgument unless name can name a template.
+func CheckName(name string) error { return checkName(name) }
+
 func checkName(name string) error {
 	if !nameRE.MatchString(name) {
 		return errdefs.Invalid("template name %q is not valid: use lowercase letters, digits and '-'", name)
@@ -171,7 +176,7 @@ func (s *Store) Get(name string) (api.Template, error) {
 	if err != nil {
 		hint := fmt.Sprintf("build it with `nook template build %s`", name)
 		if _, ok := recipe(name); !ok {
-			hint = "templates nook can build: " + recipeNames()
+			hint = "templates nook can build: " + recipeNames() + "; or build it from an image: nook template build " + name + " --from IMAGE"
 		}
 		return api.Template{}, errdefs.NotFound("template %q not found: %s", name, hint)
 	}
@@ -188,6 +193,24 @@ func (s *Store) readMeta(name, build string) (api.Template, error) {
 		return api.Template{}, fmt.Errorf("template %s: corrupt template.json: %w", name, err)
 	}
 	return m.template(), nil
+}
+
+// ByID returns a build by its ID ("name/build"), current or not. Builds
+// never change: their metadata is kept once read.
+func (s *Store) ByID(id string) (api.Template, error) {
+	if v, ok := s.byID.Load(id); ok {
+		return v.(api.Template), nil
+	}
+	name, build, ok := strings.Cut(id, "/")
+	if !ok || checkName(name) != nil || !nameRE.MatchString(build) {
+		return api.Template{}, errdefs.Invalid("template build id %q is not valid", id)
+	}
+	t, err := s.readMeta(name, build)
+	if err != nil {
+		return api.Template{}, err
+	}
+	s.byID.Store(id, t)
+	return t, nil
 }
 
 // Rootfs returns the root filesystem directory of a template build ID ("name/build").

@@ -1,0 +1,176 @@
+package e2e
+
+import (
+	"archive/tar"
+	"bytes"
+	"encoding/json"
+	"io"
+	"log"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/compression"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/testutil"
+)
+
+// debianImage pushes to a registry on a loopback port an image of two
+// layers: a realistic Debian root (the base template's mmdebstrap root,
+// tarred by GNU tar, uncompressed) and an app layer (gzip) that adds a
+// user, a directory it owns with a file, and whites out /etc/motd; its
+// config sets ENV, WORKDIR, USER and CMD. It returns the reference.
+func debianImage(t *testing.T) string {
+	t.Helper()
+	st, id := testutil.BaseTemplate(t)
+	rootfs, err := st.Rootfs(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tarFile := filepath.Join(t.TempDir(), "base.tar")
+	if out, err := exec.Command("tar", "--xattrs", "--numeric-owner", "-C", rootfs, "-cf", tarFile, ".").CombinedOutput(); err != nil {
+		t.Fatalf("tar the base rootfs: %v: %s", err, out)
+	}
+	raw, err := os.ReadFile(tarFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := static.NewLayer(raw, types.OCIUncompressedLayer)
+	passwd, err := os.ReadFile(filepath.Join(rootfs, "etc/passwd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	group, _ := os.ReadFile(filepath.Join(rootfs, "etc/group"))
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	add := func(h *tar.Header, data string) {
+		h.ModTime = time.Unix(1700000000, 0)
+		if h.Typeflag == tar.TypeReg {
+			h.Size = int64(len(data))
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(data))
+	}
+	add(&tar.Header{Name: "etc/.wh.motd", Typeflag: tar.TypeReg, Mode: 0o644}, "")
+	add(&tar.Header{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644}, string(passwd)+"app:x:1000:1000::/home/app:/bin/sh\n")
+	add(&tar.Header{Name: "etc/group", Typeflag: tar.TypeReg, Mode: 0o644}, string(group)+"app:x:1000:\n")
+	add(&tar.Header{Name: "home/app/", Typeflag: tar.TypeDir, Mode: 0o755, Uid: 1000, Gid: 1000}, "")
+	add(&tar.Header{Name: "srv/app/", Typeflag: tar.TypeDir, Mode: 0o755, Uid: 1000, Gid: 1000}, "")
+	add(&tar.Header{Name: "srv/app/hello.txt", Typeflag: tar.TypeReg, Mode: 0o600, Uid: 1000, Gid: 1000}, "hello from the image\n")
+	tw.Close()
+	appData := b.Bytes()
+	app, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(appData)), nil }, tarball.WithCompression(compression.GZip))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, base, app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, _ := img.ConfigFile()
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config = v1.Config{Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "APP_MODE=image"},
+		WorkingDir: "/srv/app", User: "app", Cmd: []string{"sh"}}
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(srv.Close)
+	ref := strings.TrimPrefix(srv.URL, "http://") + "/app:1"
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(r, img); err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
+// A template from an image in a registry: built with the CLI (progress,
+// ls, inspect), then container and vm sandboxes from it run as the
+// image's USER in its WORKDIR with its ENV (each overridable), see its
+// files and not what it whited out; removing it leaves none of its
+// layers. Bad input is a clear error.
+func TestImageTemplate(t *testing.T) {
+	requireVM(t)
+	d := newDaemon(t)
+	ref := debianImage(t)
+	tpl := testutil.RandomName("img")
+	t.Cleanup(func() { d.nook("template", "rm", tpl) })
+	r, err := d.nookWithin(5*time.Minute, nil, "template", "build", tpl, "--from", ref)
+	if err != nil || r.code != 0 || !strings.HasPrefix(r.stdout, tpl+"/") || !strings.Contains(r.stderr, "layer 2/2") {
+		t.Fatalf("template build --from: %+v %v", r, err)
+	}
+	if ls := d.must("template", "ls"); !strings.Contains(ls, tpl) || !strings.Contains(ls, ref+" (") {
+		t.Fatalf("template ls:\n%s", ls)
+	}
+	var info api.Template
+	if err := json.Unmarshal([]byte(d.must("template", "inspect", tpl, "--json")), &info); err != nil {
+		t.Fatal(err)
+	}
+	if info.Source != "image" || info.Image != ref || len(info.Layers) != 2 || info.Config == nil || info.Config.User != "app" || info.Config.WorkingDir != "/srv/app" {
+		t.Fatalf("template inspect: %+v", info)
+	}
+	if out := d.must("template", "inspect", tpl); !strings.Contains(out, "workdir:") || !strings.Contains(out, "layer 2:") {
+		t.Fatalf("template inspect:\n%s", out)
+	}
+
+	check := func(sandbox string) {
+		t.Helper()
+		want := "app\n/srv/app\nimage\nhello from the image\nno motd\n"
+		if got := d.must("exec", sandbox, "--", "sh", "-c", `id -un; pwd; echo $APP_MODE; cat hello.txt; test -e /etc/motd || echo no motd`); got != want {
+			t.Errorf("%s: exec as the image says: %q, want %q", sandbox, got, want)
+		}
+		if got := d.must("exec", "--user", "root", "--cwd", "/", "--env", "APP_MODE=call", sandbox, "--", "sh", "-c", `id -u; pwd; echo $APP_MODE`); got != "0\n/\ncall\n" {
+			t.Errorf("%s: exec with its own user, cwd and env: %q", sandbox, got)
+		}
+	}
+	d.must("create", "--name", "img-ctr", "--template", tpl)
+	check("img-ctr")
+	d.must("create", "--name", "img-env", "--template", tpl, "--env", "APP_MODE=sandbox")
+	if got := d.must("exec", "img-env", "--", "sh", "-c", "echo $APP_MODE"); got != "sandbox\n" {
+		t.Errorf("a sandbox's --env wins over the image's: %q", got)
+	}
+	d.must("create", "--name", "img-vm", "--isolation", "vm", "--template", tpl, "--cpus", "1", "--memory", "512M")
+	check("img-vm")
+	d.must("rm", "img-vm")
+	if r, _ := d.nook("template", "rm", tpl); r.code != 1 || !strings.Contains(r.stderr, "used by") {
+		t.Errorf("template rm while in use: %+v", r)
+	}
+	d.must("rm", "img-ctr", "img-env")
+	d.must("template", "rm", tpl)
+	if _, err := os.Stat(filepath.Join(testutil.TemplatesDir(), tpl)); !os.IsNotExist(err) {
+		t.Errorf("the template's directory is left: %v", err)
+	}
+	d.expectCLI(t, []cliCase{
+		{[]string{"template", "build", "x", "--pull"}, 2, "--pull needs --from"},
+		{[]string{"template", "build", "Bad", "--from", ref}, 1, "is not valid"},
+		{[]string{"template", "build", tpl + "-nope", "--from", "oci:"}, 1, "needs a directory"},
+	})
+	// A build that began says what it did on stderr, then the error.
+	r, _ = d.nook("template", "build", tpl+"-nope", "--from", strings.TrimSuffix(ref, "/app:1")+"/missing:1")
+	if lines := strings.Split(strings.TrimSpace(r.stderr), "\n"); r.code != 1 || !strings.Contains(lines[len(lines)-1], "not found") {
+		t.Errorf("an unknown image: %+v", r)
+	}
+	if _, err := os.Stat(filepath.Join(testutil.TemplatesDir(), tpl+"-nope", "current")); !os.IsNotExist(err) {
+		t.Errorf("a failed build left a template: %v", err)
+	}
+}
