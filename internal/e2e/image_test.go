@@ -115,7 +115,7 @@ func TestImageTemplate(t *testing.T) {
 	ref := debianImage(t)
 	tpl := testutil.RandomName("img")
 	t.Cleanup(func() { d.nook("template", "rm", tpl) })
-	r, err := d.nookWithin(5*time.Minute, nil, "template", "build", tpl, "--from", ref)
+	r, err := d.nookWithin(5*time.Minute, []string{"NOOK_HOST=unix://" + d.socket()}, "template", "build", tpl, "--from", ref)
 	if err != nil || r.code != 0 || !strings.HasPrefix(r.stdout, tpl+"/") || !strings.Contains(r.stderr, "layer 2/2") {
 		t.Fatalf("template build --from: %+v %v", r, err)
 	}
