@@ -240,13 +240,12 @@ type BuildEvent struct {
 
 // BuildLayerEvent reports one layer of an image build.
 type BuildLayerEvent struct {
-	Index    int     `json:"index"` // from 0, bottom first
-	Count    int     `json:"count"`
-	Digest   string  `json:"digest"`
-	Size     int64   `json:"size"`
-	Cached   bool    `json:"cached"`
-	Seconds  float64 `json:"seconds"`
-	Unpacked int64   `json:"unpacked_bytes,omitempty"`
+	Index   int     `json:"index"` // from 0, bottom first
+	Count   int     `json:"count"`
+	Digest  string  `json:"digest"`
+	Size    int64   `json:"size"`
+	Cached  bool    `json:"cached"`
+	Seconds float64 `json:"seconds"`
 }
 
 // TemplateRecipe is a template nook knows how to build.

@@ -110,6 +110,7 @@ func TestEscapeTokenScope(t *testing.T) {
 		"GET /v1/sandboxes/{name}/files/archive":           read,
 		"PUT /v1/sandboxes/{name}/files/archive":           write,
 		"GET /v1/sandboxes/{name}/files/watch":             read,
+		"POST /v1/templates":                               admin,
 		"POST /v1/templates/{name}/build":                  admin,
 		"DELETE /v1/templates/{name}":                      admin,
 		"POST /v1/tokens":                                  host,
