@@ -262,6 +262,11 @@ func registryError(ref Ref, err error) error {
 			return errdefs.Precondition("image %s: the registry refused the credentials (docker login to it, or check ~/.docker/config.json): %v", ref, err)
 		}
 	}
+	var nerr net.Error
+	var operr *net.OpError
+	if errors.As(err, &operr) || errors.As(err, &nerr) {
+		return errdefs.Unavailable("image %s: the registry cannot be reached (check the name, and the network of the daemon's host): %v", ref, err)
+	}
 	return fmt.Errorf("image %s: %w", ref, err)
 }
 

@@ -51,4 +51,11 @@
 // result depends on the lowers (copied-up files, inherited directory
 // metadata): a store keys an unpacked layer by its chain ID, never by
 // its diff ID alone.
+//
+// Merge makes a template's rootfs from a stack of stored layers: the view
+// an overlay mount of them shows (whiteouts and opaque directories
+// applied, each directory's metadata its topmost layer's), its files hard
+// links to the stored inodes and its directories made fresh, written
+// through descriptors below the rootfs that never follow a symlink. The
+// template test checks it against an overlay mount of the same layers.
 package layerstore

@@ -72,7 +72,7 @@ func fail(err error) (*mcp.CallToolResult, any, error) {
 // CreateInput is sandbox_create's input.
 type CreateInput struct {
 	Name     string            `json:"name,omitempty" jsonschema:"a name for the sandbox (lowercase letters, digits, '-'); generated if omitted"`
-	Template string            `json:"template,omitempty" jsonschema:"template to start from; default base"`
+	Template string            `json:"template,omitempty" jsonschema:"template to start from (template_list shows them, template_build makes one from an image); default base"`
 	CPUs     float64           `json:"cpus,omitempty" jsonschema:"CPU limit in cores; default 2"`
 	Memory   string            `json:"memory,omitempty" jsonschema:"memory limit such as 1G or 512M; default 2G"`
 	TTL      string            `json:"ttl,omitempty" jsonschema:"how long it lives before it is destroyed, e.g. 90m, 2h, 3d; default 1h"`
