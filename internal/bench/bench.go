@@ -42,6 +42,7 @@ type Config struct {
 	OnlyVM       bool   // measure only the vm backend
 	OnlyVMShape  bool   // measure only vms at the default shape and systemd vms
 	OnlyNet      bool   // measure only sandbox networking
+	OnlyImage    bool   // measure only templates from images
 	DensityN     int    // sandboxes alive in the density figures (0: none)
 	DensityVMs   int    // vms held through the density figures (0: none)
 	// CgroupParent is the cgroup parent of the daemons the network and
@@ -107,6 +108,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.OnlyNet {
 		return runNetwork(ctx, cfg, root)
+	}
+	if cfg.OnlyImage {
+		return runImage(ctx, cfg, root)
 	}
 	if cfg.OnlySnapshots {
 		fmt.Fprintln(cfg.Out, "baseline: bare runc run of the same rootfs, 10 times...")
@@ -193,6 +197,10 @@ func Run(ctx context.Context, cfg Config) error {
 	fmt.Fprintln(cfg.Out)
 	if err := runNetwork(ctx, cfg, root); err != nil {
 		return fmt.Errorf("network benchmarks: %w", err)
+	}
+	fmt.Fprintln(cfg.Out)
+	if err := runImage(ctx, cfg, root); err != nil {
+		return fmt.Errorf("image template benchmarks: %w", err)
 	}
 	if cfg.DensityN > 0 {
 		fmt.Fprintln(cfg.Out)

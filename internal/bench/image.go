@@ -1,0 +1,139 @@
+package bench
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/nookhq/nook/internal/template"
+)
+
+// imageRounds is how many times each image figure is taken.
+const imageRounds = 5
+
+// runImage measures a template built from an image in a registry on a
+// loopback port (50 MB in 3 gzip layers), pulled, unpacked and merged
+// into a template, beside the registry library's own pull of the same
+// image to a tarball (what `crane pull` does), each into an empty store.
+func runImage(ctx context.Context, cfg Config, root string) error {
+	fmt.Fprintln(cfg.Out, "image template: a 50 MB, 3-layer image in a registry on 127.0.0.1...")
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	ref := strings.TrimPrefix(srv.URL, "http://") + "/bench:1"
+	img, err := benchImage(3, 50<<20)
+	if err != nil {
+		return err
+	}
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return err
+	}
+	if err := remote.Write(r, img, remote.WithContext(ctx)); err != nil {
+		return fmt.Errorf("push the bench image: %w", err)
+	}
+	dir := filepath.Join(root, "image")
+	var pull, build, rebuild []time.Duration
+	for i := range imageRounds {
+		f := filepath.Join(dir, fmt.Sprintf("pull-%d.tar", i))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		start := time.Now()
+		ri, err := remote.Image(r, remote.WithContext(ctx))
+		if err == nil {
+			err = tarball.WriteToFile(f, r, ri)
+		}
+		if err != nil {
+			return fmt.Errorf("baseline pull: %w", err)
+		}
+		pull = append(pull, time.Since(start))
+		os.Remove(f)
+
+		store := template.NewStore(filepath.Join(dir, fmt.Sprintf("templates-%d", i)), slog.New(slog.DiscardHandler))
+		start = time.Now()
+		if _, err := store.BuildImage(ctx, "bench", ref, template.ImageOptions{}, nil); err != nil {
+			return fmt.Errorf("template from the image: %w", err)
+		}
+		build = append(build, time.Since(start))
+		// Another template of the same image: every layer cached.
+		start = time.Now()
+		if _, err := store.BuildImage(ctx, "again", ref, template.ImageOptions{}, nil); err != nil {
+			return fmt.Errorf("template from the image again: %w", err)
+		}
+		rebuild = append(rebuild, time.Since(start))
+		if err := os.RemoveAll(filepath.Join(dir, fmt.Sprintf("templates-%d", i))); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(cfg.Out)
+	tw := tabwriter.NewWriter(cfg.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "image template (50 MB, 3 layers, gzip)\tp50\tbaseline\tbaseline p50\tratio p50\ttarget")
+	fmt.Fprintf(tw, "template build --from (pull, unpack, merge)\t%s\tgo-containerregistry pull to a tarball\t%s\t%.2fx\t<= 1.5x\n",
+		ms(pct(build, .5)), ms(pct(pull, .5)), float64(pct(build, .5))/float64(pct(pull, .5)))
+	fmt.Fprintf(tw, "another template of the same image (layers cached)\t%s\ttemplate build --from\t%s\t%.2fx\t-\n",
+		ms(pct(rebuild, .5)), ms(pct(build, .5)), float64(pct(rebuild, .5))/float64(pct(build, .5)))
+	return tw.Flush()
+}
+
+// benchImage is an image of n gzip layers holding size bytes of random
+// (incompressible) data between them, in files of 1 MiB and a few small ones.
+func benchImage(n int, size int64) (v1.Image, error) {
+	var layers []v1.Layer
+	for i := range n {
+		var b bytes.Buffer
+		tw := tar.NewWriter(&b)
+		chunk := make([]byte, 1<<20)
+		for j := int64(0); j < size/int64(n)/int64(len(chunk)); j++ {
+			rand.Read(chunk)
+			if err := tw.WriteHeader(&tar.Header{Name: fmt.Sprintf("layer%d/data%d", i, j), Mode: 0o644, Size: int64(len(chunk)), Typeflag: tar.TypeReg}); err != nil {
+				return nil, err
+			}
+			tw.Write(chunk)
+		}
+		for j := range 200 {
+			s := fmt.Sprintf("small file %d of layer %d\n", j, i)
+			if err := tw.WriteHeader(&tar.Header{Name: fmt.Sprintf("layer%d/small/%d", i, j), Mode: 0o644, Size: int64(len(s)), Typeflag: tar.TypeReg}); err != nil {
+				return nil, err
+			}
+			tw.Write([]byte(s))
+		}
+		tw.Close()
+		data := b.Bytes()
+		l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
+		if err != nil {
+			return nil, err
+		}
+		layers = append(layers, l)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layers...)
+	if err != nil {
+		return nil, err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", runtime.GOARCH
+	return mutate.ConfigFile(img, cf)
+}
