@@ -31,6 +31,7 @@ import (
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/image"
 	"github.com/nookhq/nook/internal/keylock"
 	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/internal/store"
@@ -1438,10 +1439,20 @@ func (m *Manager) imageConfig(sb *core.Sandbox) *api.ImageConfig {
 	return t.Config
 }
 
+// BuildOptions say how a template build reports and whose credentials it uses.
+type BuildOptions struct {
+	Progress io.Writer                 // the build's output lines
+	OnLayer  func(api.BuildLayerEvent) // each image layer done (may be nil)
+	// HostCredentials lets the pull use the registry credentials of the
+	// daemon's host (root's Docker config and credential helpers): for
+	// the host's own callers only, never a remote token's.
+	HostCredentials bool
+}
+
 // BuildTemplateFrom builds a template from what req names: one of nook's
-// recipes, or an image (req.From). Progress lines go to w, and each
-// image layer done to onLayer (if not nil).
-func (m *Manager) BuildTemplateFrom(ctx context.Context, req api.BuildTemplateRequest, w io.Writer, onLayer func(api.BuildLayerEvent)) (api.Template, error) {
+// recipes, or an image (req.From).
+func (m *Manager) BuildTemplateFrom(ctx context.Context, req api.BuildTemplateRequest, opt BuildOptions) (api.Template, error) {
+	w, onLayer := opt.Progress, opt.OnLayer
 	if req.From == "" {
 		if req.Pull {
 			return api.Template{}, errdefs.Invalid("pull needs an image: pass from (nook template build NAME --from IMAGE --pull)")
@@ -1451,7 +1462,8 @@ func (m *Manager) BuildTemplateFrom(ctx context.Context, req api.BuildTemplateRe
 		}
 		return m.BuildTemplate(ctx, req.Name, w)
 	}
-	t, err := m.templates.BuildImage(ctx, req.Name, req.From, template.ImageOptions{Pull: req.Pull, OnLayer: onLayer}, w)
+	iopt := template.ImageOptions{Pull: req.Pull, OnLayer: onLayer, Resolve: image.Options{Anonymous: !opt.HostCredentials}}
+	t, err := m.templates.BuildImage(ctx, req.Name, req.From, iopt, w)
 	if err != nil {
 		return t, err
 	}

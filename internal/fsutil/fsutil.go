@@ -19,12 +19,42 @@ import (
 // Flock takes an exclusive lock on path (created if missing) across
 // processes, waiting until ctx ends. The returned function releases it.
 func Flock(ctx context.Context, path string) (func(), error) {
+	return flock(ctx, path, unix.LOCK_EX)
+}
+
+// FlockShared takes a shared lock on path (created if missing), which
+// any number of holders share and an exclusive lock excludes, waiting
+// until ctx ends. The returned function releases it.
+func FlockShared(ctx context.Context, path string) (func(), error) {
+	return flock(ctx, path, unix.LOCK_SH)
+}
+
+// TryFlock takes an exclusive lock on path (created if missing) if no
+// one holds it, shared or not: ok false, and no error, if someone does.
+func TryFlock(path string) (unlock func(), ok bool, err error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, false, err
+	}
+	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		f.Close()
+		return nil, false, nil
+	}
+	if err != nil {
+		f.Close()
+		return nil, false, err
+	}
+	return func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, true, nil
+}
+
+func flock(ctx context.Context, path string, how int) (func(), error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
 		if err == nil {
 			return func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
 		}

@@ -120,6 +120,25 @@ func ParseRef(s string) (Ref, error) {
 	return Ref{Kind: Registry, Name: ref.Name(), ref: ref}, nil
 }
 
+// LocalRegistry reports whether a registry reference names a registry
+// on a loopback or link-local address of this host (localhost, 127/8,
+// ::1, 169.254/16, fe80::/10), or a name that is one.
+func LocalRegistry(r Ref) bool {
+	if r.Kind != Registry || r.ref == nil {
+		return false
+	}
+	host := r.ref.Context().RegistryStr()
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+	if strings.EqualFold(host, "localhost") || strings.HasSuffix(strings.ToLower(host), ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && (ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsUnspecified())
+}
+
 // Options tune Resolve.
 type Options struct {
 	// Platform is the one to pick from an index; default linux and the
@@ -127,6 +146,9 @@ type Options struct {
 	Platform *v1.Platform
 	// Keychain gives registry credentials; default the Docker config.
 	Keychain authn.Keychain
+	// Anonymous pulls with no credentials at all (for a caller that may
+	// not use the host's).
+	Anonymous bool
 	// Transport carries registry requests; default http.DefaultTransport.
 	Transport http.RoundTripper
 }
@@ -192,7 +214,10 @@ func Resolve(ctx context.Context, ref Ref, opt Options) (*Resolved, error) {
 
 func (res *Resolved) fromRegistry(ctx context.Context, opt Options, want v1.Platform) error {
 	kc := opt.Keychain
-	if kc == nil {
+	switch {
+	case opt.Anonymous:
+		kc = authn.NewMultiKeychain() // every registry: anonymous
+	case kc == nil:
 		kc = authn.DefaultKeychain
 	}
 	rt := opt.Transport

@@ -88,7 +88,6 @@ func (m *merger) entry(src, rel string, d fs.DirEntry) error {
 	switch {
 	case isWhiteout:
 		delete(m.dirs, rel)
-		m.forget(rel)
 		return removeAt(pfd, base)
 	case d.IsDir():
 		opaque := false
@@ -97,7 +96,6 @@ func (m *merger) entry(src, rel string, d fs.DirEntry) error {
 			opaque = true
 		}
 		if exists && (cur.Mode&unix.S_IFMT != unix.S_IFDIR || opaque) {
-			m.forget(rel)
 			if err := removeAt(pfd, base); err != nil {
 				return err
 			}
@@ -112,10 +110,7 @@ func (m *merger) entry(src, rel string, d fs.DirEntry) error {
 		return copyMeta(src, pfd, base, &st, true)
 	}
 	if exists {
-		if cur.Mode&unix.S_IFMT == unix.S_IFDIR {
-			m.forget(rel)
-			delete(m.dirs, rel)
-		}
+		delete(m.dirs, rel)
 		if err := removeAt(pfd, base); err != nil {
 			return err
 		}
@@ -127,24 +122,25 @@ func (m *merger) entry(src, rel string, d fs.DirEntry) error {
 	return err
 }
 
-// forget drops the directories below rel from the ones whose times are
-// set at the end: they are gone.
-func (m *merger) forget(rel string) {
-	for k := range m.dirs {
-		if strings.HasPrefix(k, rel+"/") {
-			delete(m.dirs, k)
-		}
-	}
-}
-
+// copyTimes gives the merged directory rel the times of src, the layer
+// directory whose metadata it has. One a later layer removed (a
+// whiteout, an opaque or non-directory replacement of a parent) is
+// skipped: dirs keeps the entries below a removed directory, and looking
+// them up here costs less than forgetting them at each removal.
 func (m *merger) copyTimes(rel, src string) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(src, &st); err != nil {
 		return err
 	}
-	fd, err := unix.Dup(m.root)
-	if rel != "." {
+	var fd int
+	var err error
+	if rel == "." {
+		fd, err = unix.Dup(m.root)
+	} else {
 		fd, err = openBeneath(m.root, rel)
+	}
+	if err == unix.ENOENT || err == unix.ENOTDIR || err == unix.ELOOP {
+		return nil
 	}
 	if err != nil {
 		return err
@@ -177,28 +173,89 @@ func copyMeta(src string, pfd int, base string, st *unix.Stat_t, dir bool) error
 	return copyKeptXattrs(src, fd, typ)
 }
 
-// copyKeptXattrs copies the xattrs Unpack keeps (never overlay's own)
-// from the path src to the descriptor dst.
+// copyKeptXattrs makes the xattrs Unpack keeps (never overlay's own)
+// on the descriptor dst those of the path src: copied, and the kept
+// ones src lacks removed (a directory a lower layer made first shows
+// only the upper layer's, as overlay shows them).
 func copyKeptXattrs(src string, dst int, typ byte) error {
-	buf := make([]byte, 64<<10)
-	n, err := unix.Llistxattr(src, buf)
-	if err != nil || n == 0 {
-		return nil
+	want := map[string][]byte{}
+	names, err := listXattrs(func(b []byte) (int, error) { return unix.Llistxattr(src, b) })
+	if err != nil {
+		return fmt.Errorf("list xattrs: %w", err)
 	}
-	val := make([]byte, 64<<10)
-	for _, x := range strings.Split(strings.TrimRight(string(buf[:n]), "\x00"), "\x00") {
+	for _, x := range names {
 		if !keptXattr(x, typ) {
 			continue
 		}
-		m, err := unix.Lgetxattr(src, x, val)
+		v, err := lgetxattrAll(src, x)
 		if err != nil {
-			continue
+			return fmt.Errorf("xattr %s: %w", x, err)
 		}
-		if err := unix.Fsetxattr(dst, x, val[:m], 0); err != nil {
+		want[x] = v
+	}
+	have, err := listXattrs(func(b []byte) (int, error) { return unix.Flistxattr(dst, b) })
+	if err != nil {
+		return fmt.Errorf("list xattrs: %w", err)
+	}
+	for _, x := range have {
+		if _, ok := want[x]; !ok && keptXattr(x, typ) {
+			if err := unix.Fremovexattr(dst, x); err != nil && err != unix.ENODATA {
+				return fmt.Errorf("xattr %s: %w", x, err)
+			}
+		}
+	}
+	for x, v := range want {
+		if err := unix.Fsetxattr(dst, x, v, 0); err != nil {
 			return fmt.Errorf("xattr %s: %w", x, err)
 		}
 	}
 	return nil
+}
+
+// listXattrs lists names through list, sized by a first call.
+func listXattrs(list func([]byte) (int, error)) ([]string, error) {
+	for range 4 {
+		n, err := list(nil)
+		if err != nil || n == 0 {
+			if err == unix.ENOTSUP {
+				return nil, nil
+			}
+			return nil, err
+		}
+		buf := make([]byte, n)
+		n, err = list(buf)
+		if err == unix.ERANGE {
+			continue // grew meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		var out []string
+		for _, x := range strings.Split(strings.TrimRight(string(buf[:n]), "\x00"), "\x00") {
+			if x != "" {
+				out = append(out, x)
+			}
+		}
+		return out, nil
+	}
+	return nil, unix.ERANGE
+}
+
+// lgetxattrAll reads an xattr of the path p, whatever its size.
+func lgetxattrAll(p, x string) ([]byte, error) {
+	for range 4 {
+		n, err := unix.Lgetxattr(p, x, nil)
+		if err != nil {
+			return nil, err
+		}
+		buf := make([]byte, n)
+		n, err = unix.Lgetxattr(p, x, buf)
+		if err == unix.ERANGE {
+			continue
+		}
+		return buf[:n], err
+	}
+	return nil, unix.ERANGE
 }
 
 // copyEntry copies a non-directory src to base in pfd, where a hard link
@@ -223,6 +280,9 @@ func copyEntry(src string, pfd int, base string, st *unix.Stat_t) error {
 			return err
 		}
 		if err := unix.Fchownat(pfd, base, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return err
+		}
+		if err := unix.Fchmodat(pfd, base, st.Mode&0o7777, 0); err != nil { // mknod applied the umask
 			return err
 		}
 		return unix.UtimesNanoAt(pfd, base, []unix.Timespec{st.Atim, st.Mtim}, unix.AT_SYMLINK_NOFOLLOW)

@@ -30,7 +30,8 @@ type Store struct {
 }
 
 // Open opens (making it if needed) the store in dir, root's alone, and
-// removes what an unpack a crash cut short left.
+// removes what an unpack a crash cut short left: the caller must be the
+// store's only user meanwhile (see Attach).
 func Open(dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
@@ -43,6 +44,20 @@ func Open(dir string) (*Store, error) {
 		if err := os.RemoveAll(p); err != nil {
 			return nil, err
 		}
+	}
+	return &Store{dir: dir}, nil
+}
+
+// Attach opens the store in dir (making it if needed) without removing
+// anything: for a caller that may share the store with other writers
+// (an image build holding a shared lock); Open, which removes what a
+// crash left, needs the store to itself.
+func Attach(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, err
 	}
 	return &Store{dir: dir}, nil
 }

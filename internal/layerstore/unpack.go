@@ -690,8 +690,11 @@ func setXattrAt(pfd int, base, key, value string) error {
 // if the directory its entry made is still there (a later entry may have
 // replaced it).
 func (u *unpacker) setTimes(d dirTime) error {
-	fd, err := unix.Dup(u.root)
-	if d.name != "" {
+	var fd int
+	var err error
+	if d.name == "" {
+		fd, err = unix.Dup(u.root)
+	} else {
 		fd, err = openBeneath(u.root, d.name)
 	}
 	if err == unix.ENOENT || err == unix.ENOTDIR || err == unix.ELOOP {

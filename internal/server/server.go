@@ -25,6 +25,7 @@ import (
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/image"
 	"github.com/nookhq/nook/internal/template"
 )
 
@@ -363,6 +364,16 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if c := callerFrom(r.Context()); c.scope.Kind != api.ScopeAdmin {
+		// An image's environment and labels often hold what its builder
+		// baked in: an admin's to read, not every token's.
+		for i := range tl.Templates {
+			if cfg := tl.Templates[i].Config; cfg != nil {
+				cfg = &api.ImageConfig{WorkingDir: cfg.WorkingDir, User: cfg.User, ExposedPorts: cfg.ExposedPorts}
+				tl.Templates[i].Config = cfg
+			}
+		}
+	}
 	writeJSON(w, http.StatusOK, tl)
 }
 
@@ -413,10 +424,12 @@ func (s *Server) buildTemplateFrom(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if (strings.HasPrefix(req.From, "oci:") || strings.HasPrefix(req.From, "docker-archive:")) && !callerFrom(r.Context()).host {
-		writeError(w, http.StatusForbidden, api.CodePermissionDenied,
-			"oci: and docker-archive: images are files on the daemon's host: build them there, over the unix socket (or push the image to a registry)")
-		return
+	host := callerFrom(r.Context()).host
+	if req.From != "" && !host {
+		if msg := remoteImageDenied(req.From); msg != "" {
+			writeError(w, http.StatusForbidden, api.CodePermissionDenied, msg)
+			return
+		}
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	fw := &flushWriter{w: w, rc: http.NewResponseController(w)}
@@ -428,7 +441,7 @@ func (s *Server) buildTemplateFrom(w http.ResponseWriter, r *http.Request) {
 		fw.Write(append(b, '\n'))
 	}
 	lines := &lineWriter{emit: func(line string) { send(api.BuildEvent{Progress: line}) }}
-	t, err := s.m.BuildTemplateFrom(r.Context(), req, lines, func(l api.BuildLayerEvent) { send(api.BuildEvent{Layer: &l}) })
+	t, err := s.m.BuildTemplateFrom(r.Context(), req, daemon.BuildOptions{Progress: lines, OnLayer: func(l api.BuildLayerEvent) { send(api.BuildEvent{Layer: &l}) }, HostCredentials: host})
 	lines.flush()
 	if err != nil {
 		status, code := errorStatus(err)
@@ -439,6 +452,26 @@ func (s *Server) buildTemplateFrom(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	send(api.BuildEvent{Template: &t})
+}
+
+// remoteImageDenied says why a caller other than the host may not build
+// from image ref, or "": files on the daemon's host (oci:,
+// docker-archive:) and registries on its loopback or link-local
+// addresses are the host's alone, lest a remote token read the host's
+// files or its local services through the daemon. (A remote caller's
+// pull also never uses the host's registry credentials.)
+func remoteImageDenied(ref string) string {
+	if strings.HasPrefix(ref, "oci:") || strings.HasPrefix(ref, "docker-archive:") {
+		return "oci: and docker-archive: images are files on the daemon's host: build them there, over the unix socket (or push the image to a registry)"
+	}
+	r, err := image.ParseRef(ref)
+	if err != nil {
+		return "" // the build says what is wrong with it
+	}
+	if image.LocalRegistry(r) {
+		return "a registry on the daemon's loopback or link-local address is the host's: build from it there, over the unix socket"
+	}
+	return ""
 }
 
 // lineWriter cuts what is written into lines for emit.

@@ -12,8 +12,10 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/image"
 	"github.com/nookhq/nook/internal/layerstore"
@@ -58,7 +60,11 @@ func (s *Store) BuildImage(ctx context.Context, name, from string, opt ImageOpti
 	if err != nil {
 		return api.Template{}, err
 	}
-	return s.once(ctx, name, progress, func(ctx context.Context) (api.Template, error) {
+	key := "image " + from
+	if opt.Pull {
+		key += " (pulled again)"
+	}
+	return s.once(ctx, name, key, progress, func(ctx context.Context) (api.Template, error) {
 		return s.buildImage(ctx, name, from, ref, opt, orDiscard(progress))
 	})
 }
@@ -83,20 +89,25 @@ func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref
 	}
 	fmt.Fprintf(progress, "%s is %s (%s), %d layers, %d MB\n", from, res.Digest, res.Platform.String(), len(res.Layers), total>>20)
 
+	cfg, warnings, err := imageConfig(res)
+	if err != nil {
+		return api.Template{}, fmt.Errorf("image %s: %w", from, err)
+	}
+	for _, w := range warnings {
+		fmt.Fprintf(progress, "warning: %s\n", w)
+	}
 	// From the first layer until the build is committed, no layer GC may
-	// run: the layers are not yet named by any build.
-	if err := os.MkdirAll(s.layersDir(), 0o700); err != nil {
+	// run (the layers are not yet named by any build): builds share the
+	// lock, a GC takes it alone or not at all.
+	ls, err := layerstore.Attach(s.layersDir())
+	if err != nil {
 		return api.Template{}, err
 	}
-	unlockGC, err := fsutil.Flock(ctx, filepath.Join(s.layersDir(), ".gc.lock"))
+	unlockGC, err := fsutil.FlockShared(ctx, filepath.Join(s.layersDir(), ".gc.lock"))
 	if err != nil {
 		return api.Template{}, err
 	}
 	defer unlockGC()
-	ls, err := layerstore.Open(s.layersDir())
-	if err != nil {
-		return api.Template{}, err
-	}
 	max := opt.MaxLayerBytes
 	if max == 0 {
 		max = DefaultMaxLayerBytes
@@ -128,7 +139,7 @@ func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref
 		dirs = append(dirs, dir)
 		m.Layers = append(m.Layers, metaLayer{TemplateLayer: api.TemplateLayer{Digest: l.Digest.String(), DiffID: l.DiffID.String(), Size: l.Size}, Chain: l.ChainID.String()})
 	}
-	m.Config = imageConfig(res)
+	m.Config = cfg
 
 	buildID := newBuildID()
 	tmp := filepath.Join(s.dir, name, ".build-"+buildID)
@@ -162,15 +173,52 @@ func short(digest string) string {
 	return d
 }
 
-// imageConfig is what nook keeps of an image's config.
-func imageConfig(res *image.Resolved) *api.ImageConfig {
+// Bounds on what an image's config may give its sandboxes' commands.
+const (
+	maxImageEnv      = 1024
+	maxImageEnvBytes = 64 << 10
+)
+
+// imageConfig is what nook keeps of an image's config, checked: every
+// exec of every sandbox of the template gets its Env, User and
+// WorkingDir, so an entry the agent would refuse (a NUL, a variable
+// without a name) is dropped with a warning, and a config past the
+// bounds, or a user nook cannot pass on, fails the build.
+func imageConfig(res *image.Resolved) (*api.ImageConfig, []string, error) {
 	c := res.Config.Config
-	out := &api.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd, Labels: c.Labels}
+	out := &api.ImageConfig{User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd, Labels: c.Labels}
+	var warnings []string
+	if len(c.Env) > maxImageEnv {
+		return nil, nil, errdefs.Invalid("its config sets %d environment variables: nook takes at most %d", len(c.Env), maxImageEnv)
+	}
+	size := 0
+	for _, kv := range c.Env {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsRune(kv, 0) || !utf8.ValidString(kv) {
+			warnings = append(warnings, fmt.Sprintf("the image's environment entry %q is not NAME=VALUE text: left out", kv))
+			continue
+		}
+		size += len(kv)
+		out.Env = append(out.Env, kv)
+	}
+	if size > maxImageEnvBytes {
+		return nil, nil, errdefs.Invalid("its config's environment is %d bytes: nook takes at most %d", size, maxImageEnvBytes)
+	}
+	if strings.ContainsRune(c.User, 0) || !utf8.ValidString(c.User) || len(c.User) > 256 {
+		return nil, nil, errdefs.Invalid("its config's user %q is not a user nook can run commands as", c.User)
+	}
+	switch wd := c.WorkingDir; {
+	case wd == "":
+	case !filepath.IsAbs(wd) || strings.ContainsRune(wd, 0) || !utf8.ValidString(wd) || len(wd) > 4096:
+		warnings = append(warnings, fmt.Sprintf("the image's working directory %q is not an absolute path: commands start in the user's home", wd))
+	default:
+		out.WorkingDir = wd
+	}
 	for p := range c.ExposedPorts {
 		out.ExposedPorts = append(out.ExposedPorts, p)
 	}
 	sort.Strings(out.ExposedPorts)
-	return out
+	return out, warnings, nil
 }
 
 // baseDirs makes the directories every sandbox mounts on or writes to
@@ -205,11 +253,20 @@ func (s *Store) GCLayers(ctx context.Context) error {
 	if _, err := os.Stat(s.layersDir()); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	unlock, err := fsutil.Flock(ctx, filepath.Join(s.layersDir(), ".gc.lock"))
-	if err != nil {
+	// Never wait for a build (a pull may take minutes): the next GC
+	// collects what this one leaves.
+	unlock, ok, err := fsutil.TryFlock(filepath.Join(s.layersDir(), ".gc.lock"))
+	if err != nil || !ok {
+		if !ok && err == nil {
+			s.log.Info("layer GC skipped: an image build is in progress")
+		}
 		return err
 	}
 	defer unlock()
+	// Alone in the store: what a crash cut short goes too.
+	if _, err := layerstore.Open(s.layersDir()); err != nil {
+		return err
+	}
 	used := map[string]bool{}
 	names, err := os.ReadDir(s.dir)
 	if err != nil {
@@ -229,8 +286,11 @@ func (s *Store) GCLayers(ctx context.Context) error {
 			}
 			var m meta
 			raw, err := os.ReadFile(filepath.Join(s.dir, n.Name(), b.Name(), "template.json"))
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // being removed
+			}
 			if err != nil {
-				continue
+				return fmt.Errorf("layer GC: %w", err) // never take a build's layers for unused
 			}
 			if err := json.Unmarshal(raw, &m); err != nil {
 				return fmt.Errorf("template build %s/%s: corrupt template.json: %w", n.Name(), b.Name(), err)

@@ -425,3 +425,29 @@ func countLayers(t *testing.T, dir string) int {
 	}
 	return n
 }
+
+// An image's config reaches every exec of every sandbox of the
+// template: entries the agent would refuse are left out with a warning,
+// a user it could not pass on fails the build.
+func TestImageConfigChecked(t *testing.T) {
+	requireRoot(t)
+	host := serveRegistry(t, nil)
+	layer := tarLayer(t, compression.GZip, tfile{name: "f", data: "x"})
+	pushImage(t, host+"/odd:1", testImage(t, v1.Config{Env: []string{"GOOD=1", "NOEQUALS", "=empty", "NUL=a\x00b"}, WorkingDir: "relative/dir"}, layer))
+	pushImage(t, host+"/baduser:1", testImage(t, v1.Config{User: "root\x00evil"}, layer))
+	s := NewStore(t.TempDir(), slog.New(slog.DiscardHandler))
+	var progress bytes.Buffer
+	tpl, err := s.BuildImage(context.Background(), "odd", host+"/odd:1", ImageOptions{}, &progress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := tpl.Config; len(c.Env) != 1 || c.Env[0] != "GOOD=1" || c.WorkingDir != "" {
+		t.Errorf("config kept: %+v", c)
+	}
+	if n := strings.Count(progress.String(), "warning:"); n != 4 {
+		t.Errorf("%d warnings, want 4:\n%s", n, progress.String())
+	}
+	if _, err := s.BuildImage(context.Background(), "baduser", host+"/baduser:1", ImageOptions{}, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a user with a NUL: %v", err)
+	}
+}

@@ -115,6 +115,7 @@ type Store struct {
 }
 
 type build struct {
+	key  string // what it builds from: a caller asking for another source is refused
 	done chan struct{}
 	tpl  api.Template
 	err  error
@@ -265,7 +266,7 @@ func (s *Store) Build(ctx context.Context, name string, progress io.Writer) (api
 	if err := CheckBuildable(name); err != nil {
 		return api.Template{}, err
 	}
-	return s.once(ctx, name, progress, func(ctx context.Context) (api.Template, error) {
+	return s.once(ctx, name, "nook's recipe", progress, func(ctx context.Context) (api.Template, error) {
 		r, _ := recipe(name)
 		return s.build(ctx, r, orDiscard(progress))
 	})
@@ -290,7 +291,7 @@ func (s *Store) EnsureBuilt(ctx context.Context, name string, progress io.Writer
 	if CheckBuildable(name) != nil {
 		return t, err
 	}
-	return s.once(ctx, name, progress, func(ctx context.Context) (api.Template, error) {
+	return s.once(ctx, name, "nook's recipe", progress, func(ctx context.Context) (api.Template, error) {
 		old, oldErr := s.Get(name)
 		if oldErr == nil && !stale(old) { // another process built it while we waited for the lock
 			return old, nil
@@ -319,11 +320,14 @@ func stale(t api.Template) bool {
 
 // once runs fn under the template's cross-process lock, sharing one run
 // among the callers in this process that arrive while it is in progress.
-func (s *Store) once(ctx context.Context, name string, progress io.Writer, fn func(context.Context) (api.Template, error)) (api.Template, error) {
+func (s *Store) once(ctx context.Context, name, key string, progress io.Writer, fn func(context.Context) (api.Template, error)) (api.Template, error) {
 	progress = orDiscard(progress)
 	s.mu.Lock()
 	if b, ok := s.builds[name]; ok {
 		s.mu.Unlock()
+		if b.key != key {
+			return api.Template{}, errdefs.Precondition("template %s is being built from %s: wait for that build, or build this one under another name", name, b.key)
+		}
 		fmt.Fprintf(progress, "waiting for the build of template %s already in progress\n", name)
 		select {
 		case <-b.done:
@@ -332,7 +336,7 @@ func (s *Store) once(ctx context.Context, name string, progress io.Writer, fn fu
 			return api.Template{}, ctx.Err()
 		}
 	}
-	b := &build{done: make(chan struct{})}
+	b := &build{key: key, done: make(chan struct{})}
 	s.builds[name] = b
 	s.mu.Unlock()
 	// The build goes on if this caller goes away: others may wait for it.
@@ -353,8 +357,11 @@ func (s *Store) once(ctx context.Context, name string, progress io.Writer, fn fu
 
 // lock takes an exclusive flock on the template's directory, across processes.
 func (s *Store) lock(ctx context.Context, name string) (func(), error) {
-	// Root's alone: a template's rootfs has setuid-root files.
+	// Root's alone: a template's rootfs has setuid-root files and device nodes.
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(s.dir, 0o700); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Join(s.dir, name), 0o755); err != nil {
