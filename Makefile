@@ -57,6 +57,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzString -fuzztime 10s ./internal/cli/termsafe
 	$(GO) test -run '^$$' -fuzz FuzzParseVersion -fuzztime 10s ./internal/runcbin
 	$(GO) test -run '^$$' -fuzz FuzzUnpack -fuzztime 30s -fuzzminimizetime 3s ./internal/layerstore
+	$(GO) test -run '^$$' -fuzz FuzzListening -fuzztime 10s ./internal/daemon
 
 bench: deps build
 	$(GO) run ./cmd/nook-bench

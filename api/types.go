@@ -188,6 +188,19 @@ type Template struct {
 	Layers []TemplateLayer `json:"layers,omitempty"`
 	// Config is the image's runtime config: exec defaults for its sandboxes.
 	Config *ImageConfig `json:"config,omitempty"`
+	// Service is what every sandbox of the template starts once it is up
+	// (on create and on start): the image's ENTRYPOINT and CMD, or the
+	// build's start command; absent: nothing.
+	Service *TemplateService `json:"service,omitempty"`
+}
+
+// TemplateService is the service a template's sandboxes start.
+type TemplateService struct {
+	Cmd []string `json:"cmd"`
+	// Ready is what a create waits for once the service started:
+	// port:N (something listens on TCP port N in the sandbox),
+	// file:PATH (PATH exists) or cmd:CMD (sh -c CMD exits 0); absent: nothing.
+	Ready string `json:"ready,omitempty"`
 }
 
 // TemplateLayer is one layer of an image template.
@@ -223,6 +236,14 @@ type BuildTemplateRequest struct {
 	// Pull resolves a tag again; without it a rebuild from the same
 	// reference uses the digest the template recorded.
 	Pull bool `json:"pull,omitempty"`
+	// Start is the service every sandbox of the template starts, a shell
+	// command (sh -c) run as the image's user in its working directory
+	// with its environment; default the image's ENTRYPOINT and CMD;
+	// "none": nothing.
+	Start string `json:"start,omitempty"`
+	// Ready is what a create waits for once the service started (see
+	// TemplateService.Ready), at most ReadyTimeout.
+	Ready string `json:"ready,omitempty"`
 }
 
 // BuildEvent is one line of the NDJSON stream POST /v1/templates

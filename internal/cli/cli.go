@@ -535,7 +535,7 @@ func templateCmd() *cobra.Command {
 	var req api.BuildTemplateRequest
 	var buildJSON bool
 	build := &cobra.Command{
-		Use:   "build NAME [--from IMAGE [--pull]]",
+		Use:   "build NAME [--from IMAGE [--pull] [--start CMD|none] [--ready port:N|file:PATH|cmd:CMD]]",
 		Short: "Build (or rebuild) a template: one of nook's (base, dev), or from an image",
 		Long: `Build (or rebuild) a template: one of nook's recipes (base, dev), or with
 --from an image: a registry reference (python:3.12-slim,
@@ -543,14 +543,16 @@ ghcr.io/org/img@sha256:..., with ~/.docker/config.json credentials),
 oci:DIR[:TAG] (an OCI layout) or docker-archive:FILE[:REPO:TAG] (docker
 save output). A tag resolves to a digest the template records; a rebuild
 from the same reference keeps that digest unless --pull. The image's ENV,
-WORKDIR and USER are the defaults of every exec in its sandboxes.
-Progress goes to stderr; the template's build ID (or with --json the
+WORKDIR and USER are the defaults of every exec in its sandboxes, and its
+ENTRYPOINT and CMD (or --start) the service each of them starts when it
+comes up (nook ps shows it); with --ready a create returns once the
+service is ready. Progress goes to stderr; the template's build ID (or with --json the
 template) to stdout.`,
 		Args: cobra.ExactArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			req.Name = args[0]
-			if req.Pull && req.From == "" {
-				return &usageError{errors.New("--pull needs --from IMAGE")}
+			if (req.Pull || req.Start != "" || req.Ready != "") && req.From == "" {
+				return &usageError{errors.New("--pull, --start and --ready need --from IMAGE")}
 			}
 			errw := cmd.ErrOrStderr()
 			t, err := cl.BuildTemplateFrom(cmd.Context(), req, func(ev api.BuildEvent) {
@@ -571,6 +573,8 @@ template) to stdout.`,
 	}
 	build.Flags().StringVar(&req.From, "from", "", "build from this image (registry reference, oci:DIR[:TAG] or docker-archive:FILE[:REPO:TAG])")
 	build.Flags().BoolVar(&req.Pull, "pull", false, "resolve the image's tag again instead of the digest the template recorded")
+	build.Flags().StringVar(&req.Start, "start", "", "the service every sandbox of the template starts, a shell command run as the image's user (default the image's ENTRYPOINT and CMD; none: nothing)")
+	build.Flags().StringVar(&req.Ready, "ready", "", "what a create waits for once the service started: port:N, file:PATH or cmd:COMMAND (at most 2m)")
 	build.Flags().BoolVar(&buildJSON, "json", false, "print the template as JSON")
 	var lsJSON, inspectJSON bool
 	ls := &cobra.Command{
@@ -679,6 +683,12 @@ func printTemplate(w io.Writer, t api.Template) error {
 		sort.Strings(keys)
 		for _, k := range keys {
 			fmt.Fprintf(tw, "label:\t%s=%s\n", tsafe(k), tsafe(c.Labels[k]))
+		}
+	}
+	if svc := t.Service; svc != nil {
+		fmt.Fprintf(tw, "service:\t%s\n", tsafe(strings.Join(svc.Cmd, " ")))
+		if svc.Ready != "" {
+			fmt.Fprintf(tw, "ready:\t%s\n", tsafe(svc.Ready))
 		}
 	}
 	if len(t.Packages) > 0 {

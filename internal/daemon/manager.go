@@ -594,6 +594,9 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 		err = m.waitAgent(cctx, sb)
 	}
 	if err == nil {
+		err = m.startService(cctx, sb)
+	}
+	if err == nil {
 		sb.State = core.StateRunning
 		err = m.updateSandbox(cctx, sb)
 	}
@@ -1454,15 +1457,15 @@ type BuildOptions struct {
 func (m *Manager) BuildTemplateFrom(ctx context.Context, req api.BuildTemplateRequest, opt BuildOptions) (api.Template, error) {
 	w, onLayer := opt.Progress, opt.OnLayer
 	if req.From == "" {
-		if req.Pull {
-			return api.Template{}, errdefs.Invalid("pull needs an image: pass from (nook template build NAME --from IMAGE --pull)")
+		if req.Pull || req.Start != "" || req.Ready != "" {
+			return api.Template{}, errdefs.Invalid("pull, start and ready are for templates from images: pass from (nook template build NAME --from IMAGE)")
 		}
 		if err := template.CheckBuildable(req.Name); err != nil {
 			return api.Template{}, err
 		}
 		return m.BuildTemplate(ctx, req.Name, w)
 	}
-	iopt := template.ImageOptions{Pull: req.Pull, OnLayer: onLayer, Resolve: image.Options{Anonymous: !opt.HostCredentials}}
+	iopt := template.ImageOptions{Pull: req.Pull, OnLayer: onLayer, Resolve: image.Options{Anonymous: !opt.HostCredentials}, Start: req.Start, Ready: req.Ready}
 	t, err := m.templates.BuildImage(ctx, req.Name, req.From, iopt, w)
 	if err != nil {
 		return t, err

@@ -189,6 +189,9 @@ func (m *Manager) startLocked(ctx context.Context, sb *core.Sandbox, st core.Sto
 	if err := m.waitAgent(ctx, sb); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", sb.Name, err)
 	}
+	if err := m.startService(ctx, sb); err != nil {
+		return fmt.Errorf("start sandbox %s: %w", sb.Name, err)
+	}
 	sb.State, sb.Reason = core.StateRunning, ""
 	return m.commitSandbox(ctx, sb, room)
 }

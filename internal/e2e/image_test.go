@@ -152,6 +152,29 @@ func TestImageTemplate(t *testing.T) {
 	d.must("create", "--name", "img-vm", "--isolation", "vm", "--template", tpl, "--cpus", "1", "--memory", "512M")
 	check("img-vm")
 	d.must("rm", "img-vm")
+	// A service: started as the image's user when the sandbox comes up,
+	// the create returning once it listens; one that exits first fails
+	// the create with its output, leaving no sandbox.
+	svc := tpl + "-svc"
+	t.Cleanup(func() { d.nook("template", "rm", svc) })
+	d.must("template", "build", svc, "--from", ref, "--start", "exec python3 -m http.server 8000", "--ready", "port:8000")
+	d.must("create", "--name", "img-svc", "--template", svc)
+	if got := d.must("exec", "img-svc", "--", "sh", "-c", "curl -s http://127.0.0.1:8000/ | grep -c hello.txt; ps -o user= -C python3"); got != "1\napp\n" {
+		t.Errorf("the service: %q", got)
+	}
+	if ps := d.must("ps", "img-svc"); !strings.Contains(ps, "http.server") {
+		t.Errorf("nook ps does not show the service:\n%s", ps)
+	}
+	d.must("rm", "img-svc")
+	d.must("template", "build", svc, "--from", ref, "--start", "echo broken >&2; exit 3", "--ready", "port:9")
+	if r, _ := d.nook("create", "--name", "img-bad", "--template", svc); r.code != 1 || !strings.Contains(r.stderr, "exited with code 3") || !strings.Contains(r.stderr, "broken") {
+		t.Errorf("a service that exits before it is ready: %+v", r)
+	}
+	if r, _ := d.nook("inspect", "img-bad"); r.code != 1 {
+		t.Errorf("a failed create left its sandbox: %+v", r)
+	}
+	d.must("template", "rm", svc)
+
 	if r, _ := d.nook("template", "rm", tpl); r.code != 1 || !strings.Contains(r.stderr, "used by") {
 		t.Errorf("template rm while in use: %+v", r)
 	}
@@ -161,7 +184,10 @@ func TestImageTemplate(t *testing.T) {
 		t.Errorf("the template's directory is left: %v", err)
 	}
 	d.expectCLI(t, []cliCase{
-		{[]string{"template", "build", "x", "--pull"}, 2, "--pull needs --from"},
+		{[]string{"template", "build", "x", "--pull"}, 2, "need --from"},
+		{[]string{"template", "build", "x", "--start", "true"}, 2, "need --from"},
+		{[]string{"template", "build", "x", "--from", ref, "--ready", "port:0"}, 1, "ready \"port:0\" is not valid"},
+		{[]string{"template", "build", "x", "--from", ref, "--start", "none", "--ready", "file:/x"}, 1, "ready needs a service"},
 		{[]string{"template", "build", "Bad", "--from", ref}, 1, "is not valid"},
 		{[]string{"template", "build", tpl + "-nope", "--from", "oci:"}, 1, "needs a directory"},
 	})

@@ -100,13 +100,15 @@ func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInp
 
 // TemplateBuildInput is template_build's input.
 type TemplateBuildInput struct {
-	Name string `json:"name" jsonschema:"the template's name: lowercase letters, digits and '-'"`
-	From string `json:"from,omitempty" jsonschema:"the image to build it from: a registry reference (python:3.12-slim, ghcr.io/org/img:tag, ...@sha256:...); omit to build nook's own base or dev"`
-	Pull bool   `json:"pull,omitempty" jsonschema:"resolve the image's tag again instead of the digest a previous build of this template recorded"`
+	Name  string `json:"name" jsonschema:"the template's name: lowercase letters, digits and '-'"`
+	From  string `json:"from,omitempty" jsonschema:"the image to build it from: a registry reference (python:3.12-slim, ghcr.io/org/img:tag, ...@sha256:...); omit to build nook's own base or dev"`
+	Pull  bool   `json:"pull,omitempty" jsonschema:"resolve the image's tag again instead of the digest a previous build of this template recorded"`
+	Start string `json:"start,omitempty" jsonschema:"a shell command every sandbox of the template starts in the background when it comes up (default: the image's ENTRYPOINT and CMD; none: nothing)"`
+	Ready string `json:"ready,omitempty" jsonschema:"what sandbox_create waits for once the service started: port:N, file:PATH or cmd:COMMAND"`
 }
 
 func (t *tools) buildTemplate(ctx context.Context, _ *mcp.CallToolRequest, in TemplateBuildInput) (*mcp.CallToolResult, any, error) {
-	tpl, err := t.c.BuildTemplateFrom(ctx, api.BuildTemplateRequest{Name: in.Name, From: in.From, Pull: in.Pull}, nil)
+	tpl, err := t.c.BuildTemplateFrom(ctx, api.BuildTemplateRequest{Name: in.Name, From: in.From, Pull: in.Pull, Start: in.Start, Ready: in.Ready}, nil)
 	if err != nil {
 		return fail(err)
 	}

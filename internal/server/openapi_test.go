@@ -178,6 +178,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"TemplateRecipe":        api.TemplateRecipe{},
 		"TemplateList":          api.TemplateList{},
 		"TemplateLayer":         api.TemplateLayer{},
+		"TemplateService":       api.TemplateService{},
 		"ImageConfig":           api.ImageConfig{},
 		"BuildTemplateRequest":  api.BuildTemplateRequest{},
 		"BuildEvent":            api.BuildEvent{},

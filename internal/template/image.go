@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -33,6 +34,62 @@ type ImageOptions struct {
 	OnLayer func(api.BuildLayerEvent)
 	// MaxLayerBytes bounds what one layer unpacks to (0: DefaultMaxLayerBytes).
 	MaxLayerBytes int64
+	// Start and Ready: see api.BuildTemplateRequest.
+	Start, Ready string
+}
+
+// MaxReadyWait bounds how long a create waits for a template's service
+// to be ready.
+const MaxReadyWait = 2 * time.Minute
+
+// ParseReady checks a readiness check (port:N, file:PATH, cmd:CMD) and
+// returns its kind and argument.
+func ParseReady(s string) (kind, arg string, err error) {
+	kind, arg, ok := strings.Cut(s, ":")
+	switch {
+	case !ok:
+	case kind == "port":
+		if n, err := strconv.Atoi(arg); err == nil && n > 0 && n < 65536 {
+			return kind, arg, nil
+		}
+	case kind == "file":
+		if filepath.IsAbs(arg) && !strings.ContainsRune(arg, 0) {
+			return kind, arg, nil
+		}
+	case kind == "cmd":
+		if strings.TrimSpace(arg) != "" && !strings.ContainsRune(arg, 0) {
+			return kind, arg, nil
+		}
+	}
+	return "", "", errdefs.Invalid("ready %q is not valid: use port:N (1-65535), file:/ABSOLUTE/PATH or cmd:COMMAND", s)
+}
+
+// service is what a template from res starts, as opt says.
+func service(cfg *api.ImageConfig, opt ImageOptions) (*api.TemplateService, error) {
+	if opt.Ready != "" {
+		if _, _, err := ParseReady(opt.Ready); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case opt.Start == "none":
+		if opt.Ready != "" {
+			return nil, errdefs.Invalid("ready needs a service: drop --start none, or --ready")
+		}
+		return nil, nil
+	case strings.ContainsRune(opt.Start, 0):
+		return nil, errdefs.Invalid("start command has a NUL byte")
+	case opt.Start != "":
+		return &api.TemplateService{Cmd: []string{"sh", "-c", opt.Start}, Ready: opt.Ready}, nil
+	}
+	cmd := append(append([]string(nil), cfg.Entrypoint...), cfg.Cmd...)
+	if len(cmd) == 0 {
+		if opt.Ready != "" {
+			return nil, errdefs.Invalid("ready needs a service: the image has no ENTRYPOINT or CMD, so give --start")
+		}
+		return nil, nil
+	}
+	return &api.TemplateService{Cmd: cmd, Ready: opt.Ready}, nil
 }
 
 // DefaultMaxLayerBytes bounds one layer's unpacked files, against a
@@ -58,6 +115,9 @@ func (s *Store) BuildImage(ctx context.Context, name, from string, opt ImageOpti
 	}
 	ref, err := image.ParseRef(from)
 	if err != nil {
+		return api.Template{}, err
+	}
+	if _, err := service(&api.ImageConfig{Cmd: []string{"-"}}, opt); err != nil { // before any pull
 		return api.Template{}, err
 	}
 	key := "image " + from
@@ -95,6 +155,10 @@ func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref
 	}
 	for _, w := range warnings {
 		fmt.Fprintf(progress, "warning: %s\n", w)
+	}
+	svc, err := service(cfg, opt)
+	if err != nil {
+		return api.Template{}, err
 	}
 	// From the first layer until the build is committed, no layer GC may
 	// run (the layers are not yet named by any build): builds share the
@@ -139,7 +203,7 @@ func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref
 		dirs = append(dirs, dir)
 		m.Layers = append(m.Layers, metaLayer{TemplateLayer: api.TemplateLayer{Digest: l.Digest.String(), DiffID: l.DiffID.String(), Size: l.Size}, Chain: l.ChainID.String()})
 	}
-	m.Config = cfg
+	m.Config, m.Service = cfg, svc
 
 	buildID := newBuildID()
 	tmp := filepath.Join(s.dir, name, ".build-"+buildID)

@@ -130,13 +130,14 @@ type meta struct {
 	Packages  []string  `json:"packages"`
 	// Source is SourceRecipe (also when absent: builds from before
 	// images) or SourceImage.
-	Source    string           `json:"source,omitempty"`
-	Image     string           `json:"image,omitempty"`
-	Digest    string           `json:"digest,omitempty"`
-	Canonical string           `json:"canonical,omitempty"`
-	Platform  string           `json:"platform,omitempty"`
-	Layers    []metaLayer      `json:"layers,omitempty"`
-	Config    *api.ImageConfig `json:"config,omitempty"`
+	Source    string               `json:"source,omitempty"`
+	Image     string               `json:"image,omitempty"`
+	Digest    string               `json:"digest,omitempty"`
+	Canonical string               `json:"canonical,omitempty"`
+	Platform  string               `json:"platform,omitempty"`
+	Layers    []metaLayer          `json:"layers,omitempty"`
+	Config    *api.ImageConfig     `json:"config,omitempty"`
+	Service   *api.TemplateService `json:"service,omitempty"`
 }
 
 // metaLayer is a layer of an image build; Chain keys it in the layer store.
@@ -153,7 +154,7 @@ const (
 
 func (m *meta) template() api.Template {
 	t := api.Template{Name: m.Name, ID: m.ID, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Packages: m.Packages,
-		Source: m.Source, Image: m.Image, Digest: m.Digest, Canonical: m.Canonical, Platform: m.Platform, Config: m.Config}
+		Source: m.Source, Image: m.Image, Digest: m.Digest, Canonical: m.Canonical, Platform: m.Platform, Config: m.Config, Service: m.Service}
 	if t.Source == "" {
 		t.Source = SourceRecipe
 	}
