@@ -246,6 +246,23 @@ type BuildTemplateRequest struct {
 	Ready string `json:"ready,omitempty"`
 }
 
+// DockerfileBuild is a Dockerfile build of POST
+// /v1/templates/{name}/dockerfile, whose body is the build context as a
+// tar; these go in its query (build_arg and allow repeated).
+type DockerfileBuild struct {
+	// Dockerfile is its path in the context (default Dockerfile).
+	Dockerfile string `json:"dockerfile,omitempty"`
+	// Target is the stage to build (default the last).
+	Target string `json:"target,omitempty"`
+	// BuildArgs are the build's ARG values.
+	BuildArgs map[string]string `json:"build_args,omitempty"`
+	// Allow is the network policy of its RUN steps (default @registries).
+	Allow []string `json:"allow,omitempty"`
+	// Start and Ready: as in BuildTemplateRequest.
+	Start string `json:"start,omitempty"`
+	Ready string `json:"ready,omitempty"`
+}
+
 // BuildEvent is one line of the NDJSON stream POST /v1/templates
 // answers with: progress, then exactly one of Template (done) or Error.
 type BuildEvent struct {

@@ -359,12 +359,17 @@ func (c *Client) BuildTemplateFrom(ctx context.Context, req api.BuildTemplateReq
 		return nil, err
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
+	return readBuildEvents(req.Name, resp.Body, on)
+}
+
+// readBuildEvents reads a template build's NDJSON stream to its result.
+func readBuildEvents(name string, body io.Reader, on func(api.BuildEvent)) (*api.Template, error) {
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
 		var ev api.BuildEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return nil, fmt.Errorf("template build of %s: a line of the stream is not an event: %w", req.Name, err)
+			return nil, fmt.Errorf("template build of %s: a line of the stream is not an event: %w", name, err)
 		}
 		switch {
 		case ev.Error != nil:
@@ -376,9 +381,34 @@ func (c *Client) BuildTemplateFrom(ctx context.Context, req api.BuildTemplateReq
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("template build of %s: %w", req.Name, err)
+		return nil, fmt.Errorf("template build of %s: %w", name, err)
 	}
-	return nil, fmt.Errorf("template build of %s: the stream ended without a result", req.Name)
+	return nil, fmt.Errorf("template build of %s: the stream ended without a result", name)
+}
+
+// BuildTemplateDockerfile builds template name from a Dockerfile in the
+// build context contextTar (a tar stream of the context directory, the
+// Dockerfile in it), calling on with each event of the build as it comes
+// (may be nil), and returns the template built.
+func (c *Client) BuildTemplateDockerfile(ctx context.Context, name string, req api.DockerfileBuild, contextTar io.Reader, on func(api.BuildEvent)) (*api.Template, error) {
+	q := url.Values{}
+	for k, v := range map[string]string{"dockerfile": req.Dockerfile, "target": req.Target, "start": req.Start, "ready": req.Ready} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	for k, v := range req.BuildArgs {
+		q.Add("build_arg", k+"="+v)
+	}
+	for _, a := range req.Allow {
+		q.Add("allow", a)
+	}
+	resp, err := c.send(ctx, "POST", "/v1/templates/"+esc(name)+"/dockerfile?"+q.Encode(), "application/x-tar", contextTar)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	return readBuildEvents(name, resp.Body, on)
 }
 
 // DeleteTemplate removes a template no sandbox uses.

@@ -533,9 +533,11 @@ func rmCmd() *cobra.Command {
 func templateCmd() *cobra.Command {
 	c := &cobra.Command{Use: "template", Short: "Build, list, inspect and remove templates"}
 	var req api.BuildTemplateRequest
+	var dreq api.DockerfileBuild
+	var buildArgs []string
 	var buildJSON bool
 	build := &cobra.Command{
-		Use:   "build NAME [--from IMAGE [--pull] [--start CMD|none] [--ready port:N|file:PATH|cmd:CMD]]",
+		Use:   "build NAME [--from IMAGE [--pull] | [-f Dockerfile] CONTEXT [--build-arg K=V]... [--target STAGE] [--allow RULE]...] [--start CMD|none] [--ready port:N|file:PATH|cmd:CMD]",
 		Short: "Build (or rebuild) a template: one of nook's (base, dev), or from an image",
 		Long: `Build (or rebuild) a template: one of nook's recipes (base, dev), or with
 --from an image: a registry reference (python:3.12-slim,
@@ -546,11 +548,63 @@ from the same reference keeps that digest unless --pull. The image's ENV,
 WORKDIR and USER are the defaults of every exec in its sandboxes, and its
 ENTRYPOINT and CMD (or --start) the service each of them starts when it
 comes up (nook ps shows it); with --ready a create returns once the
-service is ready. Progress goes to stderr; the template's build ID (or with --json the
+service is ready. With CONTEXT (a directory) it builds from a Dockerfile (-f, default
+CONTEXT/Dockerfile): FROM an image, a nook template or a stage; RUN in
+nook's own sandboxes under the build's network policy (--allow, default
+@registries); COPY and ADD from the context (less .dockerignore) or
+another stage; ENV, ARG, WORKDIR, USER, SHELL, ENTRYPOINT, CMD, EXPOSE,
+LABEL. Each step that makes a layer is cached by content: a rebuild
+reruns from the first step that changed.
+Progress goes to stderr; the template's build ID (or with --json the
 template) to stdout.`,
-		Args: cobra.ExactArgs(1),
+		Args: cobra.RangeArgs(1, 2),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			req.Name = args[0]
+			if len(args) == 2 || dreq.Dockerfile != "" {
+				if req.From != "" || req.Pull {
+					return &usageError{errors.New("--from and --pull build from an image; a CONTEXT builds from a Dockerfile: not both")}
+				}
+				if len(args) < 2 {
+					return &usageError{errors.New("-f needs the build CONTEXT directory: nook template build NAME -f Dockerfile DIR")}
+				}
+				dreq.Start, dreq.Ready = req.Start, req.Ready
+				for _, kv := range buildArgs {
+					k, v, ok := strings.Cut(kv, "=")
+					if !ok || k == "" {
+						if v, ok = os.LookupEnv(kv); !ok {
+							return &usageError{fmt.Errorf("--build-arg %q is not NAME=VALUE (nor a variable of this environment)", kv)}
+						}
+						k = kv
+					}
+					if dreq.BuildArgs == nil {
+						dreq.BuildArgs = map[string]string{}
+					}
+					dreq.BuildArgs[k] = v
+				}
+				tarStream, dockerfile, err := contextTar(args[1], dreq.Dockerfile)
+				if err != nil {
+					return err
+				}
+				defer tarStream.Close()
+				dreq.Dockerfile = dockerfile
+				errw := cmd.ErrOrStderr()
+				t, err := cl.BuildTemplateDockerfile(cmd.Context(), req.Name, dreq, tarStream, func(ev api.BuildEvent) {
+					if ev.Progress != "" {
+						fmt.Fprintln(errw, tsafe(ev.Progress))
+					}
+				})
+				if err != nil {
+					return err
+				}
+				if buildJSON {
+					return printJSON(cmd.OutOrStdout(), t)
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), t.ID)
+				return nil
+			}
+			if len(buildArgs) > 0 || dreq.Target != "" || len(dreq.Allow) > 0 {
+				return &usageError{errors.New("--build-arg, --target and --allow are for Dockerfile builds: give the build CONTEXT")}
+			}
 			if (req.Pull || req.Start != "" || req.Ready != "") && req.From == "" {
 				return &usageError{errors.New("--pull, --start and --ready need --from IMAGE")}
 			}
@@ -576,6 +630,10 @@ template) to stdout.`,
 	build.Flags().StringVar(&req.Start, "start", "", "the service every sandbox of the template starts, a shell command run as the image's user (default the image's ENTRYPOINT and CMD; none: nothing)")
 	build.Flags().StringVar(&req.Ready, "ready", "", "what a create waits for once the service started: port:N, file:PATH or cmd:COMMAND (at most 2m)")
 	build.Flags().BoolVar(&buildJSON, "json", false, "print the template as JSON")
+	build.Flags().StringVarP(&dreq.Dockerfile, "file", "f", "", "the Dockerfile (default CONTEXT/Dockerfile)")
+	build.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "an ARG's value, NAME=VALUE (or NAME: its value here)")
+	build.Flags().StringVar(&dreq.Target, "target", "", "the stage to build (default the last)")
+	build.Flags().StringArrayVar(&dreq.Allow, "allow", nil, "what RUN steps may reach on the network, as nook create --allow (default @registries)")
 	var lsJSON, inspectJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",

@@ -180,6 +180,18 @@ type InitChooser interface {
 	ChooseInit(sb *Sandbox, requested string) (string, error)
 }
 
+// ChangesExporter is an optional Backend feature of backends whose
+// sandboxes keep their changes over their template as a layer (a
+// container's overlay upper directory): a template build runs a step in
+// a sandbox and keeps what it changed as the next layer. ExportChanges
+// ends the sandbox's processes and copies its changes to dst (which must
+// not exist) in overlay's format (whiteouts as 0:0 character devices,
+// opaque directories marked), owners 0-based; the caller destroys the
+// sandbox after.
+type ChangesExporter interface {
+	ExportChanges(ctx context.Context, id, dst string) error
+}
+
 // ConsoleLogger is an optional Backend feature: the end of a sandbox's
 // console output, attached to errors when its agent never answers.
 type ConsoleLogger interface {

@@ -420,6 +420,13 @@ func generateName() string {
 // Create validates a request, makes the sandbox and returns it running.
 // progress receives template build output when the template must be built first.
 func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, progress io.Writer) (*core.Sandbox, error) {
+	return m.create(ctx, req, progress, "")
+}
+
+// create is Create; with build set, the sandbox starts from that build of
+// req.Template (a template build's step, "name/step-..."), not from its
+// current one.
+func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, progress io.Writer, build string) (*core.Sandbox, error) {
 	if req.Isolation == "" {
 		req.Isolation = api.IsolationContainer
 	}
@@ -514,11 +521,13 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	// no rebuild or removal may delete that build (they count records).
 	// The build (minutes, if it is missing) happens outside the lock, so
 	// that no create waits for another template's build.
-	before, _ := m.templates.Get(tplName)
-	if t, err := m.templates.EnsureBuilt(ctx, tplName, progress); err != nil {
-		return nil, err
-	} else if before.ID != "" && t.ID != before.ID {
-		m.afterBuild(ctx, tplName, t) // rebuilt from a newer recipe
+	if build == "" {
+		before, _ := m.templates.Get(tplName)
+		if t, err := m.templates.EnsureBuilt(ctx, tplName, progress); err != nil {
+			return nil, err
+		} else if before.ID != "" && t.ID != before.ID {
+			m.afterBuild(ctx, tplName, t) // rebuilt from a newer recipe
+		}
 	}
 	m.tplMu.RLock()
 	tplLocked := true
@@ -527,9 +536,11 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 			m.tplMu.RUnlock()
 		}
 	}()
-	tpl, err := m.templates.Get(tplName) // the current build, which GC keeps while the lock is held
-	if err != nil {
-		return nil, err
+	tpl := api.Template{Name: tplName, ID: build}
+	if build == "" {
+		if tpl, err = m.templates.Get(tplName); err != nil { // the current build, which GC keeps while the lock is held
+			return nil, err
+		}
 	}
 
 	now := time.Now()
@@ -569,7 +580,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	defer unlock()
 	warm := false
-	if wp, ok := b.(core.WarmPool); ok {
+	if wp, ok := b.(core.WarmPool); ok && build == "" { // a build step's is no build to keep warm
 		if id, ok := wp.TakeWarm(sb); ok {
 			sb.ID, warm = id, true
 		}
@@ -1465,7 +1476,7 @@ func (m *Manager) BuildTemplateFrom(ctx context.Context, req api.BuildTemplateRe
 		}
 		return m.BuildTemplate(ctx, req.Name, w)
 	}
-	iopt := template.ImageOptions{Pull: req.Pull, OnLayer: onLayer, Resolve: image.Options{Anonymous: !opt.HostCredentials}, Start: req.Start, Ready: req.Ready}
+	iopt := template.ImageOptions{Pull: req.Pull, OnLayer: onLayer, Resolve: image.Options{Remote: !opt.HostCredentials}, Start: req.Start, Ready: req.Ready}
 	t, err := m.templates.BuildImage(ctx, req.Name, req.From, iopt, w)
 	if err != nil {
 		return t, err

@@ -120,6 +120,21 @@ func ParseRef(s string) (Ref, error) {
 	return Ref{Kind: Registry, Name: ref.Name(), ref: ref}, nil
 }
 
+// RemoteDenied says why a caller other than the daemon's host may not
+// use ref, or "": files on the host (oci:, docker-archive:) and
+// registries on its loopback or link-local addresses are the host's
+// alone, lest a remote token read the host's files or its local
+// services through the daemon.
+func RemoteDenied(ref Ref) string {
+	switch {
+	case ref.Kind == OCILayout || ref.Kind == DockerArchive:
+		return "oci: and docker-archive: images are files on the daemon's host: build them there, over the unix socket (or push the image to a registry)"
+	case LocalRegistry(ref):
+		return "a registry on the daemon's loopback or link-local address is the host's: build from it there, over the unix socket"
+	}
+	return ""
+}
+
 // LocalRegistry reports whether a registry reference names a registry
 // on a loopback or link-local address of this host (localhost, 127/8,
 // ::1, 169.254/16, fe80::/10), or a name that is one.
@@ -146,9 +161,11 @@ type Options struct {
 	Platform *v1.Platform
 	// Keychain gives registry credentials; default the Docker config.
 	Keychain authn.Keychain
-	// Anonymous pulls with no credentials at all (for a caller that may
-	// not use the host's).
-	Anonymous bool
+	// Remote says the caller is not the daemon's host: the pull uses no
+	// registry credentials of the host, and a reference to the host's
+	// files (oci:, docker-archive:) or to a registry on its loopback or
+	// link-local addresses is refused (RemoteDenied).
+	Remote bool
 	// Transport carries registry requests; default http.DefaultTransport.
 	Transport http.RoundTripper
 }
@@ -191,6 +208,11 @@ func Resolve(ctx context.Context, ref Ref, opt Options) (*Resolved, error) {
 	if opt.Platform != nil {
 		want = *opt.Platform
 	}
+	if opt.Remote {
+		if msg := RemoteDenied(ref); msg != "" {
+			return nil, errdefs.Denied("image %s: %s", ref, msg)
+		}
+	}
 	res := &Resolved{Ref: ref}
 	var err error
 	switch ref.Kind {
@@ -215,7 +237,7 @@ func Resolve(ctx context.Context, ref Ref, opt Options) (*Resolved, error) {
 func (res *Resolved) fromRegistry(ctx context.Context, opt Options, want v1.Platform) error {
 	kc := opt.Keychain
 	switch {
-	case opt.Anonymous:
+	case opt.Remote:
 		kc = authn.NewMultiKeychain() // every registry: anonymous
 	case kc == nil:
 		kc = authn.DefaultKeychain

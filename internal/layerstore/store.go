@@ -209,3 +209,84 @@ func syncDir(dir string) error {
 	defer unix.Close(fd)
 	return unix.Syncfs(fd)
 }
+
+// NewTemp makes an empty directory in the store, on its filesystem, for
+// a layer to be made in and then given to Put (or removed by the caller).
+func (s *Store) NewTemp() (string, error) {
+	rnd := make([]byte, 8)
+	rand.Read(rnd)
+	dir := filepath.Join(s.dir, ".tmp-put-"+hex.EncodeToString(rnd))
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// Put keeps layer, a directory made in a NewTemp directory in the
+// store's format (a build step's changes), as layer key, unless the
+// store has it already (then layer is removed): it returns the stored
+// layer's directory and whether this call stored it. key is sha256:HEX
+// of what made the layer (a build step's cache key).
+func (s *Store) Put(ctx context.Context, key, layer string) (dir string, made bool, err error) {
+	h, err := hexOf(key)
+	if err != nil {
+		return "", false, err
+	}
+	tmp := filepath.Dir(layer)
+	if filepath.Dir(tmp) != s.dir || filepath.Base(layer) != "layer" {
+		return "", false, fmt.Errorf("layer %s is not a NewTemp directory's layer", layer)
+	}
+	defer os.RemoveAll(tmp) // gone once renamed
+	final := filepath.Join(s.dir, h)
+	unlock, err := fsutil.Flock(ctx, final+".lock")
+	if err != nil {
+		return "", false, err
+	}
+	defer unlock()
+	if _, err := os.Lstat(final); err == nil {
+		return filepath.Join(final, "layer"), false, nil
+	}
+	if err := syncDir(tmp); err != nil {
+		return "", false, err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return "", false, err
+	}
+	return filepath.Join(final, "layer"), true, nil
+}
+
+// Lookup finds path (absolute, or relative to the root) in the merged
+// view of layers (topmost first), as overlay resolves it: a whiteout or a
+// non-directory in a higher layer hides the lower ones, an opaque
+// directory hides what is below it. It returns the layer directory that
+// has it and its Lstat there, or found false. No symlink is followed.
+func Lookup(layers []string, path string) (layer string, st unix.Stat_t, found bool, err error) {
+	var comps []string
+	for _, c := range strings.Split(filepath.Clean("/"+path), "/") {
+		if c != "" {
+			comps = append(comps, c)
+		}
+	}
+	if len(comps) == 0 {
+		if len(layers) == 0 {
+			return "", st, false, nil
+		}
+		err := unix.Lstat(layers[0], &st)
+		return layers[0], st, err == nil, err
+	}
+	for _, l := range layers {
+		fd, hidden, err := lookupLower(l, comps)
+		if err != nil {
+			return "", st, false, err
+		}
+		if fd >= 0 {
+			err := unix.Fstat(fd, &st)
+			unix.Close(fd)
+			return l, st, err == nil, err
+		}
+		if hidden {
+			return "", st, false, nil
+		}
+	}
+	return "", st, false, nil
+}

@@ -123,6 +123,7 @@ func (s *Server) routes() []route {
 		{"GET /v1/templates", accessAnyToken, s.listTemplates},
 		{"POST /v1/templates", accessAdmin, s.buildTemplateFrom},
 		{"POST /v1/templates/{name}/build", accessAdmin, s.buildTemplate},
+		{"POST /v1/templates/{name}/dockerfile", accessAdmin, s.buildDockerfile},
 		{"DELETE /v1/templates/{name}", accessAdmin, s.deleteTemplate},
 		{"POST /v1/tokens", accessHost, s.createToken},
 		{"GET /v1/tokens", accessHost, s.listTokens},
@@ -431,6 +432,15 @@ func (s *Server) buildTemplateFrom(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	s.streamBuild(w, req.Name, func(opt daemon.BuildOptions) (api.Template, error) {
+		opt.HostCredentials = host
+		return s.m.BuildTemplateFrom(r.Context(), req, opt)
+	})
+}
+
+// streamBuild runs a template build, streaming NDJSON api.BuildEvents:
+// its progress lines and layers, then the template or the error.
+func (s *Server) streamBuild(w http.ResponseWriter, name string, build func(daemon.BuildOptions) (api.Template, error)) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	fw := &flushWriter{w: w, rc: http.NewResponseController(w)}
 	var mu sync.Mutex
@@ -441,12 +451,12 @@ func (s *Server) buildTemplateFrom(w http.ResponseWriter, r *http.Request) {
 		fw.Write(append(b, '\n'))
 	}
 	lines := &lineWriter{emit: func(line string) { send(api.BuildEvent{Progress: line}) }}
-	t, err := s.m.BuildTemplateFrom(r.Context(), req, daemon.BuildOptions{Progress: lines, OnLayer: func(l api.BuildLayerEvent) { send(api.BuildEvent{Layer: &l}) }, HostCredentials: host})
+	t, err := build(daemon.BuildOptions{Progress: lines, OnLayer: func(l api.BuildLayerEvent) { send(api.BuildEvent{Layer: &l}) }})
 	lines.flush()
 	if err != nil {
 		status, code := errorStatus(err)
 		if status >= 500 {
-			s.log.Error("template build", "template", req.Name, "err", err)
+			s.log.Error("template build", "template", name, "err", err)
 		}
 		send(api.BuildEvent{Error: &api.Error{Code: code, Message: err.Error()}})
 		return
@@ -454,24 +464,51 @@ func (s *Server) buildTemplateFrom(w http.ResponseWriter, r *http.Request) {
 	send(api.BuildEvent{Template: &t})
 }
 
-// remoteImageDenied says why a caller other than the host may not build
-// from image ref, or "": files on the daemon's host (oci:,
-// docker-archive:) and registries on its loopback or link-local
-// addresses are the host's alone, lest a remote token read the host's
-// files or its local services through the daemon. (A remote caller's
-// pull also never uses the host's registry credentials.)
-func remoteImageDenied(ref string) string {
-	if strings.HasPrefix(ref, "oci:") || strings.HasPrefix(ref, "docker-archive:") {
-		return "oci: and docker-archive: images are files on the daemon's host: build them there, over the unix socket (or push the image to a registry)"
+// buildDockerfile builds a template from a Dockerfile: the body is the
+// build context as a tar, the options are in the query (api.DockerfileBuild).
+func (s *Server) buildDockerfile(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := template.CheckName(name); err != nil {
+		s.fail(w, r, err)
+		return
 	}
+	q := r.URL.Query()
+	for k := range q {
+		switch k {
+		case "dockerfile", "target", "build_arg", "allow", "start", "ready":
+		default:
+			s.fail(w, r, errdefs.Invalid("unknown query parameter %q: this call takes dockerfile, target, build_arg, allow, start and ready", k))
+			return
+		}
+	}
+	req := api.DockerfileBuild{Dockerfile: q.Get("dockerfile"), Target: q.Get("target"), Allow: q["allow"], Start: q.Get("start"), Ready: q.Get("ready")}
+	for _, kv := range q["build_arg"] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			s.fail(w, r, errdefs.Invalid("build_arg %q is not NAME=VALUE", kv))
+			return
+		}
+		if req.BuildArgs == nil {
+			req.BuildArgs = map[string]string{}
+		}
+		req.BuildArgs[k] = v
+	}
+	host := callerFrom(r.Context()).host
+	s.streamBuild(w, name, func(opt daemon.BuildOptions) (api.Template, error) {
+		opt.HostCredentials = host
+		return s.m.BuildDockerfile(r.Context(), name, req, r.Body, opt)
+	})
+}
+
+// remoteImageDenied says why a caller other than the host may not
+// build from image ref, or "" (image.RemoteDenied; a bad reference is
+// the build's to report).
+func remoteImageDenied(ref string) string {
 	r, err := image.ParseRef(ref)
 	if err != nil {
-		return "" // the build says what is wrong with it
+		return ""
 	}
-	if image.LocalRegistry(r) {
-		return "a registry on the daemon's loopback or link-local address is the host's: build from it there, over the unix socket"
-	}
-	return ""
+	return image.RemoteDenied(r)
 }
 
 // lineWriter cuts what is written into lines for emit.

@@ -2,6 +2,7 @@ package container
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -14,6 +15,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/fsutil"
 )
 
 // A container's disk is an overlay: the template's rootfs at the bottom,
@@ -494,3 +498,36 @@ func mountOverlay(lowers []string, upper, work, target string) error {
 	}
 	return nil
 }
+
+// ExportChanges implements core.ChangesExporter: the sandbox's processes
+// end (a template build's step is over) and its upper directory is
+// copied to dst with its owners shifted back to 0-based.
+func (b *Backend) ExportChanges(ctx context.Context, id, dst string) error {
+	release, err := b.exclusive(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := b.stop(ctx, id); err != nil {
+		return err
+	}
+	if _, err := os.Stat(b.diskImage(id)); err == nil {
+		if err := b.mountDisk(id); err != nil {
+			return err
+		}
+	}
+	m, err := b.readIDMap(id)
+	if err != nil {
+		return err
+	}
+	upper := filepath.Join(b.upperBase(id), "upper")
+	if err := fsutil.Syncfs(upper); err != nil {
+		return err
+	}
+	if _, err := copyLayer(upper, dst, nil, "", m.Base); err != nil {
+		return fmt.Errorf("copy the changes of sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+var _ core.ChangesExporter = (*Backend)(nil)

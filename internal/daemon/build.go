@@ -1,0 +1,174 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/agent/safetar"
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/image"
+	"github.com/nookhq/nook/internal/template"
+)
+
+// stepRunner runs a Dockerfile build's RUN steps in the daemon's own
+// container sandboxes (template.Runner): each step is a sandbox of its
+// own, recorded like any other (it counts against the host's limits,
+// shows in nook ls as build-..., and a daemon killed meanwhile finds it
+// on restart), made from the build of the stage so far under the
+// build's network policy, destroyed once its changes are copied out.
+type stepRunner struct {
+	m     *Manager
+	tpl   string   // the template being built
+	allow []string // the build's network policy
+	n     int
+}
+
+// stepTTL bounds a step sandbox a crashed daemon left behind.
+const stepTTL = 6 * time.Hour
+
+func (r *stepRunner) Run(ctx context.Context, templateID string, step template.RunStep, changes string, out io.Writer) error {
+	b, err := r.m.backend(api.IsolationContainer)
+	if err != nil {
+		return err
+	}
+	exp, ok := b.(core.ChangesExporter)
+	if !ok {
+		return errdefs.Unavailable("the container backend cannot keep a step's changes: RUN steps cannot run here")
+	}
+	r.n++
+	name := fmt.Sprintf("build-%s-%d-%s", r.tpl, r.n, generateName())
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	name = strings.TrimRight(name, "-")
+	req := api.CreateSandboxRequest{Name: name, Template: r.tpl, TTL: stepTTL.String(), Allow: r.allow}
+	if r.m.net == nil {
+		req.Allow = nil
+	}
+	sb, err := r.m.create(ctx, req, io.Discard, templateID)
+	if err != nil {
+		return fmt.Errorf("the step's sandbox: %w", err)
+	}
+	defer func() {
+		if err := r.m.Destroy(context.WithoutCancel(ctx), sb.Name); err != nil {
+			r.m.log.Error("destroy a build step's sandbox", "sandbox", sb.Name, "err", err)
+		}
+	}()
+	c, err := r.m.agentFor(sb)
+	if err != nil {
+		return err
+	}
+	env := map[string]string{}
+	for _, kv := range step.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			env[k] = v
+		}
+	}
+	p, err := c.Exec(ctx, &agent.ExecRequest{Argv: step.Argv, Env: env, User: step.User, Cwd: step.Cwd})
+	if err != nil {
+		return fmt.Errorf("the step did not start: %w", err)
+	}
+	defer p.Close()
+	for {
+		kind, data, err := p.Next()
+		if err != nil {
+			return fmt.Errorf("the step's output: %w", err)
+		}
+		switch kind {
+		case api.FrameStdout, api.FrameStderr:
+			out.Write(data)
+			continue
+		case api.FrameExit:
+		default:
+			continue
+		}
+		var st api.ExitStatus
+		if err := json.Unmarshal(data, &st); err != nil {
+			return err
+		}
+		if st.Signal != "" {
+			return errdefs.Invalid("killed by SIG%s (see its output above)", st.Signal)
+		}
+		if st.ExitCode != 0 {
+			return errdefs.Invalid("exited with code %d (see its output above)", st.ExitCode)
+		}
+		break
+	}
+	r.m.dropAgent(sb.ID)
+	return exp.ExportChanges(ctx, sb.ID, changes)
+}
+
+// MaxContextBytes bounds a Dockerfile build's context.
+const MaxContextBytes = 8 << 30
+
+// BuildDockerfile builds template name from a Dockerfile in the build
+// context ctxTar (a tar stream, extracted through safetar: no entry
+// lands outside the context's directory); its RUN steps run in
+// sandboxes of the daemon's under the policy req.Allow names (default
+// @registries).
+func (m *Manager) BuildDockerfile(ctx context.Context, name string, req api.DockerfileBuild, ctxTar io.Reader, opt BuildOptions) (api.Template, error) {
+	if err := template.CheckName(name); err != nil {
+		return api.Template{}, err
+	}
+	allow := req.Allow
+	if len(allow) == 0 {
+		allow = []string{"@registries"}
+	}
+	if m.net != nil {
+		if _, err := m.net.parsePolicy("", allow, nil); err != nil {
+			return api.Template{}, err
+		}
+	} else if len(req.Allow) > 0 {
+		return api.Template{}, errNoNetworking()
+	}
+	dir, err := m.templates.ContextDir()
+	if err != nil {
+		return api.Template{}, err
+	}
+	defer os.RemoveAll(dir)
+	lr := &limitedReader{r: ctxTar, left: MaxContextBytes}
+	if err := safetar.Extract(lr, dir, safetar.Options{}); err != nil {
+		if lr.left < 0 {
+			return api.Template{}, errdefs.Invalid("the build context is more than %s", core.FormatBytes(MaxContextBytes))
+		}
+		return api.Template{}, errdefs.Invalid("the build context is not a tar nook takes: %v", err)
+	}
+	topt := template.DockerfileOptions{Context: dir, Dockerfile: req.Dockerfile, BuildArgs: req.BuildArgs, Target: req.Target,
+		Resolve: image.Options{Remote: !opt.HostCredentials}, Start: req.Start, Ready: req.Ready,
+		Runner: &stepRunner{m: m, tpl: name, allow: allow}}
+	if m.net == nil {
+		topt.Runner = &stepRunner{m: m, tpl: name}
+	}
+	t, err := m.templates.BuildDockerfile(ctx, name, topt, opt.Progress)
+	if err != nil {
+		return t, err
+	}
+	m.afterBuild(ctx, name, t)
+	return t, nil
+}
+
+// limitedReader fails past its bound (left goes negative).
+type limitedReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.left < 0 {
+		return 0, errdefs.Invalid("too large")
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	if l.left < 0 {
+		return n, errdefs.Invalid("too large")
+	}
+	return n, err
+}

@@ -1,0 +1,151 @@
+package template
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/compression"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/nookhq/nook/internal/errdefs"
+)
+
+// noRunner fails a build that reaches a RUN: these tests have none
+// (RUN steps are the daemon's, tested end to end).
+type noRunner struct{ t *testing.T }
+
+func (r noRunner) Run(context.Context, string, RunStep, string, io.Writer) error {
+	r.t.Error("a RUN step ran")
+	return errors.New("no runner")
+}
+
+func writeContext(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, data := range files {
+		p := filepath.Join(dir, name)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// A Dockerfile without RUN steps, against an image in a registry:
+// multi-stage with COPY --from, ARG in FROM and in a stage, ENV, WORKDIR
+// (made when missing), USER, LABEL, EXPOSE, CMD, COPY with --chown and
+// --chmod, a .dockerignore, a warning for HEALTHCHECK; the config is
+// the template's, the files are in its rootfs, and a rebuild with the
+// last line changed reuses every earlier layer.
+func TestBuildDockerfile(t *testing.T) {
+	requireRoot(t)
+	host := serveRegistry(t, nil)
+	base := tarLayer(t, compression.GZip,
+		tfile{name: "etc/", typ: tar.TypeDir},
+		tfile{name: "etc/passwd", data: "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n"},
+		tfile{name: "etc/group", data: "root:x:0:\napp:x:1000:\n"},
+		tfile{name: "srv/", typ: tar.TypeDir})
+	pushImage(t, host+"/base:1", testImage(t, v1.Config{Env: []string{"PATH=/usr/bin:/bin"}}, base))
+	df := `ARG TAG=1
+FROM ` + host + `/base:${TAG} AS build
+COPY tool.sh /out/tool.sh
+FROM ` + host + `/base:${TAG}
+ARG MODE=dev
+ENV APP_MODE=$MODE GREETING="hello world"
+LABEL org=nook
+WORKDIR /srv/app
+COPY --chown=app:app --chmod=750 src/ ./
+COPY --from=build /out/tool.sh /usr/local/bin/
+HEALTHCHECK CMD true
+EXPOSE 8000
+USER app
+CMD ["python3", "main.py"]
+`
+	ctxDir := writeContext(t, map[string]string{"Dockerfile": df, "tool.sh": "#!/bin/sh\n", "src/main.py": "print(1)\n",
+		"src/secret.env": "KEY=1\n", ".dockerignore": "src/*.env\n"})
+	s := NewStore(t.TempDir(), slog.New(slog.DiscardHandler))
+	var progress bytes.Buffer
+	opt := DockerfileOptions{Context: ctxDir, BuildArgs: map[string]string{"MODE": "prod"}, Runner: noRunner{t}}
+	tpl, err := s.BuildDockerfile(context.Background(), "app", opt, &progress)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, progress.String())
+	}
+	c := tpl.Config
+	if tpl.Source != SourceDockerfile || c.User != "app" || c.WorkingDir != "/srv/app" || c.Labels["org"] != "nook" || c.ExposedPorts[0] != "8000/tcp" ||
+		strings.Join(c.Cmd, " ") != "python3 main.py" || strings.Join(c.Env, ",") != "PATH=/usr/bin:/bin,APP_MODE=prod,GREETING=hello world" {
+		t.Fatalf("template: %+v config %+v", tpl, c)
+	}
+	if tpl.Service == nil || strings.Join(tpl.Service.Cmd, " ") != "python3 main.py" {
+		t.Errorf("service: %+v", tpl.Service)
+	}
+	if !strings.Contains(progress.String(), "line 11: HEALTHCHECK") {
+		t.Errorf("no warning for HEALTHCHECK:\n%s", progress.String())
+	}
+	rootfs, _ := s.Rootfs(tpl.ID)
+	fi, err := os.Stat(filepath.Join(rootfs, "srv/app/main.py"))
+	if err != nil || fi.Mode().Perm() != 0o750 || fi.Sys().(*syscall.Stat_t).Uid != 1000 {
+		t.Errorf("COPY --chown --chmod: %v %v", fi, err)
+	}
+	if _, err := os.Stat(filepath.Join(rootfs, "srv/app/secret.env")); !os.IsNotExist(err) {
+		t.Errorf(".dockerignore'd file copied: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(rootfs, "usr/local/bin/tool.sh")); err != nil || string(b) != "#!/bin/sh\n" {
+		t.Errorf("COPY --from: %q %v", b, err)
+	}
+	// One changed last line: every layer but none new is reused.
+	os.WriteFile(filepath.Join(ctxDir, "Dockerfile"), []byte(strings.Replace(df, `CMD ["python3", "main.py"]`, `CMD ["python3", "other.py"]`, 1)), 0o644)
+	progress.Reset()
+	again, err := s.BuildDockerfile(context.Background(), "app", opt, &progress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again.Layers) != len(tpl.Layers) || strings.Count(progress.String(), ": cached") != 4 || again.Config.Cmd[1] != "other.py" {
+		t.Errorf("rebuild: %d layers (was %d), cached:\n%s", len(again.Layers), len(tpl.Layers), progress.String())
+	}
+	// A changed source file: its COPY and what follows are made again.
+	os.WriteFile(filepath.Join(ctxDir, "src/main.py"), []byte("print(2)\n"), 0o644)
+	progress.Reset()
+	if _, err := s.BuildDockerfile(context.Background(), "app", opt, &progress); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(progress.String(), ": cached"); n != 2 {
+		t.Errorf("after a source changed, %d steps cached, want 2:\n%s", n, progress.String())
+	}
+}
+
+// Bad Dockerfiles are clear errors naming the line, and leave no template.
+func TestBuildDockerfileBadInput(t *testing.T) {
+	requireRoot(t)
+	s := NewStore(t.TempDir(), slog.New(slog.DiscardHandler))
+	for _, tc := range []struct{ df, want string }{
+		{"FROM scratch\nRUN --mount=type=cache,target=/root/.cache true\n", "line 2: RUN --mount=type=cache is not supported"},
+		{"FROM scratch\nCOPY missing.txt /\n", "line 2: COPY missing.txt /: missing.txt: no such file"},
+		{"FROM scratch\nADD https://example.com/x /x\n", "ADD of a URL is not supported"},
+		{"FROM scratch\nCOPY ../outside /x\n", "no such file"},
+		{"FROM scratch\nFROBNICATE x\n", "line 2"},
+		{"FROM scratch AS a\nCOPY --from=a /x /x\n", "a cycle"},
+	} {
+		ctxDir := writeContext(t, map[string]string{"Dockerfile": tc.df})
+		_, err := s.BuildDockerfile(context.Background(), "bad", DockerfileOptions{Context: ctxDir, Runner: noRunner{t}}, nil)
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.df, err, tc.want)
+		}
+		if _, err := s.Get("bad"); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("%q left a template: %v", tc.df, err)
+		}
+	}
+	ctxDir := writeContext(t, map[string]string{"Dockerfile": "FROM scratch\n"})
+	if _, err := s.BuildDockerfile(context.Background(), "bad", DockerfileOptions{Context: ctxDir, Target: "nope", Runner: noRunner{t}}, nil); err == nil || !strings.Contains(err.Error(), `target stage "nope"`) {
+		t.Errorf("unknown target: %v", err)
+	}
+}
