@@ -174,7 +174,8 @@ type Template struct {
 	Packages  []string  `json:"packages,omitempty"`
 	InUseBy   int       `json:"in_use_by"` // sandboxes using it
 	// Source is what the build came from: "recipe" (nook's own, built
-	// with mmdebstrap) or "image".
+	// with mmdebstrap), "image" or "dockerfile" (Image is then the
+	// Dockerfile's path in its context).
 	Source string `json:"source,omitempty"`
 	// Image is the image reference it was built from, as given; Digest
 	// the manifest digest that reference named at build time, and

@@ -200,3 +200,58 @@ func TestImageTemplate(t *testing.T) {
 		t.Errorf("a failed build left a template: %v", err)
 	}
 }
+
+// A template from a Dockerfile through the CLI: two stages FROM nook's
+// base, RUN steps in the daemon's own sandboxes (a here-document among
+// them, a file removed from base, output shown), COPY --from and from
+// the context, ARG from --build-arg, WORKDIR, USER, ENV; its sandboxes
+// see all of it. A rebuild runs no step again; a failing RUN shows its
+// output and line and leaves no template and no step sandbox.
+func TestDockerfileTemplate(t *testing.T) {
+	d := newDaemon(t)
+	ctxDir := t.TempDir()
+	df := "FROM base AS build\n" +
+		"RUN echo built > /artifact && echo step output here\n" +
+		"FROM base\n" +
+		"ARG GREETING=hi\n" +
+		"COPY --from=build /artifact /opt/artifact\n" +
+		"COPY app/ /srv/app/\n" +
+		"WORKDIR /srv/app\n" +
+		"RUN <<EOF\nset -e\necho \"$GREETING\" > greeting.txt\nrm /etc/motd\nEOF\n" +
+		"USER nobody\n" +
+		"ENV MODE=built\n"
+	os.MkdirAll(filepath.Join(ctxDir, "app"), 0o755)
+	os.WriteFile(filepath.Join(ctxDir, "Dockerfile"), []byte(df), 0o644)
+	os.WriteFile(filepath.Join(ctxDir, "app", "main.py"), []byte("print('hi')\n"), 0o644)
+	tpl := testutil.RandomName("df")
+	t.Cleanup(func() { d.nook("template", "rm", tpl) })
+	env := []string{"NOOK_HOST=unix://" + d.socket()}
+	r, err := d.nookWithin(5*time.Minute, env, "template", "build", tpl, ctxDir, "--build-arg", "GREETING=hello")
+	if err != nil || r.code != 0 || !strings.Contains(r.stderr, "\n  step output here") {
+		t.Fatalf("template build from a Dockerfile: %+v %v", r, err)
+	}
+	d.must("create", "--name", "df-one", "--template", tpl)
+	want := "built\nhello\nnobody\n/srv/app\nbuilt\nno motd\nprint('hi')\n"
+	if got := d.must("exec", "df-one", "--", "sh", "-c", `cat /opt/artifact greeting.txt; id -un; pwd; echo $MODE; test -e /etc/motd || echo no motd; cat main.py`); got != want {
+		t.Errorf("the Dockerfile's template: %q, want %q", got, want)
+	}
+	d.must("rm", "df-one")
+	r, _ = d.nookWithin(5*time.Minute, env, "template", "build", tpl, ctxDir, "--build-arg", "GREETING=hello")
+	if r.code != 0 || strings.Contains(r.stderr, "\n  step output here") || strings.Count(r.stderr, ": cached") != 4 {
+		t.Errorf("a rebuild ran steps again: %+v", r)
+	}
+	bad := t.TempDir()
+	os.WriteFile(filepath.Join(bad, "Dockerfile"), []byte("FROM base\nRUN echo oops >&2; exit 7\n"), 0o644)
+	r, _ = d.nookWithin(5*time.Minute, env, "template", "build", tpl+"-bad", bad)
+	if r.code != 1 || !strings.Contains(r.stderr, "oops") || !strings.Contains(r.stderr, "line 2") || !strings.Contains(r.stderr, "exited with code 7") {
+		t.Errorf("a failing RUN: %+v", r)
+	}
+	if _, err := os.Stat(filepath.Join(testutil.TemplatesDir(), tpl+"-bad", "current")); !os.IsNotExist(err) {
+		t.Errorf("a failed build left a template: %v", err)
+	}
+	if out := d.must("ls", "--json"); strings.Contains(out, "build-") {
+		t.Errorf("a step's sandbox is left: %s", out)
+	}
+	d.must("template", "rm", tpl)
+	os.RemoveAll(filepath.Join(testutil.TemplatesDir(), tpl+"-bad"))
+}

@@ -112,6 +112,7 @@ func TestEscapeTokenScope(t *testing.T) {
 		"GET /v1/sandboxes/{name}/files/watch":             read,
 		"POST /v1/templates":                               admin,
 		"POST /v1/templates/{name}/build":                  admin,
+		"POST /v1/templates/{name}/dockerfile":             admin,
 		"DELETE /v1/templates/{name}":                      admin,
 		"POST /v1/tokens":                                  host,
 		"GET /v1/tokens":                                   host,

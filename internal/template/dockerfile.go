@@ -183,8 +183,8 @@ type dockerBuild struct {
 	ignore   *patternmatcher.PatternMatcher
 	usedArgs map[string]bool
 	tmpDirs  []string
-	ctxRoot  *os.Root      // the build context
-	active   map[int]bool  // stages begun
+	ctxRoot  *os.Root     // the build context
+	active   map[int]bool // stages begun
 	global   map[string]string
 }
 
@@ -338,9 +338,20 @@ func (b *dockerBuild) build(ctx context.Context) (api.Template, error) {
 		return api.Template{}, err
 	}
 	m := &meta{Name: b.name, ID: b.name + "/" + buildID, Source: SourceDockerfile, Image: b.opt.Dockerfile, Config: &cfg, Service: svc}
+	inTarget := map[string]bool{}
 	for _, l := range st.layers {
 		m.Layers = append(m.Layers, l.metaLayer)
+		inTarget[l.Chain] = true
 	}
+	for _, other := range b.done {
+		for _, l := range other.layers {
+			if !inTarget[l.Chain] {
+				inTarget[l.Chain] = true
+				m.Cache = append(m.Cache, l.Chain)
+			}
+		}
+	}
+	sort.Strings(m.Cache)
 	m.SizeBytes, _ = dirSize(rootfs)
 	if err := b.s.commit(tmp, final, m); err != nil {
 		return api.Template{}, err
@@ -670,6 +681,9 @@ func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.R
 	}
 	env := st.env()
 	what := fmt.Sprintf("RUN %s", strings.Join(argv, " "))
+	if len(c.Files) > 0 {
+		what = fmt.Sprintf("RUN <<%s (%d lines)", c.Files[0].Name, strings.Count(strings.TrimSuffix(c.Files[0].Data, "\n"), "\n")+1)
+	}
 	key := stepKey(st.key, "RUN", strings.Join(argv, "\x00"), strings.Join(env, "\x00"), st.cfg.User, st.cfg.WorkingDir)
 	if b.cached(st, key, what, label) {
 		return nil

@@ -362,6 +362,9 @@ func (s *Store) GCLayers(ctx context.Context) error {
 			for _, l := range m.Layers {
 				used[strings.TrimPrefix(l.Chain, "sha256:")] = true
 			}
+			for _, c := range m.Cache {
+				used[strings.TrimPrefix(c, "sha256:")] = true
+			}
 		}
 	}
 	entries, err := os.ReadDir(s.layersDir())

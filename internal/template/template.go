@@ -138,6 +138,10 @@ type meta struct {
 	Layers    []metaLayer          `json:"layers,omitempty"`
 	Config    *api.ImageConfig     `json:"config,omitempty"`
 	Service   *api.TemplateService `json:"service,omitempty"`
+	// Cache names the layers a Dockerfile build made for stages other
+	// than its target: kept (for the next build's cache) as long as the
+	// build is.
+	Cache []string `json:"cache,omitempty"`
 }
 
 // metaLayer is a layer of an image build; Chain keys it in the layer store.
