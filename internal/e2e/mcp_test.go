@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -244,6 +245,22 @@ func TestMCPTools(t *testing.T) {
 	}
 	if _, sc := call("sandbox_list", nil); len(sc["sandboxes"].([]any)) != 3 {
 		t.Fatalf("sandbox_list after two forks: %+v", sc)
+	}
+	// An agent builds a template from a Dockerfile's text, and starts from it.
+	tpl := testutil.RandomName("mcp")
+	t.Cleanup(func() { d.nook("template", "rm", tpl) })
+	if _, sc := call("template_build", map[string]any{"name": tpl, "dockerfile": "FROM base\nARG WHO\nRUN echo \"made by $WHO\" > /made\n", "build_args": map[string]any{"WHO": "mcp"}}); sc["source"] != "dockerfile" {
+		t.Fatalf("template_build from a Dockerfile: %+v", sc)
+	}
+	if _, sc := call("template_list", nil); !strings.Contains(fmt.Sprint(sc["templates"]), tpl) {
+		t.Fatalf("template_list: %+v", sc)
+	}
+	call("sandbox_create", map[string]any{"name": "mcp-made", "template": tpl})
+	if _, sc := call("exec", map[string]any{"sandbox": "mcp-made", "command": "cat /made"}); sc["stdout"] != "made by mcp\n" {
+		t.Fatalf("exec in a sandbox of the built template: %+v", sc)
+	}
+	if res, _ := call("template_build", map[string]any{"name": tpl + "-x", "dockerfile": "FROM base\nRUN exit 3\n"}); !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "exited with code 3") {
+		t.Fatalf("a failing build is a tool error: %+v", res)
 	}
 }
 

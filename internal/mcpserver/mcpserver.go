@@ -4,6 +4,8 @@
 package mcpserver
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -52,8 +54,8 @@ func New(c *sdk.Client, version string) *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "process_kill", Description: "Send a signal (default TERM; KILL to force) to a background process and everything it started."}, t.kill)
 	mcp.AddTool(s, &mcp.Tool{Name: "template_list", Description: "List the templates sandboxes can start from (name, source image and digest, size) and the ones nook can build (base, dev).",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, t.templates)
-	mcp.AddTool(s, &mcp.Tool{Name: "template_build", Description: "Build a template that sandbox_create can start from: from an image (from: a registry reference such as python:3.12-slim or ghcr.io/org/img@sha256:...) " +
-		"or, without from, one of nook's own (base, dev). The image's ENV, WORKDIR and USER become the defaults of every command in its sandboxes. Returns the template; takes as long as the image takes to pull."}, t.buildTemplate)
+	mcp.AddTool(s, &mcp.Tool{Name: "template_build", Description: "Build a template that sandbox_create can start from: from an image (from: a registry reference such as python:3.12-slim or ghcr.io/org/img@sha256:...), " +
+		"from a Dockerfile's text (dockerfile), or, with neither, one of nook's own (base, dev). The image's ENV, WORKDIR and USER become the defaults of every command in its sandboxes. Returns the template; takes as long as the image takes to pull."}, t.buildTemplate)
 	mcp.AddTool(s, &mcp.Tool{Name: "network_log", Description: "Show what a sandbox was denied on the network: blocked connections and refused DNS lookups, newest last, each with the destination and why " +
 		"(policy: not in the allowlist; not-allowed: a name the policy does not allow; tunnel: a lookup shaped like data smuggling). " +
 		"Use it when a download, git clone or API call fails inside a sandbox, to see which domain the task needs allowed."}, t.netLog)
@@ -105,9 +107,27 @@ type TemplateBuildInput struct {
 	Pull  bool   `json:"pull,omitempty" jsonschema:"resolve the image's tag again instead of the digest a previous build of this template recorded"`
 	Start string `json:"start,omitempty" jsonschema:"a shell command every sandbox of the template starts in the background when it comes up (default: the image's ENTRYPOINT and CMD; none: nothing)"`
 	Ready string `json:"ready,omitempty" jsonschema:"what sandbox_create waits for once the service started: port:N, file:PATH or cmd:COMMAND"`
+	// Dockerfile builds from a Dockerfile's text instead (no build context).
+	Dockerfile string            `json:"dockerfile,omitempty" jsonschema:"build from this Dockerfile text instead of from: FROM an image, a nook template (base, dev) or a stage; RUN steps run in nook sandboxes (network: @registries); there is no build context, so COPY works only --from a stage or an image"`
+	BuildArgs  map[string]string `json:"build_args,omitempty" jsonschema:"values of the Dockerfile's ARGs"`
 }
 
 func (t *tools) buildTemplate(ctx context.Context, _ *mcp.CallToolRequest, in TemplateBuildInput) (*mcp.CallToolResult, any, error) {
+	if in.Dockerfile != "" {
+		if in.From != "" || in.Pull {
+			return fail(errors.New("give either from (an image) or dockerfile, not both"))
+		}
+		var b bytes.Buffer
+		tw := tar.NewWriter(&b)
+		tw.WriteHeader(&tar.Header{Name: "Dockerfile", Mode: 0o644, Size: int64(len(in.Dockerfile)), Typeflag: tar.TypeReg})
+		tw.Write([]byte(in.Dockerfile))
+		tw.Close()
+		tpl, err := t.c.BuildTemplateDockerfile(ctx, in.Name, api.DockerfileBuild{BuildArgs: in.BuildArgs, Start: in.Start, Ready: in.Ready}, &b, nil)
+		if err != nil {
+			return fail(err)
+		}
+		return nil, tpl, nil
+	}
 	tpl, err := t.c.BuildTemplateFrom(ctx, api.BuildTemplateRequest{Name: in.Name, From: in.From, Pull: in.Pull, Start: in.Start, Ready: in.Ready}, nil)
 	if err != nil {
 		return fail(err)

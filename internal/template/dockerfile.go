@@ -229,6 +229,19 @@ func (b *dockerBuild) warnf(line int, format string, args ...any) {
 	fmt.Fprintf(b.progress, "warning: Dockerfile line %d: %s\n", line, fmt.Sprintf(format, args...))
 }
 
+// lineError is an error of a Dockerfile's line, with its category.
+type lineError struct {
+	line int
+	err  error
+}
+
+func (e *lineError) Error() string { return fmt.Sprintf("Dockerfile line %d: %v", e.line, e.err) }
+func (e *lineError) Unwrap() error { return e.err }
+
+func atLine(line int, format string, args ...any) error {
+	return &lineError{line: line, err: fmt.Errorf(format, args...)}
+}
+
 func lineOf(c instructions.Command) int {
 	if loc := c.Location(); len(loc) > 0 {
 		return loc[0].Start.Line
@@ -536,11 +549,11 @@ func (b *dockerBuild) pull(ctx context.Context, ref string, line int) ([]stepLay
 	}
 	res, err := image.Resolve(ctx, r, b.opt.Resolve)
 	if err != nil {
-		return nil, api.ImageConfig{}, fmt.Errorf("Dockerfile line %d: FROM %s: %w", line, ref, err)
+		return nil, api.ImageConfig{}, atLine(line, "FROM %s: %w", ref, err)
 	}
 	cfg, warnings, err := imageConfig(res)
 	if err != nil {
-		return nil, api.ImageConfig{}, fmt.Errorf("Dockerfile line %d: FROM %s: %w", line, ref, err)
+		return nil, api.ImageConfig{}, atLine(line, "FROM %s: %w", ref, err)
 	}
 	for _, w := range warnings {
 		b.warnf(line, "%s", w)
@@ -553,7 +566,7 @@ func (b *dockerBuild) pull(ctx context.Context, ref string, line int) ([]stepLay
 		}
 		dir, made, err := b.ls.Ensure(ctx, l.Blob(), lowers, layerstore.Options{MaxBytes: DefaultMaxLayerBytes})
 		if err != nil {
-			return nil, api.ImageConfig{}, fmt.Errorf("Dockerfile line %d: FROM %s: layer %d of %d: %w", line, ref, i+1, len(res.Layers), err)
+			return nil, api.ImageConfig{}, atLine(line, "FROM %s: layer %d of %d: %w", ref, i+1, len(res.Layers), err)
 		}
 		if made {
 			fmt.Fprintf(b.progress, "  layer %d/%d %s: %d MB pulled and unpacked\n", i+1, len(res.Layers), short(l.Digest.String()), l.Size>>20)
@@ -711,7 +724,7 @@ func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.R
 	out.flush()
 	os.RemoveAll(stepDir)
 	if err != nil {
-		return fmt.Errorf("Dockerfile line %d: %s: %w", line, c.String(), err)
+		return atLine(line, "%s: %w", c.String(), err)
 	}
 	dir, _, err := b.ls.Put(ctx, key, filepath.Join(tmp, "layer"))
 	if err != nil {
