@@ -44,11 +44,12 @@ func (r *stepRunner) Run(ctx context.Context, templateID string, step template.R
 		return errdefs.Unavailable("the container backend cannot keep a step's changes: RUN steps cannot run here")
 	}
 	r.n++
-	name := fmt.Sprintf("build-%s-%d-%s", r.tpl, r.n, generateName())
-	if len(name) > 63 {
-		name = name[:63]
+	suffix := fmt.Sprintf("-%d-%s", r.n, generateName())
+	tpl := r.tpl
+	if len(tpl) > 63-len("build-")-len(suffix) { // the template's part is cut, never the unique suffix
+		tpl = strings.TrimRight(tpl[:63-len("build-")-len(suffix)], "-")
 	}
-	name = strings.TrimRight(name, "-")
+	name := "build-" + tpl + suffix
 	req := api.CreateSandboxRequest{Name: name, Template: r.tpl, TTL: stepTTL.String(), Allow: r.allow}
 	if r.m.net == nil {
 		req.Allow = nil

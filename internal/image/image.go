@@ -39,6 +39,8 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -133,6 +135,27 @@ func RemoteDenied(ref Ref) string {
 		return "a registry on the daemon's loopback or link-local address is the host's: build from it there, over the unix socket"
 	}
 	return ""
+}
+
+// remoteTransport is the registry transport of a remote caller's pull:
+// it dials no loopback, link-local or unspecified address, whatever
+// name (or redirect) led there, so that a registry name that resolves to
+// the host itself reaches none of its local services.
+func remoteTransport() http.RoundTripper {
+	t := remote.DefaultTransport.(*http.Transport).Clone()
+	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: func(_, address string, _ syscall.RawConn) error {
+		host, _, err := net.SplitHostPort(address)
+		if err != nil {
+			return err
+		}
+		if ip := net.ParseIP(host); ip == nil || ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsUnspecified() || ip.IsLinkLocalMulticast() {
+			return errdefs.Denied("a registry on the daemon's own loopback or link-local address (%s) is the host's: build from it there, over the unix socket", host)
+		}
+		return nil
+	}}
+	t.DialContext = d.DialContext
+	t.Proxy = nil // the dial check sees the registry's own address
+	return t
 }
 
 // LocalRegistry reports whether a registry reference names a registry
@@ -245,6 +268,9 @@ func (res *Resolved) fromRegistry(ctx context.Context, opt Options, want v1.Plat
 	rt := opt.Transport
 	if rt == nil {
 		rt = remote.DefaultTransport
+	}
+	if opt.Remote {
+		rt = remoteTransport()
 	}
 	ropts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(kc), remote.WithTransport(tlsOnly{rt})}
 	desc, err := remote.Get(res.Ref.ref, ropts...)

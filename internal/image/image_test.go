@@ -308,3 +308,19 @@ func TestTLSOnly(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// A remote caller's pull dials no loopback or link-local address, even
+// when a name (or a redirect) that is no literal loopback leads there.
+func TestEscapeRemoteTransport(t *testing.T) {
+	host := serve(t, nil)
+	req, _ := http.NewRequest(http.MethodGet, "http://"+host+"/v2/", nil)
+	if _, err := remoteTransport().RoundTrip(req); err == nil || !strings.Contains(err.Error(), "loopback or link-local") {
+		t.Fatalf("a remote caller's transport reached %s: %v", host, err)
+	}
+	for _, a := range []string{"169.254.169.254:80", "[::1]:5000", "0.0.0.0:5000"} {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+a+"/v2/", nil)
+		if _, err := remoteTransport().RoundTrip(req); err == nil || !strings.Contains(err.Error(), "loopback or link-local") {
+			t.Errorf("%s: %v", a, err)
+		}
+	}
+}

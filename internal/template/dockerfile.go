@@ -95,6 +95,7 @@ type stageState struct {
 	shell  []string
 	args   map[string]string // ARGs in scope (with their values)
 	key    string            // cache key of the stack so far
+	cmdSet bool              // this stage set CMD
 }
 
 type stepLayer struct {
@@ -115,6 +116,7 @@ func (st *stageState) clone() *stageState {
 	}
 	c.shell = append([]string(nil), st.shell...)
 	c.args = map[string]string{}
+	c.cmdSet = false
 	return &c
 }
 
@@ -529,9 +531,33 @@ func (b *dockerBuild) templateBase(ctx context.Context, ref string) (*stageState
 	if err != nil {
 		return nil, err
 	}
+	// The template's rootfs, merged into a stored layer of its own (hard
+	// links: cheap), so that a rebuild or removal of that template
+	// meanwhile takes nothing from under this build, and its layer is
+	// this build's to keep.
 	key := stepKey("", "template", t.ID)
+	dir, err := b.ls.Path(key)
+	if err != nil {
+		return nil, err
+	}
+	if !b.ls.Has(key) {
+		tmp, err := b.ls.NewTemp()
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(tmp)
+		if err := os.Mkdir(filepath.Join(tmp, "layer"), 0o755); err != nil {
+			return nil, err
+		}
+		if err := layerstore.Merge(filepath.Join(tmp, "layer"), []string{rootfs}); err != nil {
+			return nil, fmt.Errorf("template %s: %w", ref, err)
+		}
+		if dir, _, err = b.ls.Put(ctx, key, filepath.Join(tmp, "layer")); err != nil {
+			return nil, err
+		}
+	}
 	st := &stageState{shell: []string{"/bin/sh", "-c"}, args: map[string]string{}, key: key,
-		layers: []stepLayer{{dir: rootfs, metaLayer: metaLayer{TemplateLayer: api.TemplateLayer{Digest: "template:" + t.ID}, Chain: key}}}}
+		layers: []stepLayer{{dir: dir, metaLayer: metaLayer{TemplateLayer: api.TemplateLayer{Digest: "template:" + t.ID}, Chain: key}}}}
 	if t.Config != nil {
 		st.cfg = *t.Config
 	}
@@ -623,9 +649,12 @@ func (b *dockerBuild) step(ctx context.Context, st *stageState, c instructions.C
 		st.shell = c.Shell
 	case *instructions.CmdCommand:
 		st.cfg.Cmd = b.cmdLine(st, c.ShellDependantCmdLine)
+		st.cmdSet = true
 	case *instructions.EntrypointCommand:
 		st.cfg.Entrypoint = b.cmdLine(st, c.ShellDependantCmdLine)
-		st.cfg.Cmd = nil // as Docker: a new ENTRYPOINT drops an inherited CMD
+		if !st.cmdSet {
+			st.cfg.Cmd = nil // as Docker: a new ENTRYPOINT drops a CMD the base set
+		}
 	case *instructions.WorkdirCommand:
 		wd := c.Path
 		if !path.IsAbs(wd) {
@@ -636,8 +665,14 @@ func (b *dockerBuild) step(ctx context.Context, st *stageState, c instructions.C
 	case *instructions.RunCommand:
 		return b.run(ctx, st, c, label, line)
 	case *instructions.CopyCommand:
+		if len(c.ExcludePatterns) > 0 || c.Parents {
+			return errdefs.Invalid("Dockerfile line %d: COPY --exclude and --parents are not supported by nook yet: the copy would hold other files than asked", line)
+		}
 		return b.copy(ctx, st, c.SourcesAndDest, c.From, c.Chown, c.Chmod, false, c.String(), label, line)
 	case *instructions.AddCommand:
+		if len(c.ExcludePatterns) > 0 || c.Unpack != nil || c.Checksum != "" || c.KeepGitDir != nil {
+			return errdefs.Invalid("Dockerfile line %d: ADD --exclude, --unpack, --checksum and --keep-git-dir are not supported by nook", line)
+		}
 		return b.copy(ctx, st, c.SourcesAndDest, "", c.Chown, c.Chmod, true, c.String(), label, line)
 	case *instructions.OnbuildCommand:
 		b.warnf(line, "ONBUILD is kept by no nook template: ignored")
@@ -677,6 +712,13 @@ func (b *dockerBuild) cached(st *stageState, key, what, label string) bool {
 func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.RunCommand, label string, line int) error {
 	if mounts := instructions.GetMounts(c); len(mounts) > 0 {
 		return errdefs.Invalid("Dockerfile line %d: RUN --mount=type=%s is not supported by nook yet: the step would run without it", line, mounts[0].Type)
+	}
+	for _, f := range c.FlagsUsed {
+		switch f {
+		case "mount", "network", "security":
+		default:
+			return errdefs.Invalid("Dockerfile line %d: RUN --%s is not supported by nook", line, f)
+		}
 	}
 	if n := instructions.GetNetwork(c); n != "" && n != instructions.NetworkDefault {
 		return errdefs.Invalid("Dockerfile line %d: RUN --network=%s is not supported: RUN steps run under the build's network policy (--allow)", line, n)
@@ -726,6 +768,13 @@ func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.R
 	if err != nil {
 		return atLine(line, "%s: %w", c.String(), err)
 	}
+	// What the step's sandbox was given, not what the step made (Docker
+	// mounts these over its RUN steps, and keeps none in a layer).
+	for _, f := range []string{"etc/hosts", "etc/hostname", "etc/resolv.conf"} {
+		if err := dropEntry(filepath.Join(tmp, "layer"), f); err != nil {
+			return err
+		}
+	}
 	dir, _, err := b.ls.Put(ctx, key, filepath.Join(tmp, "layer"))
 	if err != nil {
 		return err
@@ -734,6 +783,26 @@ func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.R
 	st.key = key
 	fmt.Fprintf(b.progress, "[stage %s] done in %s\n", label, time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// dropEntry removes name (a path below layer whose parents are
+// directories of the layer, or absent) and what is below it.
+func dropEntry(layer, name string) error {
+	root, err := os.OpenRoot(layer)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	if dir := path.Dir(name); dir != "." {
+		if fi, err := root.Lstat(dir); err != nil || !fi.IsDir() {
+			return nil
+		}
+	}
+	err = root.RemoveAll(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
 }
 
 // ensureDir adds a layer that makes dir (and its parents) if the stage
@@ -799,6 +868,15 @@ func (b *dockerBuild) mkdirs(st *stageState, layer, dir string) error {
 				return fmt.Errorf("/%s is not a directory in the stage", cur)
 			}
 			mode, uid, gid = fs.FileMode(s.Mode&0o777), int(s.Uid), int(s.Gid)
+			if s.Mode&unix.S_ISVTX != 0 {
+				mode |= fs.ModeSticky
+			}
+			if s.Mode&unix.S_ISGID != 0 {
+				mode |= fs.ModeSetgid
+			}
+			if s.Mode&unix.S_ISUID != 0 {
+				mode |= fs.ModeSetuid
+			}
 		}
 		if err := root.Mkdir(cur, 0o700); err != nil {
 			return err

@@ -64,7 +64,12 @@ func (b *dockerBuild) copy(ctx context.Context, st *stageState, sd instructions.
 	if !path.IsAbs(dest) {
 		dest = path.Join("/", st.cfg.WorkingDir, dest)
 	}
-	toDir := strings.HasSuffix(sd.DestPath, "/") || len(sd.SourcePaths)+len(sd.SourceContents) > 1
+	toDir := strings.HasSuffix(sd.DestPath, "/") || sd.DestPath == "." || len(sd.SourcePaths)+len(sd.SourceContents) > 1
+	if _, s, found, err := layerstore.Lookup(st.topFirst(), dest); err != nil {
+		return err
+	} else if found && s.Mode&unix.S_IFMT == unix.S_IFDIR {
+		toDir = true // into a directory the stage has, as Docker copies
+	}
 
 	// The sources, as paths below src.
 	var srcs []string
@@ -87,10 +92,10 @@ func (b *dockerBuild) copy(ctx context.Context, st *stageState, sd instructions.
 			toDir = true
 		}
 		for _, m := range matches {
-			if ignore && ignored(b, m) {
+			if ignore && m != "." && ignored(b, m) {
 				continue
 			}
-			fi, err := src.Lstat(m)
+			fi, err := src.Stat(m) // a source named is followed (inside src), as Docker does
 			if err != nil {
 				return fail("%v", err)
 			}
@@ -130,7 +135,7 @@ func (b *dockerBuild) copy(ctx context.Context, st *stageState, sd instructions.
 	defer dst.Close()
 	c := &copier2{src: src, dst: dst, uid: uid, gid: gid, mode: mode, h: sha256.New(), b: b, ignore: ignore}
 	for _, s := range srcs {
-		fi, err := src.Lstat(s)
+		fi, err := src.Stat(s)
 		if err != nil {
 			return fail("%v", err)
 		}
@@ -206,7 +211,7 @@ func (b *dockerBuild) fromRoot(ctx context.Context, from string, line int) (stri
 		}
 		st = &stageState{layers: layers}
 	}
-	tmp, err := os.MkdirTemp(b.s.layersDir(), ".from-")
+	tmp, err := os.MkdirTemp(b.s.layersDir(), ".tmp-from-") // a crash's is removed with the store's other leftovers
 	if err != nil {
 		return "", err
 	}
@@ -323,7 +328,7 @@ func (c *copier2) perm(m fs.FileMode) fs.FileMode {
 }
 
 func (c *copier2) dir(target string, m fs.FileMode) error {
-	fmt.Fprintf(c.h, "dir %s %o %d %d\n", target, c.perm(m), c.uid, c.gid)
+	fmt.Fprintf(c.h, "dir %q %o %d %d\n", target, c.perm(m), c.uid, c.gid)
 	if fi, err := c.dst.Lstat(target); err == nil && fi.IsDir() {
 		return nil
 	}
@@ -343,7 +348,7 @@ func (c *copier2) entry(s, target string, fi fs.FileInfo) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(c.h, "link %s %s\n", target, link)
+		fmt.Fprintf(c.h, "link %q %q\n", target, link)
 		c.dst.Remove(target)
 		if err := c.dst.Symlink(link, target); err != nil {
 			return err
@@ -351,7 +356,11 @@ func (c *copier2) entry(s, target string, fi fs.FileInfo) error {
 		c.files++
 		return c.dst.Lchown(target, c.uid, c.gid)
 	case fi.Mode().IsRegular():
-		f, err := c.src.OpenFile(s, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+		flags := os.O_RDONLY
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			flags |= unix.O_NOFOLLOW
+		}
+		f, err := c.src.OpenFile(s, flags, 0)
 		if err != nil {
 			return err
 		}
@@ -375,7 +384,7 @@ func (c *copier2) file(target string, r io.Reader, m fs.FileMode, fi fs.FileInfo
 	if err := f.Close(); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.h, "file %s %o %d %d %x\n", target, c.perm(m), c.uid, c.gid, ch.Sum(nil))
+	fmt.Fprintf(c.h, "file %q %o %d %d %x\n", target, c.perm(m), c.uid, c.gid, ch.Sum(nil))
 	c.files++
 	if err := c.dst.Lchown(target, c.uid, c.gid); err != nil {
 		return err

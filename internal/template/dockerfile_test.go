@@ -54,7 +54,8 @@ func TestBuildDockerfile(t *testing.T) {
 		tfile{name: "etc/", typ: tar.TypeDir},
 		tfile{name: "etc/passwd", data: "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n"},
 		tfile{name: "etc/group", data: "root:x:0:\napp:x:1000:\n"},
-		tfile{name: "srv/", typ: tar.TypeDir})
+		tfile{name: "srv/", typ: tar.TypeDir},
+		tfile{name: "tmp/", typ: tar.TypeDir, mode: 0o1777})
 	pushImage(t, host+"/base:1", testImage(t, v1.Config{Env: []string{"PATH=/usr/bin:/bin"}}, base))
 	df := `ARG TAG=1
 FROM ` + host + `/base:${TAG} AS build
@@ -66,6 +67,9 @@ LABEL org=nook
 WORKDIR /srv/app
 COPY --chown=app:app --chmod=750 src/ ./
 COPY --from=build /out/tool.sh /usr/local/bin/
+COPY tool.sh /srv
+WORKDIR /tmp/w
+WORKDIR /srv/app
 HEALTHCHECK CMD true
 EXPOSE 8000
 USER app
@@ -88,7 +92,7 @@ CMD ["python3", "main.py"]
 	if tpl.Service == nil || strings.Join(tpl.Service.Cmd, " ") != "python3 main.py" {
 		t.Errorf("service: %+v", tpl.Service)
 	}
-	if !strings.Contains(progress.String(), "line 11: HEALTHCHECK") {
+	if !strings.Contains(progress.String(), "line 14: HEALTHCHECK") {
 		t.Errorf("no warning for HEALTHCHECK:\n%s", progress.String())
 	}
 	rootfs, _ := s.Rootfs(tpl.ID)
@@ -102,6 +106,14 @@ CMD ["python3", "main.py"]
 	if b, err := os.ReadFile(filepath.Join(rootfs, "usr/local/bin/tool.sh")); err != nil || string(b) != "#!/bin/sh\n" {
 		t.Errorf("COPY --from: %q %v", b, err)
 	}
+	// Into a directory the stage has, without a trailing slash; a
+	// directory made below /tmp keeps /tmp's sticky bit.
+	if b, err := os.ReadFile(filepath.Join(rootfs, "srv/tool.sh")); err != nil || string(b) != "#!/bin/sh\n" {
+		t.Errorf("COPY into an existing directory: %q %v", b, err)
+	}
+	if fi, err := os.Stat(filepath.Join(rootfs, "tmp")); err != nil || fi.Mode()&os.ModeSticky == 0 || fi.Mode().Perm() != 0o777 {
+		t.Errorf("/tmp after WORKDIR below it: %v %v", fi.Mode(), err)
+	}
 	// One changed last line: every layer but none new is reused.
 	os.WriteFile(filepath.Join(ctxDir, "Dockerfile"), []byte(strings.Replace(df, `CMD ["python3", "main.py"]`, `CMD ["python3", "other.py"]`, 1)), 0o644)
 	progress.Reset()
@@ -109,7 +121,7 @@ CMD ["python3", "main.py"]
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(again.Layers) != len(tpl.Layers) || strings.Count(progress.String(), ": cached") != 4 || again.Config.Cmd[1] != "other.py" {
+	if len(again.Layers) != len(tpl.Layers) || strings.Count(progress.String(), ": cached") != 6 || again.Config.Cmd[1] != "other.py" {
 		t.Errorf("rebuild: %d layers (was %d), cached:\n%s", len(again.Layers), len(tpl.Layers), progress.String())
 	}
 	// A changed source file: its COPY and what follows are made again.
@@ -134,6 +146,8 @@ func TestBuildDockerfileBadInput(t *testing.T) {
 		{"FROM scratch\nCOPY ../outside /x\n", "no such file"},
 		{"FROM scratch\nFROBNICATE x\n", "line 2"},
 		{"FROM scratch AS a\nCOPY --from=a /x /x\n", "a cycle"},
+		{"FROM scratch\nCOPY --exclude=*.env . /x\n", "line 2: COPY --exclude and --parents are not supported"},
+		{"FROM scratch\nRUN --device=/dev/kvm true\n", "line 2: RUN --device is not supported"},
 	} {
 		ctxDir := writeContext(t, map[string]string{"Dockerfile": tc.df})
 		_, err := s.BuildDockerfile(context.Background(), "bad", DockerfileOptions{Context: ctxDir, Runner: noRunner{t}}, nil)

@@ -320,7 +320,7 @@ func (s *Store) EnsureBuilt(ctx context.Context, name string, progress io.Writer
 // than its recipe now names.
 func stale(t api.Template) bool {
 	r, ok := recipe(t.Name)
-	return ok && t.Source != SourceImage && !slices.Equal(r.Packages, t.Packages)
+	return ok && (t.Source == SourceRecipe || t.Source == "") && !slices.Equal(r.Packages, t.Packages)
 }
 
 // once runs fn under the template's cross-process lock, sharing one run
