@@ -264,6 +264,12 @@ type DockerfileBuild struct {
 	Ready string `json:"ready,omitempty"`
 }
 
+// SecretsDir is where a Dockerfile build's context tar carries the
+// build's secrets, one file per id (RUN --mount=type=secret,id=ID): the
+// daemon takes them out of the context before the build reads it, and
+// no layer keeps them.
+const SecretsDir = ".nook-secrets"
+
 // BuildEvent is one line of the NDJSON stream POST /v1/templates
 // answers with: progress, then exactly one of Template (done) or Error.
 type BuildEvent struct {

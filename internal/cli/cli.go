@@ -534,10 +534,10 @@ func templateCmd() *cobra.Command {
 	c := &cobra.Command{Use: "template", Short: "Build, list, inspect and remove templates"}
 	var req api.BuildTemplateRequest
 	var dreq api.DockerfileBuild
-	var buildArgs []string
+	var buildArgs, secretSpecs []string
 	var buildJSON bool
 	build := &cobra.Command{
-		Use:   "build NAME [--from IMAGE [--pull] | [-f Dockerfile] CONTEXT [--build-arg K=V]... [--target STAGE] [--allow RULE]...] [--start CMD|none] [--ready port:N|file:PATH|cmd:CMD]",
+		Use:   "build NAME [--from IMAGE [--pull] | [-f Dockerfile] CONTEXT [--build-arg K=V]... [--target STAGE] [--secret id=ID,src=FILE]... [--allow RULE]...] [--start CMD|none] [--ready port:N|file:PATH|cmd:CMD]",
 		Short: "Build (or rebuild) a template: one of nook's (base, dev), or from an image",
 		Long: `Build (or rebuild) a template: one of nook's recipes (base, dev), or with
 --from an image: a registry reference (python:3.12-slim,
@@ -552,8 +552,9 @@ service is ready. With CONTEXT (a directory) it builds from a Dockerfile (-f, de
 CONTEXT/Dockerfile): FROM an image, a nook template or a stage; RUN in
 nook's own sandboxes under the build's network policy (--allow, default
 @registries); COPY and ADD from the context (less .dockerignore) or
-another stage; ENV, ARG, WORKDIR, USER, SHELL, ENTRYPOINT, CMD, EXPOSE,
-LABEL. Each step that makes a layer is cached by content: a rebuild
+another stage; RUN --mount=type=cache (kept between builds) and
+type=secret (--secret; in no layer); ENV, ARG, WORKDIR, USER, SHELL,
+ENTRYPOINT, CMD, EXPOSE, LABEL. Each step that makes a layer is cached by content: a rebuild
 reruns from the first step that changed.
 Progress goes to stderr; the template's build ID (or with --json the
 template) to stdout.`,
@@ -581,7 +582,26 @@ template) to stdout.`,
 					}
 					dreq.BuildArgs[k] = v
 				}
-				tarStream, dockerfile, err := contextTar(args[1], dreq.Dockerfile)
+				secrets := map[string]string{}
+				for _, spec := range secretSpecs {
+					id, src := "", ""
+					for _, f := range strings.Split(spec, ",") {
+						k, v, _ := strings.Cut(f, "=")
+						switch k {
+						case "id":
+							id = v
+						case "src", "source":
+							src = v
+						default:
+							return &usageError{fmt.Errorf("--secret %q: use id=ID,src=FILE", spec)}
+						}
+					}
+					if id == "" || src == "" {
+						return &usageError{fmt.Errorf("--secret %q: use id=ID,src=FILE", spec)}
+					}
+					secrets[id] = src
+				}
+				tarStream, dockerfile, err := contextTar(args[1], dreq.Dockerfile, secrets)
 				if err != nil {
 					return err
 				}
@@ -602,8 +622,8 @@ template) to stdout.`,
 				fmt.Fprintln(cmd.OutOrStdout(), t.ID)
 				return nil
 			}
-			if len(buildArgs) > 0 || dreq.Target != "" || len(dreq.Allow) > 0 {
-				return &usageError{errors.New("--build-arg, --target and --allow are for Dockerfile builds: give the build CONTEXT")}
+			if len(buildArgs) > 0 || dreq.Target != "" || len(dreq.Allow) > 0 || len(secretSpecs) > 0 {
+				return &usageError{errors.New("--build-arg, --target, --secret and --allow are for Dockerfile builds: give the build CONTEXT")}
 			}
 			if (req.Pull || req.Start != "" || req.Ready != "") && req.From == "" {
 				return &usageError{errors.New("--pull, --start and --ready need --from IMAGE")}
@@ -633,6 +653,7 @@ template) to stdout.`,
 	build.Flags().StringVarP(&dreq.Dockerfile, "file", "f", "", "the Dockerfile (default CONTEXT/Dockerfile)")
 	build.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "an ARG's value, NAME=VALUE (or NAME: its value here)")
 	build.Flags().StringVar(&dreq.Target, "target", "", "the stage to build (default the last)")
+	build.Flags().StringArrayVar(&secretSpecs, "secret", nil, "a secret RUN --mount=type=secret,id=ID reads: id=ID,src=FILE (kept in no layer)")
 	build.Flags().StringArrayVar(&dreq.Allow, "allow", nil, "what RUN steps may reach on the network, as nook create --allow (default @registries)")
 	var lsJSON, inspectJSON bool
 	ls := &cobra.Command{

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/moby/patternmatcher"
+
+	"github.com/nookhq/nook/api"
 )
 
 // outsideDockerfile is where a Dockerfile from outside the context goes
@@ -23,7 +25,7 @@ const outsideDockerfile = ".nook-build.Dockerfile"
 // themselves): directories, regular files and symlinks, read through an
 // os.Root so that nothing outside dir is sent. dockerfile is -f (""
 // for dir/Dockerfile); it returns the Dockerfile's path in the tar.
-func contextTar(dir, dockerfile string) (io.ReadCloser, string, error) {
+func contextTar(dir, dockerfile string, secrets map[string]string) (io.ReadCloser, string, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, "", fmt.Errorf("build context: %w", err)
@@ -48,6 +50,15 @@ func contextTar(dir, dockerfile string) (io.ReadCloser, string, error) {
 			root.Close()
 			return nil, "", fmt.Errorf("no Dockerfile: %s is not in %s (give it with -f)", inTar, dir)
 		}
+	}
+	secretData := map[string][]byte{}
+	for id, src := range secrets {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			root.Close()
+			return nil, "", fmt.Errorf("--secret id=%s: %w", id, err)
+		}
+		secretData[id] = b
 	}
 	var pm *patternmatcher.PatternMatcher
 	if ig, err := root.ReadFile(".dockerignore"); err == nil {
@@ -80,6 +91,9 @@ func contextTar(dir, dockerfile string) (io.ReadCloser, string, error) {
 			}
 			if p == "." {
 				return nil
+			}
+			if p == api.SecretsDir {
+				return fs.SkipDir // only --secret's go there
 			}
 			if pm != nil && p != inTar && p != ".dockerignore" {
 				if ok, _ := pm.MatchesOrParentMatches(p); ok {
@@ -122,6 +136,17 @@ func contextTar(dir, dockerfile string) (io.ReadCloser, string, error) {
 			}
 			return nil
 		})
+		if err == nil && len(secretData) > 0 {
+			err = tw.WriteHeader(&tar.Header{Name: api.SecretsDir + "/", Mode: 0o700, Typeflag: tar.TypeDir})
+			for id, b := range secretData {
+				if err == nil {
+					err = tw.WriteHeader(&tar.Header{Name: api.SecretsDir + "/" + id, Mode: 0o400, Size: int64(len(b)), Typeflag: tar.TypeReg})
+				}
+				if err == nil {
+					_, err = tw.Write(b)
+				}
+			}
+		}
 		if err == nil && outside != nil {
 			if err = tw.WriteHeader(&tar.Header{Name: outsideDockerfile, Mode: 0o644, Size: int64(len(outside)), Typeflag: tar.TypeReg}); err == nil {
 				_, err = tw.Write(outside)

@@ -1,11 +1,15 @@
 package daemon
 
 import (
+	"archive/tar"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -73,6 +77,23 @@ func (r *stepRunner) Run(ctx context.Context, templateID string, step template.R
 			env[k] = v
 		}
 	}
+	for _, cm := range step.Caches {
+		if err := uploadDir(ctx, c, cm.Dir, cm.Target); err != nil {
+			return fmt.Errorf("the cache at %s: %w", cm.Target, err)
+		}
+	}
+	for _, sm := range step.Secrets {
+		f, err := os.Open(sm.Src)
+		if err != nil {
+			return err
+		}
+		mode := uint32(0o400)
+		_, err = c.WriteFile(ctx, &agent.FileRequest{Path: sm.Target, Parents: true, Mode: &mode}, f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("the secret at %s: %w", sm.Target, err)
+		}
+	}
 	p, err := c.Exec(ctx, &agent.ExecRequest{Argv: step.Argv, Env: env, User: step.User, Cwd: step.Cwd})
 	if err != nil {
 		return fmt.Errorf("the step did not start: %w", err)
@@ -103,8 +124,61 @@ func (r *stepRunner) Run(ctx context.Context, templateID string, step template.R
 		}
 		break
 	}
+	for _, cm := range step.Caches {
+		if err := downloadDir(ctx, c, cm.Target, cm.Dir); err != nil {
+			return fmt.Errorf("keep the cache at %s: %w", cm.Target, err)
+		}
+	}
 	r.m.dropAgent(sb.ID)
 	return exp.ExportChanges(ctx, sb.ID, changes)
+}
+
+// uploadDir puts the files of the host directory dir at target in a
+// sandbox (through its agent: the sandbox's paths resolve inside it).
+func uploadDir(ctx context.Context, c *agent.Client, dir, target string) error {
+	pr, pw := io.Pipe()
+	go func() {
+		tw := tar.NewWriter(pw)
+		err := tw.AddFS(os.DirFS(dir))
+		if err == nil {
+			err = tw.Close()
+		}
+		pw.CloseWithError(err)
+	}()
+	_, err := c.UploadTar(ctx, target, true, pr)
+	pr.CloseWithError(errors.New("upload ended"))
+	return err
+}
+
+// downloadDir replaces the host directory dir with the files at target
+// in a sandbox, extracted through safetar (nothing the sandbox sent lands
+// outside dir; setuid and setgid bits are dropped).
+func downloadDir(ctx context.Context, c *agent.Client, target, dir string) error {
+	_, rc, err := c.DownloadTar(ctx, target)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	tmp := dir + ".new"
+	os.RemoveAll(tmp)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return err
+	}
+	if err := safetar.Extract(io.LimitReader(rc, MaxContextBytes), tmp, safetar.Options{Top: ".", NoSetID: true}); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	old := dir + ".old"
+	os.RemoveAll(old)
+	if err := os.Rename(dir, old); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		os.Rename(old, dir)
+		return err
+	}
+	return os.RemoveAll(old)
 }
 
 // MaxContextBytes bounds a Dockerfile build's context.
@@ -142,7 +216,27 @@ func (m *Manager) BuildDockerfile(ctx context.Context, name string, req api.Dock
 		}
 		return api.Template{}, errdefs.Invalid("the build context is not a tar nook takes: %v", err)
 	}
-	topt := template.DockerfileOptions{Context: dir, Dockerfile: req.Dockerfile, BuildArgs: req.BuildArgs, Target: req.Target,
+	// The build's secrets come in the context tar under SecretsDir: out
+	// of the context before anything reads it (no COPY sees them).
+	secrets := map[string]string{}
+	sdir := dir + ".secrets"
+	defer os.RemoveAll(sdir)
+	if fi, err := os.Lstat(filepath.Join(dir, api.SecretsDir)); err == nil && fi.IsDir() {
+		if err := os.Rename(filepath.Join(dir, api.SecretsDir), sdir); err != nil {
+			return api.Template{}, err
+		}
+		entries, err := os.ReadDir(sdir)
+		if err != nil {
+			return api.Template{}, err
+		}
+		for _, e := range entries {
+			if !e.Type().IsRegular() || !secretIDRE.MatchString(e.Name()) {
+				return api.Template{}, errdefs.Invalid("secret %q in %s is not a file with an id of letters, digits, '.', '_' and '-'", e.Name(), api.SecretsDir)
+			}
+			secrets[e.Name()] = filepath.Join(sdir, e.Name())
+		}
+	}
+	topt := template.DockerfileOptions{Context: dir, Dockerfile: req.Dockerfile, BuildArgs: req.BuildArgs, Target: req.Target, Secrets: secrets,
 		Resolve: image.Options{Remote: !opt.HostCredentials}, Start: req.Start, Ready: req.Ready,
 		Runner: &stepRunner{m: m, tpl: name, allow: allow}}
 	if m.net == nil {
@@ -155,6 +249,8 @@ func (m *Manager) BuildDockerfile(ctx context.Context, name string, req api.Dock
 	m.afterBuild(ctx, name, t)
 	return t, nil
 }
+
+var secretIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // limitedReader fails past its bound (left goes negative).
 type limitedReader struct {

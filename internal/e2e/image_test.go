@@ -3,7 +3,10 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log"
 	"net/http/httptest"
@@ -254,4 +257,45 @@ func TestDockerfileTemplate(t *testing.T) {
 	}
 	d.must("template", "rm", tpl)
 	os.RemoveAll(filepath.Join(testutil.TemplatesDir(), tpl+"-bad"))
+
+	// A cache mount the next build finds again, a secret the step reads
+	// and no layer keeps.
+	mounts := t.TempDir()
+	cacheID := testutil.RandomName("cache")
+	sum := sha256.Sum256([]byte(cacheID))
+	t.Cleanup(func() {
+		dir := filepath.Join(testutil.TemplatesDir(), ".cache-mounts", hex.EncodeToString(sum[:16]))
+		os.RemoveAll(dir)
+		os.Remove(dir + ".lock")
+	})
+	os.WriteFile(filepath.Join(mounts, "Dockerfile"), []byte("FROM base\nARG N\nARG CACHE\n"+
+		"RUN --mount=type=cache,id=$CACHE,target=/var/cache/t sh -c 'n=$(cat /var/cache/t/n 2>/dev/null || echo 0); echo $((n+1)) > /var/cache/t/n; echo $((n+1)) > /seen'\n"+
+		"RUN --mount=type=secret,id=tok sh -c 'test \"$(cat /run/secrets/tok)\" = s3cr3t-value && echo ok > /secret-ok'\n"), 0o644)
+	secretFile := filepath.Join(t.TempDir(), "tok")
+	os.WriteFile(secretFile, []byte("s3cr3t-value"), 0o600)
+	mt := tpl + "-mounts"
+	t.Cleanup(func() { d.nook("template", "rm", mt) })
+	for n := 1; n <= 2; n++ {
+		r, _ := d.nookWithin(5*time.Minute, env, "template", "build", mt, mounts, "--build-arg", fmt.Sprintf("N=%d", n), "--build-arg", "CACHE="+cacheID, "--secret", "id=tok,src="+secretFile)
+		if r.code != 0 {
+			t.Fatalf("build %d with mounts: %+v", n, r)
+		}
+		d.must("create", "--name", "df-mounts", "--template", mt)
+		want := fmt.Sprintf("%d\nok\nno secret\nno cache files\n", n)
+		if got := d.must("exec", "df-mounts", "--", "sh", "-c", "cat /seen /secret-ok; test -e /run/secrets/tok || echo no secret; test -e /var/cache/t/n || echo no cache files"); got != want {
+			t.Errorf("build %d: %q, want %q", n, got, want)
+		}
+		d.must("rm", "df-mounts")
+	}
+	var info api.Template
+	json.Unmarshal([]byte(d.must("template", "inspect", mt, "--json")), &info)
+	rootfs := filepath.Join(testutil.TemplatesDir(), info.ID, "rootfs")
+	if out, _ := exec.Command("grep", "-rl", "s3cr3t-value", rootfs, filepath.Join(testutil.TemplatesDir(), ".layers")).Output(); len(out) > 0 {
+		t.Errorf("the secret is in the template or its layers: %s", out)
+	}
+	r, _ = d.nook("template", "build", mt+"-x", bad, "--secret", "nonsense")
+	if r.code != 2 {
+		t.Errorf("--secret without id and src: %+v", r)
+	}
+	d.must("template", "rm", mt)
 }

@@ -41,7 +41,21 @@ type RunStep struct {
 	User string
 	Cwd  string
 	Line int // in the Dockerfile
+	// Caches are RUN --mount=type=cache: a host directory (Dir) whose
+	// files the step finds at Target and whose files after the step are
+	// kept there for the next build. Nothing below Target reaches the
+	// step's layer.
+	Caches []CacheMount
+	// Secrets are RUN --mount=type=secret: a host file (Src) the step
+	// reads at Target (mode 0400); nothing of it reaches the layer.
+	Secrets []SecretMount
 }
+
+// CacheMount is a build cache a RUN step mounts.
+type CacheMount struct{ Dir, Target string }
+
+// SecretMount is a secret a RUN step mounts.
+type SecretMount struct{ Src, Target string }
 
 // Runner runs a RUN step in a sandbox of the template build templateID
 // (whose rootfs is the stage so far), streaming its output to out, and
@@ -62,12 +76,26 @@ type DockerfileOptions struct {
 	BuildArgs  map[string]string
 	// Target is the stage to build (default the last).
 	Target string
-	Runner Runner
+	// Secrets are the files of the build's secrets, by id (RUN
+	// --mount=type=secret,id=ID).
+	Secrets map[string]string
+	Runner  Runner
 	// Pull resolves the images FROM names again (default: a registry
 	// reference resolves to what the registry serves now anyway; Pull is
 	// kept for the image builds' sake).
 	Resolve      image.Options
 	Start, Ready string
+}
+
+// cacheMountDir is the host directory of build cache id (RUN
+// --mount=type=cache), shared by every build of this store.
+func (s *Store) cacheMountDir(id string) (string, error) {
+	sum := sha256.Sum256([]byte(id))
+	dir := filepath.Join(s.dir, ".cache-mounts", hex.EncodeToString(sum[:16]))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	return dir, nil
 }
 
 // ContextDir makes an empty directory, root's alone, for a build
@@ -710,8 +738,56 @@ func (b *dockerBuild) cached(st *stageState, key, what, label string) bool {
 }
 
 func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.RunCommand, label string, line int) error {
-	if mounts := instructions.GetMounts(c); len(mounts) > 0 {
-		return errdefs.Invalid("Dockerfile line %d: RUN --mount=type=%s is not supported by nook yet: the step would run without it", line, mounts[0].Type)
+	var caches []CacheMount
+	var secrets []SecretMount
+	var mountKey []string
+	for _, mt := range instructions.GetMounts(c) {
+		switch mt.Type {
+		case instructions.MountTypeCache:
+			if mt.From != "" || mt.Source != "" {
+				return errdefs.Invalid("Dockerfile line %d: RUN --mount=type=cache,from=...: a cache seeded from a stage is not supported by nook", line)
+			}
+			target := path.Clean("/" + mt.Target)
+			if target == "/" {
+				return errdefs.Invalid("Dockerfile line %d: RUN --mount=type=cache needs a target other than /", line)
+			}
+			id := mt.CacheID
+			if id == "" {
+				id = target
+			}
+			dir, err := b.s.cacheMountDir(id)
+			if err != nil {
+				return err
+			}
+			caches = append(caches, CacheMount{Dir: dir, Target: target})
+			mountKey = append(mountKey, "cache "+id+" "+target)
+		case instructions.MountTypeSecret:
+			id := mt.CacheID
+			if id == "" && mt.Target != "" {
+				id = path.Base(mt.Target)
+			}
+			target := mt.Target
+			if target == "" {
+				target = "/run/secrets/" + id
+			}
+			if !path.IsAbs(target) {
+				target = path.Join("/", st.cfg.WorkingDir, target)
+			}
+			if mt.Env != nil {
+				return errdefs.Invalid("Dockerfile line %d: RUN --mount=type=secret,env=...: nook gives secrets as files only", line)
+			}
+			src, ok := b.opt.Secrets[id]
+			if !ok {
+				if mt.Required {
+					return errdefs.Invalid("Dockerfile line %d: the build has no secret %q (give it with --secret id=%s,src=FILE)", line, id, id)
+				}
+				continue // as Docker: an optional secret that is missing is not mounted
+			}
+			secrets = append(secrets, SecretMount{Src: src, Target: path.Clean(target)})
+			mountKey = append(mountKey, "secret "+id+" "+target)
+		default:
+			return errdefs.Invalid("Dockerfile line %d: RUN --mount=type=%s is not supported by nook (cache and secret are)", line, mt.Type)
+		}
 	}
 	for _, f := range c.FlagsUsed {
 		switch f {
@@ -739,7 +815,7 @@ func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.R
 	if len(c.Files) > 0 {
 		what = fmt.Sprintf("RUN <<%s (%d lines)", c.Files[0].Name, strings.Count(strings.TrimSuffix(c.Files[0].Data, "\n"), "\n")+1)
 	}
-	key := stepKey(st.key, "RUN", strings.Join(argv, "\x00"), strings.Join(env, "\x00"), st.cfg.User, st.cfg.WorkingDir)
+	key := stepKey(st.key, "RUN", strings.Join(argv, "\x00"), strings.Join(env, "\x00"), st.cfg.User, st.cfg.WorkingDir, strings.Join(mountKey, "\x00"))
 	if b.cached(st, key, what, label) {
 		return nil
 	}
@@ -762,7 +838,20 @@ func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.R
 	defer os.RemoveAll(tmp)
 	start := time.Now()
 	out := &prefixWriter{w: b.progress, prefix: "  "}
-	err = b.opt.Runner.Run(ctx, b.name+"/"+stepID, RunStep{Argv: argv, Env: env, User: st.cfg.User, Cwd: st.cfg.WorkingDir, Line: line}, filepath.Join(tmp, "layer"), out)
+	var unlocks []func()
+	defer func() {
+		for _, u := range unlocks {
+			u()
+		}
+	}()
+	for _, cm := range caches { // one step at a time per cache, across builds
+		unlock, err := fsutil.Flock(ctx, cm.Dir+".lock")
+		if err != nil {
+			return err
+		}
+		unlocks = append(unlocks, unlock)
+	}
+	err = b.opt.Runner.Run(ctx, b.name+"/"+stepID, RunStep{Argv: argv, Env: env, User: st.cfg.User, Cwd: st.cfg.WorkingDir, Line: line, Caches: caches, Secrets: secrets}, filepath.Join(tmp, "layer"), out)
 	out.flush()
 	os.RemoveAll(stepDir)
 	if err != nil {
@@ -770,9 +859,28 @@ func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.R
 	}
 	// What the step's sandbox was given, not what the step made (Docker
 	// mounts these over its RUN steps, and keeps none in a layer).
-	for _, f := range []string{"etc/hosts", "etc/hostname", "etc/resolv.conf"} {
+	drop := []string{"etc/hosts", "etc/hostname", "etc/resolv.conf"}
+	// Nor what was mounted: a cache's files are the cache's, a secret
+	// never leaves the step (nor its directory, where the stage lacks it).
+	for _, cm := range caches {
+		drop = append(drop, strings.TrimPrefix(cm.Target, "/"))
+	}
+	for _, sm := range secrets {
+		drop = append(drop, strings.TrimPrefix(sm.Target, "/"))
+	}
+	for _, f := range drop {
 		if err := dropEntry(filepath.Join(tmp, "layer"), f); err != nil {
 			return err
+		}
+	}
+	for _, sm := range secrets { // the directories made for it, once empty
+		for d := path.Dir(sm.Target); d != "/"; d = path.Dir(d) {
+			if _, _, found, err := layerstore.Lookup(st.topFirst(), d); err != nil || found {
+				break
+			}
+			if os.Remove(filepath.Join(tmp, "layer", d)) != nil {
+				break // not empty (the step wrote there too), or gone
+			}
 		}
 	}
 	dir, _, err := b.ls.Put(ctx, key, filepath.Join(tmp, "layer"))

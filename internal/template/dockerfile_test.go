@@ -140,7 +140,9 @@ func TestBuildDockerfileBadInput(t *testing.T) {
 	requireRoot(t)
 	s := NewStore(t.TempDir(), slog.New(slog.DiscardHandler))
 	for _, tc := range []struct{ df, want string }{
-		{"FROM scratch\nRUN --mount=type=cache,target=/root/.cache true\n", "line 2: RUN --mount=type=cache is not supported"},
+		{"FROM scratch\nRUN --mount=type=bind,target=/src true\n", "line 2: RUN --mount=type=bind is not supported"},
+		{"FROM scratch\nRUN --mount=type=secret,id=tok,required true\n", `line 2: the build has no secret "tok"`},
+		{"FROM scratch\nRUN --mount=type=cache,target=/ true\n", "needs a target other than /"},
 		{"FROM scratch\nCOPY missing.txt /\n", "line 2: COPY missing.txt /: missing.txt: no such file"},
 		{"FROM scratch\nADD https://example.com/x /x\n", "ADD of a URL is not supported"},
 		{"FROM scratch\nCOPY ../outside /x\n", "no such file"},
