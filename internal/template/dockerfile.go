@@ -618,7 +618,7 @@ func (b *dockerBuild) pull(ctx context.Context, ref string, line int) ([]stepLay
 		for j := len(out) - 1; j >= 0; j-- {
 			lowers = append(lowers, out[j].dir)
 		}
-		dir, made, err := b.ls.Ensure(ctx, l.Blob(), lowers, layerstore.Options{MaxBytes: DefaultMaxLayerBytes})
+		dir, made, err := ensureLayer(ctx, b.ls, l, lowers, DefaultMaxLayerBytes, fmt.Sprintf("  layer %d/%d %s", i+1, len(res.Layers), short(l.Digest.String())), b.progress)
 		if err != nil {
 			return nil, api.ImageConfig{}, atLine(line, "FROM %s: layer %d of %d: %w", ref, i+1, len(res.Layers), err)
 		}

@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -172,9 +174,9 @@ func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref
 		return api.Template{}, err
 	}
 	defer unlockGC()
-	max := opt.MaxLayerBytes
-	if max == 0 {
-		max = DefaultMaxLayerBytes
+	maxLayer := opt.MaxLayerBytes
+	if maxLayer == 0 {
+		maxLayer = DefaultMaxLayerBytes
 	}
 	var dirs []string
 	m := &meta{Name: name, Source: SourceImage, Image: from, Digest: res.Digest.String(), Platform: res.Platform.String()}
@@ -187,13 +189,15 @@ func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref
 			lowers = append(lowers, dirs[j])
 		}
 		lstart := time.Now()
-		dir, made, err := ls.Ensure(ctx, l.Blob(), lowers, layerstore.Options{MaxBytes: max})
+		dir, made, err := ensureLayer(ctx, ls, l, lowers, maxLayer, fmt.Sprintf("layer %d/%d %s", i+1, len(res.Layers), short(l.Digest.String())), progress)
 		if err != nil {
 			return api.Template{}, fmt.Errorf("image %s: layer %d of %d (%s): %w", from, i+1, len(res.Layers), l.Digest, err)
 		}
 		ev := api.BuildLayerEvent{Index: i, Count: len(res.Layers), Digest: l.Digest.String(), Size: l.Size, Cached: !made, Seconds: time.Since(lstart).Seconds()}
 		if made {
-			fmt.Fprintf(progress, "layer %d/%d %s: %d MB pulled and unpacked in %s\n", i+1, len(res.Layers), short(l.Digest.String()), l.Size>>20, time.Since(lstart).Round(time.Millisecond))
+			secs := time.Since(lstart).Seconds()
+			fmt.Fprintf(progress, "layer %d/%d %s: %.1f MB pulled and unpacked in %s (%.1f MB/s)\n", i+1, len(res.Layers), short(l.Digest.String()),
+				float64(l.Size)/1e6, time.Since(lstart).Round(time.Millisecond), float64(l.Size)/1e6/max(secs, 1e-3))
 		} else {
 			fmt.Fprintf(progress, "layer %d/%d %s: cached\n", i+1, len(res.Layers), short(l.Digest.String()))
 		}
@@ -227,6 +231,62 @@ func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref
 	fmt.Fprintf(progress, "template %s built from %s in %s\n", name, from, time.Since(start).Round(time.Millisecond))
 	s.log.Info("template built from an image", "template", m.ID, "image", from, "digest", m.Digest, "duration", time.Since(start))
 	return m.template(), nil
+}
+
+// progressEvery is how often a layer still being pulled says how far it is.
+var progressEvery = 5 * time.Second
+
+// ensureLayer is ls.Ensure of an image layer, saying every progressEvery
+// how many bytes have come and how fast, or that none has: a pull that
+// stalls says what it waits for.
+func ensureLayer(ctx context.Context, ls *layerstore.Store, l image.Layer, lowers []string, maxBytes int64, label string, progress io.Writer) (string, bool, error) {
+	var n atomic.Int64
+	blob := l.Blob()
+	open := blob.Open
+	blob.Open = func() (io.ReadCloser, error) {
+		rc, err := open()
+		if err != nil {
+			return nil, err
+		}
+		return &countingReader{ReadCloser: rc, n: &n}, nil
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		start := time.Now()
+		t := time.NewTicker(progressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				got := n.Load()
+				if got == 0 {
+					fmt.Fprintf(progress, "%s: no byte yet after %s: waiting for the registry (or for another build unpacking this layer)\n", label, time.Since(start).Round(time.Second))
+					continue
+				}
+				fmt.Fprintf(progress, "%s: %.1f of %.1f MB (%.1f MB/s)\n", label, float64(got)/1e6, float64(l.Size)/1e6, float64(got)/1e6/time.Since(start).Seconds())
+			}
+		}
+	}()
+	dir, made, err := ls.Ensure(ctx, blob, lowers, layerstore.Options{MaxBytes: maxBytes})
+	close(done)
+	wg.Wait()
+	return dir, made, err
+}
+
+type countingReader struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	k, err := c.ReadCloser.Read(p)
+	c.n.Add(int64(k))
+	return k, err
 }
 
 func short(digest string) string {

@@ -451,3 +451,43 @@ func TestImageConfigChecked(t *testing.T) {
 		t.Errorf("a user with a NUL: %v", err)
 	}
 }
+
+// A pull that stalls says what it waits for, and one that flows says
+// how far it is, while the layer comes.
+func TestBuildImageSaysWhatItWaitsFor(t *testing.T) {
+	requireRoot(t)
+	defer func(d time.Duration) { progressEvery = d }(progressEvery)
+	progressEvery = 20 * time.Millisecond
+	host := serveRegistry(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, r)
+				if rec.Body.Len() < 4096 { // the config
+					w.WriteHeader(rec.Code)
+					w.Write(rec.Body.Bytes())
+					return
+				}
+				time.Sleep(500 * time.Millisecond) // nothing yet
+				w.WriteHeader(rec.Code)
+				body := rec.Body.Bytes()
+				w.Write(body[:len(body)/2])
+				w.(http.Flusher).Flush()
+				time.Sleep(500 * time.Millisecond) // half of it
+				w.Write(body[len(body)/2:])
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	noise := make([]byte, 256<<10)
+	rand.Read(noise)
+	pushImage(t, host+"/slow:1", testImage(t, v1.Config{}, tarLayer(t, compression.GZip, tfile{name: "f", data: string(noise)})))
+	var progress bytes.Buffer
+	if _, err := NewStore(t.TempDir(), slog.New(slog.DiscardHandler)).BuildImage(context.Background(), "slow", host+"/slow:1", ImageOptions{}, &progress); err != nil {
+		t.Fatal(err)
+	}
+	if out := progress.String(); !strings.Contains(out, "no byte yet") || !strings.Contains(out, "MB/s)") || !strings.Contains(out, "of 0.3 MB") {
+		t.Errorf("progress of a slow pull:\n%s", out)
+	}
+}
