@@ -117,10 +117,10 @@ func (r *stepRunner) Run(ctx context.Context, templateID string, step template.R
 			return err
 		}
 		if st.Signal != "" {
-			return errdefs.Invalid("killed by SIG%s (see its output above)", st.Signal)
+			return errdefs.Invalid("killed by SIG%s (see its output above)%s", st.Signal, r.denied(ctx, sb))
 		}
 		if st.ExitCode != 0 {
-			return errdefs.Invalid("exited with code %d (see its output above)", st.ExitCode)
+			return errdefs.Invalid("exited with code %d (see its output above)%s", st.ExitCode, r.denied(ctx, sb))
 		}
 		break
 	}
@@ -131,6 +131,28 @@ func (r *stepRunner) Run(ctx context.Context, templateID string, step template.R
 	}
 	r.m.dropAgent(sb.ID)
 	return exp.ExportChanges(ctx, sb.ID, changes)
+}
+
+// denied says what the build's network policy refused the step, if
+// anything: the likeliest reason a step that downloads fails.
+func (r *stepRunner) denied(ctx context.Context, sb *core.Sandbox) string {
+	if r.m.net == nil {
+		return ""
+	}
+	l, err := r.m.NetLog(ctx, sb.Name)
+	if err != nil || len(l.Entries) == 0 {
+		return ""
+	}
+	var ds []string
+	seen := map[string]bool{}
+	for _, e := range l.Entries {
+		d := fmt.Sprintf("%s (%s)", e.Destination, e.Reason)
+		if !seen[d] && len(ds) < 5 {
+			seen[d] = true
+			ds = append(ds, d)
+		}
+	}
+	return fmt.Sprintf("; the build's network policy (%s) denied: %s: allow what it needs with --allow", strings.Join(r.allow, " "), strings.Join(ds, ", "))
 }
 
 // uploadDir puts the files of the host directory dir at target in a

@@ -25,6 +25,7 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/network/nettest"
+	"github.com/nookhq/nook/internal/testutil"
 )
 
 // The simulated world of the network tests. Every address lives in a
@@ -597,4 +598,34 @@ func waitWithin(t *testing.T, what string, bound time.Duration, ok func() bool) 
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// A Dockerfile build's RUN steps run under the build's network policy
+// (--allow): what it allows is reached, what it does not is refused, and
+// the build's error names the denied destination. Its step sandboxes
+// leave no network behind.
+func TestNetworkDockerfileBuild(t *testing.T) {
+	w := newWorld(t)
+	d := newDaemonIn(t, w.hostPath(), netDaemonArgs("--warm-pool", "-1")...)
+	ctxDir := t.TempDir()
+	os.WriteFile(filepath.Join(ctxDir, "Dockerfile"), []byte("FROM base\nRUN curl -sf --max-time 10 http://allowed.test/ > /fetched\n"), 0o644)
+	tpl := testutil.RandomName("netdf")
+	t.Cleanup(func() { d.nook("template", "rm", tpl) })
+	if r, _ := d.nookWithin(5*time.Minute, []string{"NOOK_HOST=unix://" + d.socket()}, "template", "build", tpl, ctxDir, "--allow", "allowed.test"); r.code != 0 {
+		t.Fatalf("a build whose step reaches what it allows: %+v", r)
+	}
+	d.must("create", "--name", "netdf", "--template", tpl, "--net", "none")
+	if got := d.must("exec", "netdf", "--", "cat", "/fetched"); got != "allowed-web" {
+		t.Errorf("what the step fetched: %q", got)
+	}
+	d.must("rm", "netdf")
+	d.must("template", "rm", tpl)
+	bad := t.TempDir()
+	os.WriteFile(filepath.Join(bad, "Dockerfile"), []byte("FROM base\nRUN curl -sf --max-time 5 http://"+webDenied+"/\n"), 0o644)
+	r, _ := d.nookWithin(5*time.Minute, []string{"NOOK_HOST=unix://" + d.socket()}, "template", "build", tpl+"-bad", bad, "--allow", "allowed.test")
+	if r.code != 1 || !strings.Contains(r.stderr, "denied: "+webDenied+":80/tcp") || !strings.Contains(r.stderr, "--allow") {
+		t.Errorf("a step the policy refuses: %+v", r)
+	}
+	os.RemoveAll(filepath.Join(testutil.TemplatesDir(), tpl+"-bad"))
+	checkNoNetworkLeft(t, w, d)
 }

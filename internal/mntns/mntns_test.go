@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -81,7 +82,9 @@ func TestStart(t *testing.T) {
 	if err := unix.Mount("tmpfs", later, "tmpfs", 0, "size=1m"); err != nil {
 		t.Fatal(err)
 	}
-	hostBefore := mountPoints(t, "/proc/self/mountinfo")
+	// Only the test's own mounts are compared: a daemon running beside
+	// the tests mounts and unmounts its sandboxes' meanwhile.
+	hostBefore := mountsBelow(mountPoints(t, "/proc/self/mountinfo"), dir)
 	var out bytes.Buffer
 	cmd := exec.Command("sh", "-c", "cat /proc/self/mountinfo; echo ==; cat "+filepath.Join(bind, "f")+" "+filepath.Join(state, "config.json"))
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -122,9 +125,21 @@ func TestStart(t *testing.T) {
 	if seen["/proc"] != "proc" {
 		t.Error("no /proc in the program's namespace")
 	}
-	if after := mountPoints(t, "/proc/self/mountinfo"); len(after) != len(hostBefore) {
-		t.Errorf("the host's namespace changed: %d mounts, then %d", len(hostBefore), len(after))
+	if after := mountsBelow(mountPoints(t, "/proc/self/mountinfo"), dir); !slices.Equal(after, hostBefore) {
+		t.Errorf("the test's mounts in the host's namespace changed: %v, then %v", hostBefore, after)
 	}
+}
+
+// mountsBelow is the mount points at or below dir, sorted.
+func mountsBelow(points []string, dir string) []string {
+	var out []string
+	for _, p := range points {
+		if p == dir || strings.HasPrefix(p, dir+"/") {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func mountPoints(t *testing.T, path string) []string {
