@@ -281,7 +281,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m.warnRunc(ctx)
 	ctr := container.New(container.Config{
 		Runc: cfg.Runc, RuncRoot: filepath.Join(cfg.RunDir, "runc"), StateDir: filepath.Join(cfg.DataDir, "sandboxes"),
-		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, Log: cfg.Log,
+		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, TemplateLayers: m.templates.Layers, Log: cfg.Log,
 		WarmPool: max(cfg.WarmPool, 0), WarmPoolMax: cfg.WarmPoolMax, Net: hooks, CRIU: criu,
 	})
 	vmb := vm.New(vm.Config{

@@ -34,6 +34,7 @@ func Merge(dst string, layers []string) error {
 	}
 	defer unix.Close(root)
 	m := &merger{root: root}
+	defer m.closeFDs()
 	for _, l := range layers {
 		if err := filepath.WalkDir(l, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
@@ -61,6 +62,49 @@ func Merge(dst string, layers []string) error {
 type merger struct {
 	root int
 	dirs map[string]string // merged directory -> the layer directory whose metadata it has
+	// fds caches descriptors of merged directories by path (a walk
+	// visits a directory's entries together): opening each entry's
+	// parent anew cost most of a merge. A removal drops what it removed.
+	fds map[string]int
+}
+
+// maxCachedFDs bounds the descriptors a merge keeps open.
+const maxCachedFDs = 256
+
+// parent returns a descriptor of the merged directory dir, opened below
+// the root through no symlink; the merger owns it.
+func (m *merger) parent(dir string) (int, error) {
+	if fd, ok := m.fds[dir]; ok {
+		return fd, nil
+	}
+	fd, err := openBeneath(m.root, dir)
+	if err != nil {
+		return -1, err
+	}
+	if m.fds == nil || len(m.fds) >= maxCachedFDs {
+		m.closeFDs()
+		m.fds = map[string]int{}
+	}
+	m.fds[dir] = fd
+	return fd, nil
+}
+
+// forgetFDs closes the cached descriptors of rel and what is below it
+// (about to be removed or replaced).
+func (m *merger) forgetFDs(rel string) {
+	for k, fd := range m.fds {
+		if k == rel || strings.HasPrefix(k, rel+"/") {
+			unix.Close(fd)
+			delete(m.fds, k)
+		}
+	}
+}
+
+func (m *merger) closeFDs() {
+	for _, fd := range m.fds {
+		unix.Close(fd)
+	}
+	m.fds = nil
 }
 
 // entry applies one entry of a layer (at path src, rel below the layer).
@@ -74,13 +118,12 @@ func (m *merger) entry(src, rel string, d fs.DirEntry) error {
 	}
 	if rel == "." {
 		m.dirs["."] = src
-		return copyMeta(src, m.root, "", &st, true)
+		return copyMeta(src, m.root, "", &st, true, false)
 	}
-	pfd, err := openBeneath(m.root, filepath.Dir(rel))
+	pfd, err := m.parent(filepath.Dir(rel))
 	if err != nil {
 		return fmt.Errorf("%s: parent: %w", rel, err)
 	}
-	defer unix.Close(pfd)
 	base := filepath.Base(rel)
 	isWhiteout := st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0
 	var cur unix.Stat_t
@@ -88,6 +131,9 @@ func (m *merger) entry(src, rel string, d fs.DirEntry) error {
 	switch {
 	case isWhiteout:
 		delete(m.dirs, rel)
+		if exists && cur.Mode&unix.S_IFMT == unix.S_IFDIR {
+			m.forgetFDs(rel)
+		}
 		return removeAt(pfd, base)
 	case d.IsDir():
 		opaque := false
@@ -96,6 +142,7 @@ func (m *merger) entry(src, rel string, d fs.DirEntry) error {
 			opaque = true
 		}
 		if exists && (cur.Mode&unix.S_IFMT != unix.S_IFDIR || opaque) {
+			m.forgetFDs(rel)
 			if err := removeAt(pfd, base); err != nil {
 				return err
 			}
@@ -107,10 +154,13 @@ func (m *merger) entry(src, rel string, d fs.DirEntry) error {
 			}
 		}
 		m.dirs[rel] = src
-		return copyMeta(src, pfd, base, &st, true)
+		return copyMeta(src, pfd, base, &st, true, !exists)
 	}
 	if exists {
 		delete(m.dirs, rel)
+		if cur.Mode&unix.S_IFMT == unix.S_IFDIR {
+			m.forgetFDs(rel)
+		}
 		if err := removeAt(pfd, base); err != nil {
 			return err
 		}
@@ -151,7 +201,7 @@ func (m *merger) copyTimes(rel, src string) error {
 
 // copyMeta gives base in pfd (base "": pfd itself) src's owner, mode and
 // kept xattrs.
-func copyMeta(src string, pfd int, base string, st *unix.Stat_t, dir bool) error {
+func copyMeta(src string, pfd int, base string, st *unix.Stat_t, dir, fresh bool) error {
 	fd := pfd
 	if base != "" {
 		var err error
@@ -170,14 +220,14 @@ func copyMeta(src string, pfd int, base string, st *unix.Stat_t, dir bool) error
 	if dir {
 		typ = tar.TypeDir
 	}
-	return copyKeptXattrs(src, fd, typ)
+	return copyKeptXattrs(src, fd, typ, fresh)
 }
 
 // copyKeptXattrs makes the xattrs Unpack keeps (never overlay's own)
 // on the descriptor dst those of the path src: copied, and the kept
 // ones src lacks removed (a directory a lower layer made first shows
 // only the upper layer's, as overlay shows them).
-func copyKeptXattrs(src string, dst int, typ byte) error {
+func copyKeptXattrs(src string, dst int, typ byte, fresh bool) error {
 	want := map[string][]byte{}
 	names, err := listXattrs(func(b []byte) (int, error) { return unix.Llistxattr(src, b) })
 	if err != nil {
@@ -193,9 +243,11 @@ func copyKeptXattrs(src string, dst int, typ byte) error {
 		}
 		want[x] = v
 	}
-	have, err := listXattrs(func(b []byte) (int, error) { return unix.Flistxattr(dst, b) })
-	if err != nil {
-		return fmt.Errorf("list xattrs: %w", err)
+	var have []string
+	if !fresh { // a directory just made has none of its own
+		if have, err = listXattrs(func(b []byte) (int, error) { return unix.Flistxattr(dst, b) }); err != nil {
+			return fmt.Errorf("list xattrs: %w", err)
+		}
 	}
 	for _, x := range have {
 		if _, ok := want[x]; !ok && keptXattr(x, typ) {
@@ -301,7 +353,7 @@ func copyEntry(src string, pfd int, base string, st *unix.Stat_t) error {
 	if _, err := io.Copy(out, in); err != nil {
 		return err
 	}
-	if err := copyMeta(src, fd, "", st, false); err != nil {
+	if err := copyMeta(src, fd, "", st, false, true); err != nil {
 		return err
 	}
 	return unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), []unix.Timespec{st.Atim, st.Mtim}, 0)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -213,9 +214,11 @@ type dockerBuild struct {
 	ignore   *patternmatcher.PatternMatcher
 	usedArgs map[string]bool
 	tmpDirs  []string
-	ctxRoot  *os.Root     // the build context
-	active   map[int]bool // stages begun
-	global   map[string]string
+	ctxRoot  *os.Root // the build context
+	// extraKeys are layers the build made beside its stages' (kept with it).
+	extraKeys []string
+	active    map[int]bool // stages begun
+	global    map[string]string
 }
 
 // BuildDockerfile builds template name from a Dockerfile and makes it
@@ -392,6 +395,12 @@ func (b *dockerBuild) build(ctx context.Context) (api.Template, error) {
 				inTarget[l.Chain] = true
 				m.Cache = append(m.Cache, l.Chain)
 			}
+		}
+	}
+	for _, k := range b.extraKeys {
+		if !inTarget[k] {
+			inTarget[k] = true
+			m.Cache = append(m.Cache, k)
 		}
 	}
 	sort.Strings(m.Cache)
@@ -822,13 +831,20 @@ func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.R
 	fmt.Fprintf(b.progress, "[stage %s] %s\n", label, what)
 	// The step's sandbox starts from a build of the stage so far: a
 	// directory of this template the build removes after.
+	// Its sandbox's lowers are the stage's layers themselves (Store.Layers
+	// reads layers.json), over a layer of the directories every sandbox
+	// mounts on: nothing is merged for a step.
 	stepID := "step-" + newBuildID()
 	stepDir := filepath.Join(b.s.dir, b.name, stepID)
 	b.tmpDirs = append(b.tmpDirs, stepDir)
 	if err := os.MkdirAll(filepath.Join(stepDir, "rootfs"), 0o755); err != nil {
 		return err
 	}
-	if err := b.merge(filepath.Join(stepDir, "rootfs"), st); err != nil {
+	baseLayer, err := b.baseDirsLayer(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fsutil.WriteJSONAtomic(filepath.Join(stepDir, "layers.json"), append(st.topFirst(), baseLayer)); err != nil {
 		return err
 	}
 	tmp, err := b.ls.NewTemp()
@@ -891,6 +907,33 @@ func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.R
 	st.key = key
 	fmt.Fprintf(b.progress, "[stage %s] done in %s\n", label, time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// baseDirsLayer is a stored layer of the directories every sandbox
+// mounts on (baseDirs), the bottom of every step's stack; the build keeps
+// it.
+func (b *dockerBuild) baseDirsLayer(ctx context.Context) (string, error) {
+	key := stepKey("", "base directories", "proc sys dev run etc root tmp")
+	if !slices.Contains(b.extraKeys, key) {
+		b.extraKeys = append(b.extraKeys, key)
+	}
+	if b.ls.Has(key) {
+		return b.ls.Path(key)
+	}
+	tmp, err := b.ls.NewTemp()
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	layer := filepath.Join(tmp, "layer")
+	if err := os.Mkdir(layer, 0o755); err != nil {
+		return "", err
+	}
+	if err := baseDirs(layer); err != nil {
+		return "", err
+	}
+	dir, _, err := b.ls.Put(ctx, key, layer)
+	return dir, err
 }
 
 // dropEntry removes name (a path below layer whose parents are

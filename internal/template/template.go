@@ -232,6 +232,29 @@ func (s *Store) ByID(id string) (api.Template, error) {
 	return t, nil
 }
 
+// Layers returns the layer directories (topmost first) of a build made
+// of layers (a Dockerfile build's step: layers.json in its directory,
+// naming layers of the store), or nil for a build that is one rootfs.
+func (s *Store) Layers(id string) ([]string, error) {
+	name, build, ok := strings.Cut(id, "/")
+	if !ok || checkName(name) != nil || !nameRE.MatchString(build) {
+		return nil, errdefs.Invalid("template build id %q is not valid", id)
+	}
+	var dirs []string
+	if err := fsutil.ReadJSON(filepath.Join(s.dir, name, build, "layers.json"), &dirs); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("template build %s: %w", id, err)
+	}
+	for _, d := range dirs {
+		if rel, err := filepath.Rel(s.layersDir(), d); err != nil || !filepath.IsLocal(rel) {
+			return nil, fmt.Errorf("template build %s: layer %s is not in the layer store", id, d)
+		}
+	}
+	return dirs, nil
+}
+
 // Rootfs returns the root filesystem directory of a template build ID ("name/build").
 func (s *Store) Rootfs(id string) (string, error) {
 	name, build, ok := strings.Cut(id, "/")

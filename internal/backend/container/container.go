@@ -49,6 +49,10 @@ type Config struct {
 	CgroupParent string // sandboxes' cgroups go under /<CgroupParent>/<id> in every hierarchy
 	// TemplateRootfs returns the read-only root filesystem of a template build.
 	TemplateRootfs func(templateID string) (string, error)
+	// TemplateLayers, if set, returns the layer directories (topmost
+	// first) of a template build made of layers rather than one rootfs
+	// (a Dockerfile build's step), or nil for one that is a rootfs.
+	TemplateLayers func(templateID string) ([]string, error)
 	// WarmPool is how many started containers to keep ready per template
 	// build in use (0: none; every create starts a container).
 	WarmPool int
@@ -257,7 +261,7 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, c chain, fresh bo
 
 // startOnce is start without the fallback.
 func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fresh bool, mem *memoryImages) (err error) {
-	lowers, err := b.lowerDirs(c)
+	lowers, tplLowers, err := b.lowerDirsN(c)
 	if err != nil {
 		return err
 	}
@@ -340,9 +344,13 @@ func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fres
 	}
 	// Files the template marked with capabilities the sandbox lacks
 	// would not run (fcaps.go).
-	capped, err := templateCapFiles(lowers[len(lowers)-1])
-	if err != nil {
-		return err
+	var capped []string
+	for _, l := range lowers[len(lowers)-tplLowers:] {
+		files, err := templateCapFiles(l)
+		if err != nil {
+			return err
+		}
+		capped = append(capped, files...)
 	}
 	if err := dropFileCaps(rootfs, capped); err != nil {
 		return err

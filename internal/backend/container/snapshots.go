@@ -74,19 +74,36 @@ func (b *Backend) snapshotChain(snapID string) (chain, error) {
 
 // lowerDirs turns a chain into overlay lower directories, topmost first.
 func (b *Backend) lowerDirs(c chain) ([]string, error) {
-	rootfs, err := b.cfg.TemplateRootfs(c.Template)
-	if err != nil {
-		return nil, err
+	dirs, _, err := b.lowerDirsN(c)
+	return dirs, err
+}
+
+// lowerDirsN is lowerDirs, and how many of the lowers (the last ones)
+// are the template's.
+func (b *Backend) lowerDirsN(c chain) ([]string, int, error) {
+	var tpl []string
+	if b.cfg.TemplateLayers != nil {
+		var err error
+		if tpl, err = b.cfg.TemplateLayers(c.Template); err != nil {
+			return nil, 0, err
+		}
 	}
-	dirs := make([]string, 0, len(c.Layers)+1)
+	if tpl == nil {
+		rootfs, err := b.cfg.TemplateRootfs(c.Template)
+		if err != nil {
+			return nil, 0, err
+		}
+		tpl = []string{rootfs}
+	}
+	dirs := make([]string, 0, len(c.Layers)+len(tpl))
 	for _, l := range c.Layers {
 		d := filepath.Join(b.layerDir(l), "layer")
 		if _, err := os.Stat(d); err != nil {
-			return nil, fmt.Errorf("snapshot layer %s: %w", l, err)
+			return nil, 0, fmt.Errorf("snapshot layer %s: %w", l, err)
 		}
 		dirs = append(dirs, d)
 	}
-	return append(dirs, rootfs), nil
+	return append(dirs, tpl...), len(tpl), nil
 }
 
 // Snapshot implements core.Snapshotter: the container is frozen while its
