@@ -376,11 +376,7 @@ func (b *dockerBuild) build(ctx context.Context) (api.Template, error) {
 	tmp := filepath.Join(b.s.dir, b.name, ".build-"+buildID)
 	final := filepath.Join(b.s.dir, b.name, buildID)
 	defer os.RemoveAll(tmp)
-	rootfs := filepath.Join(tmp, "rootfs")
-	if err := os.MkdirAll(rootfs, 0o755); err != nil {
-		return api.Template{}, err
-	}
-	if err := b.merge(rootfs, st); err != nil {
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return api.Template{}, err
 	}
 	m := &meta{Name: b.name, ID: b.name + "/" + buildID, Source: SourceDockerfile, Image: b.opt.Dockerfile, Config: &cfg, Service: svc}
@@ -404,8 +400,11 @@ func (b *dockerBuild) build(ctx context.Context) (api.Template, error) {
 		}
 	}
 	sort.Strings(m.Cache)
-	m.SizeBytes, _ = dirSize(rootfs)
-	if err := b.s.commit(tmp, final, m); err != nil {
+	var dirs []string
+	for _, l := range st.layers {
+		dirs = append(dirs, l.dir)
+	}
+	if err := b.s.commitLayers(ctx, b.ls, tmp, final, m, dirs); err != nil {
 		return api.Template{}, err
 	}
 	fmt.Fprintf(b.progress, "template %s built from %s in %s\n", b.name, b.opt.Dockerfile, time.Since(start).Round(time.Millisecond))
@@ -909,30 +908,13 @@ func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.R
 	return nil
 }
 
-// baseDirsLayer is a stored layer of the directories every sandbox
-// mounts on (baseDirs), the bottom of every step's stack; the build keeps
-// it.
+// baseDirsLayer is the store's layer of the base directories (the
+// bottom of every step's stack too); the build keeps it.
 func (b *dockerBuild) baseDirsLayer(ctx context.Context) (string, error) {
-	key := stepKey("", "base directories", "proc sys dev run etc root tmp")
-	if !slices.Contains(b.extraKeys, key) {
+	dir, key, err := b.s.baseDirsLayer(ctx, b.ls)
+	if err == nil && !slices.Contains(b.extraKeys, key) {
 		b.extraKeys = append(b.extraKeys, key)
 	}
-	if b.ls.Has(key) {
-		return b.ls.Path(key)
-	}
-	tmp, err := b.ls.NewTemp()
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(tmp)
-	layer := filepath.Join(tmp, "layer")
-	if err := os.Mkdir(layer, 0o755); err != nil {
-		return "", err
-	}
-	if err := baseDirs(layer); err != nil {
-		return "", err
-	}
-	dir, _, err := b.ls.Put(ctx, key, layer)
 	return dir, err
 }
 

@@ -213,19 +213,11 @@ func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref
 	tmp := filepath.Join(s.dir, name, ".build-"+buildID)
 	final := filepath.Join(s.dir, name, buildID)
 	defer os.RemoveAll(tmp)
-	rootfs := filepath.Join(tmp, "rootfs")
-	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return api.Template{}, err
 	}
-	if err := layerstore.Merge(rootfs, dirs); err != nil {
-		return api.Template{}, fmt.Errorf("image %s: %w", from, err)
-	}
-	if err := baseDirs(rootfs); err != nil {
-		return api.Template{}, fmt.Errorf("image %s: %w", from, err)
-	}
-	m.SizeBytes, _ = dirSize(rootfs)
 	m.ID = name + "/" + buildID
-	if err := s.commit(tmp, final, m); err != nil {
+	if err := s.commitLayers(ctx, ls, tmp, final, m, dirs); err != nil {
 		return api.Template{}, err
 	}
 	fmt.Fprintf(progress, "template %s built from %s in %s\n", name, from, time.Since(start).Round(time.Millisecond))

@@ -290,8 +290,8 @@ func TestBuildImage(t *testing.T) {
 	if _, err := s.BuildImage(ctx, "other", host+"/other:1", ImageOptions{}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n := countLayers(t, dir); n != 4 {
-		t.Fatalf("%d layers stored for 2 images sharing a base: want 4", n)
+	if n := countLayers(t, dir); n != 5 { // and the base directories' layer
+		t.Fatalf("%d layers stored for 2 images sharing a base: want 5", n)
 	}
 
 	// A new image under the same tag: a rebuild keeps the recorded digest
@@ -309,14 +309,14 @@ func TestBuildImage(t *testing.T) {
 	if err := s.GC(ctx, "app", none); err != nil {
 		t.Fatal(err)
 	}
-	if n := countLayers(t, dir); n != 3 { // base, mid, other's
-		t.Fatalf("%d layers after the old builds went: want 3", n)
+	if n := countLayers(t, dir); n != 4 { // base, mid, other's, the base directories'
+		t.Fatalf("%d layers after the old builds went: want 4", n)
 	}
 	if err := s.Remove(ctx, "app", none); err != nil {
 		t.Fatal(err)
 	}
-	if n := countLayers(t, dir); n != 2 {
-		t.Fatalf("%d layers after app went: want other's 2", n)
+	if n := countLayers(t, dir); n != 3 {
+		t.Fatalf("%d layers after app went: want other's 2 and the base directories'", n)
 	}
 	if err := s.Remove(ctx, "other", none); err != nil {
 		t.Fatal(err)

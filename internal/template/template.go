@@ -43,6 +43,7 @@ import (
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/layerstore"
 )
 
 // Recipe says how to build a template.
@@ -262,10 +263,85 @@ func (s *Store) Rootfs(id string) (string, error) {
 		return "", errdefs.Invalid("template build id %q is not valid", id)
 	}
 	p := filepath.Join(s.dir, name, build, "rootfs")
-	if _, err := os.Stat(p); err != nil {
+	if _, err := os.Stat(p); err == nil {
+		return p, nil
+	}
+	layers, err := s.Layers(id)
+	if err != nil || layers == nil {
 		return "", errdefs.NotFound("template build %s is missing from %s", id, s.dir)
 	}
+	// A build of layers gets its merged rootfs on first use (a vm's root
+	// image, a look for systemd): made aside, renamed into place; of two
+	// callers at once, one's stays.
+	tmp, err := os.MkdirTemp(filepath.Join(s.dir, name, build), ".rootfs-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return "", err
+	}
+	dirs := make([]string, 0, len(layers))
+	for i := len(layers) - 1; i >= 0; i-- {
+		dirs = append(dirs, layers[i])
+	}
+	if err := layerstore.Merge(tmp, dirs); err != nil {
+		return "", fmt.Errorf("template build %s: merge its layers: %w", id, err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		if _, serr := os.Stat(p); serr == nil {
+			return p, nil
+		}
+		return "", err
+	}
 	return p, nil
+}
+
+// commitLayers commits a build made of layers (dirs, bottom first, in the
+// store): its layers.json names them, topmost first, over the layer of
+// the base directories; its rootfs is merged when first asked for.
+func (s *Store) commitLayers(ctx context.Context, ls *layerstore.Store, tmp, final string, m *meta, dirs []string) error {
+	base, key, err := s.baseDirsLayer(ctx, ls)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(m.Cache, key) {
+		m.Cache = append(m.Cache, key)
+	}
+	top := []string{}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		top = append(top, dirs[i])
+		n, _ := dirSize(dirs[i])
+		m.SizeBytes += n
+	}
+	if err := fsutil.WriteJSONAtomic(filepath.Join(tmp, "layers.json"), append(top, base)); err != nil {
+		return err
+	}
+	return s.commit(tmp, final, m)
+}
+
+// baseDirsLayer is a stored layer of the directories every sandbox
+// mounts on (baseDirs): the bottom of every build of layers.
+func (s *Store) baseDirsLayer(ctx context.Context, ls *layerstore.Store) (dir, key string, err error) {
+	key = "sha256:" + strings.Repeat("0", 56) + "0000ba5e"
+	if ls.Has(key) {
+		dir, err = ls.Path(key)
+		return dir, key, err
+	}
+	tmp, err := ls.NewTemp()
+	if err != nil {
+		return "", "", err
+	}
+	defer os.RemoveAll(tmp)
+	layer := filepath.Join(tmp, "layer")
+	if err := os.Mkdir(layer, 0o755); err != nil {
+		return "", "", err
+	}
+	if err := baseDirs(layer); err != nil {
+		return "", "", err
+	}
+	dir, _, err = ls.Put(ctx, key, layer)
+	return dir, key, err
 }
 
 // List returns the current build of every template.
