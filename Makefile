@@ -58,6 +58,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseVersion -fuzztime 10s ./internal/runcbin
 	$(GO) test -run '^$$' -fuzz FuzzUnpack -fuzztime 30s -fuzzminimizetime 3s ./internal/layerstore
 	$(GO) test -run '^$$' -fuzz FuzzListening -fuzztime 10s ./internal/daemon
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 10s ./internal/dockerignore
 
 bench: deps build
 	$(GO) run ./cmd/nook-bench

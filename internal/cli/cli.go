@@ -607,20 +607,8 @@ template) to stdout.`,
 				}
 				defer tarStream.Close()
 				dreq.Dockerfile = dockerfile
-				errw := cmd.ErrOrStderr()
-				t, err := cl.BuildTemplateDockerfile(cmd.Context(), req.Name, dreq, tarStream, func(ev api.BuildEvent) {
-					if ev.Progress != "" {
-						fmt.Fprintln(errw, tsafe(ev.Progress))
-					}
-				})
-				if err != nil {
-					return err
-				}
-				if buildJSON {
-					return printJSON(cmd.OutOrStdout(), t)
-				}
-				fmt.Fprintln(cmd.OutOrStdout(), t.ID)
-				return nil
+				t, err := cl.BuildTemplateDockerfile(cmd.Context(), req.Name, dreq, tarStream, progressLines(cmd))
+				return printBuilt(cmd, t, err, buildJSON)
 			}
 			if len(buildArgs) > 0 || dreq.Target != "" || len(dreq.Allow) > 0 || len(secretSpecs) > 0 {
 				return &usageError{errors.New("--build-arg, --target, --secret and --allow are for Dockerfile builds: give the build CONTEXT")}
@@ -628,21 +616,8 @@ template) to stdout.`,
 			if (req.Pull || req.Start != "" || req.Ready != "") && req.From == "" {
 				return &usageError{errors.New("--pull, --start and --ready need --from IMAGE")}
 			}
-			errw := cmd.ErrOrStderr()
-			t, err := cl.BuildTemplateFrom(cmd.Context(), req, func(ev api.BuildEvent) {
-				switch {
-				case ev.Progress != "":
-					fmt.Fprintln(errw, tsafe(ev.Progress))
-				}
-			})
-			if err != nil {
-				return err
-			}
-			if buildJSON {
-				return printJSON(cmd.OutOrStdout(), t)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), t.ID)
-			return nil
+			t, err := cl.BuildTemplateFrom(cmd.Context(), req, progressLines(cmd))
+			return printBuilt(cmd, t, err, buildJSON)
 		}),
 	}
 	build.Flags().StringVar(&req.From, "from", "", "build from this image (registry reference, oci:DIR[:TAG] or docker-archive:FILE[:REPO:TAG])")
@@ -713,6 +688,28 @@ template) to stdout.`,
 		}),
 	})
 	return c
+}
+
+// progressLines prints a template build's progress lines on stderr.
+func progressLines(cmd *cobra.Command) func(api.BuildEvent) {
+	errw := cmd.ErrOrStderr()
+	return func(ev api.BuildEvent) {
+		if ev.Progress != "" {
+			fmt.Fprintln(errw, tsafe(ev.Progress))
+		}
+	}
+}
+
+// printBuilt prints a built template's build ID (or the template as JSON).
+func printBuilt(cmd *cobra.Command, t *api.Template, err error, asJSON bool) error {
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(cmd.OutOrStdout(), t)
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), t.ID)
+	return nil
 }
 
 // templateSource says in a few words what a template was built from.

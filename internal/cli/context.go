@@ -2,18 +2,14 @@ package cli
 
 import (
 	"archive/tar"
-	"bufio"
-	"bytes"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
-
-	"github.com/moby/patternmatcher"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/dockerignore"
 )
 
 // outsideDockerfile is where a Dockerfile from outside the context goes
@@ -60,23 +56,9 @@ func contextTar(dir, dockerfile string, secrets map[string]string) (io.ReadClose
 		}
 		secretData[id] = b
 	}
-	var pm *patternmatcher.PatternMatcher
-	if ig, err := root.ReadFile(".dockerignore"); err == nil {
-		var pats []string
-		sc := bufio.NewScanner(bytes.NewReader(ig))
-		for sc.Scan() {
-			l := strings.TrimSpace(sc.Text())
-			if l == "" || strings.HasPrefix(l, "#") {
-				continue
-			}
-			neg := strings.HasPrefix(l, "!")
-			l = filepath.Clean(strings.TrimPrefix(strings.TrimPrefix(l, "!"), "/"))
-			if neg {
-				l = "!" + l
-			}
-			pats = append(pats, l)
-		}
-		if pm, err = patternmatcher.New(pats); err != nil {
+	var ig *dockerignore.Matcher
+	if b, err := root.ReadFile(".dockerignore"); err == nil {
+		if ig, err = dockerignore.Parse(b); err != nil {
 			root.Close()
 			return nil, "", fmt.Errorf(".dockerignore: %w", err)
 		}
@@ -95,10 +77,8 @@ func contextTar(dir, dockerfile string, secrets map[string]string) (io.ReadClose
 			if p == api.SecretsDir {
 				return fs.SkipDir // only --secret's go there
 			}
-			if pm != nil && p != inTar && p != ".dockerignore" {
-				if ok, _ := pm.MatchesOrParentMatches(p); ok {
-					return nil // a directory is still walked: a negated pattern may take back what is below it
-				}
+			if p != inTar && p != ".dockerignore" && ig.Excluded(p) {
+				return nil // a directory is still walked: a negated pattern may take back what is below it
 			}
 			fi, err := root.Lstat(p)
 			if err != nil {

@@ -1,7 +1,6 @@
 package template
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -22,10 +21,10 @@ import (
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
 	"github.com/moby/buildkit/frontend/dockerfile/parser"
 	"github.com/moby/buildkit/frontend/dockerfile/shell"
-	"github.com/moby/patternmatcher"
 	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/dockerignore"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/image"
@@ -211,7 +210,7 @@ type dockerBuild struct {
 	lex      *shell.Lex
 	stages   []instructions.Stage
 	done     map[int]*stageState
-	ignore   *patternmatcher.PatternMatcher
+	ignore   *dockerignore.Matcher
 	usedArgs map[string]bool
 	tmpDirs  []string
 	ctxRoot  *os.Root // the build context
@@ -295,11 +294,7 @@ func (b *dockerBuild) build(ctx context.Context) (api.Template, error) {
 		return api.Template{}, errdefs.Invalid("the Dockerfile %s is not in the build context: %v", b.opt.Dockerfile, err)
 	}
 	if ig, err := ctxRoot.ReadFile(".dockerignore"); err == nil {
-		pats, err := readIgnore(ig)
-		if err != nil {
-			return api.Template{}, errdefs.Invalid(".dockerignore: %v", err)
-		}
-		if b.ignore, err = patternmatcher.New(pats); err != nil {
+		if b.ignore, err = dockerignore.Parse(ig); err != nil {
 			return api.Template{}, errdefs.Invalid(".dockerignore: %v", err)
 		}
 	}
@@ -1052,24 +1047,4 @@ func (p *prefixWriter) flush() {
 		fmt.Fprintf(p.w, "%s%s\n", p.prefix, p.buf)
 		p.buf = nil
 	}
-}
-
-// readIgnore reads .dockerignore's patterns.
-func readIgnore(b []byte) ([]string, error) {
-	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		l := strings.TrimSpace(sc.Text())
-		if l == "" || strings.HasPrefix(l, "#") {
-			continue
-		}
-		neg := strings.HasPrefix(l, "!")
-		l = strings.TrimPrefix(l, "!")
-		l = filepath.Clean(strings.TrimPrefix(l, "/"))
-		if neg {
-			l = "!" + l
-		}
-		out = append(out, l)
-	}
-	return out, sc.Err()
 }

@@ -36,7 +36,7 @@ func (b *dockerBuild) copy(ctx context.Context, st *stageState, sd instructions.
 		return errdefs.Invalid("Dockerfile line %d: %s: %s", line, code, fmt.Sprintf(format, args...))
 	}
 	src := b.ctxRoot
-	ignore := b.ignore != nil
+	ignore := true
 	if from != "" {
 		dir, err := b.fromRoot(ctx, from, line)
 		if err != nil {
@@ -92,7 +92,7 @@ func (b *dockerBuild) copy(ctx context.Context, st *stageState, sd instructions.
 			toDir = true
 		}
 		for _, m := range matches {
-			if ignore && m != "." && ignored(b, m) {
+			if ignore && ignored(b, m) {
 				continue
 			}
 			fi, err := src.Stat(m) // a source named is followed (inside src), as Docker does
@@ -178,10 +178,7 @@ func sourceName(from string) string {
 	return "stage or image " + from
 }
 
-func ignored(b *dockerBuild, rel string) bool {
-	ok, err := b.ignore.MatchesOrParentMatches(filepath.FromSlash(rel))
-	return err == nil && ok
-}
+func ignored(b *dockerBuild, rel string) bool { return b.ignore.Excluded(rel) }
 
 func isArchive(name string) bool {
 	for _, s := range []string{".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst"} {
