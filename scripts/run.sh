@@ -31,6 +31,7 @@ The daemon is running and sandbox "demo" is yours. Go on with:
   ./bin/nook create --isolation vm --name box  # a microVM with its own kernel
   ./bin/nook snapshot box; ./bin/nook fork box --count 3   # branch it
   ./bin/nook create --name web --allow @registries         # egress allowlist
+  ./bin/nook template build app ./my-repo      # a template from a Dockerfile (or --from IMAGE)
   ./bin/nook ls                                # what is running
   ./bin/nook rm demo                           # destroy, leaving nothing behind
   ./bin/nook info                              # backends and host capabilities

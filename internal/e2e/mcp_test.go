@@ -248,7 +248,7 @@ func TestMCPTools(t *testing.T) {
 	}
 	// An agent builds a template from a Dockerfile's text, and starts from it.
 	tpl := testutil.RandomName("mcp")
-	t.Cleanup(func() { d.nook("template", "rm", tpl) })
+	t.Cleanup(func() { d.nook("rm", "mcp-made"); d.nook("template", "rm", tpl) })
 	if _, sc := call("template_build", map[string]any{"name": tpl, "dockerfile": "FROM base\nARG WHO\nRUN echo \"made by $WHO\" > /made\n", "build_args": map[string]any{"WHO": "mcp"}}); sc["source"] != "dockerfile" {
 		t.Fatalf("template_build from a Dockerfile: %+v", sc)
 	}

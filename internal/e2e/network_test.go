@@ -626,6 +626,8 @@ func TestNetworkDockerfileBuild(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "denied: "+webDenied+":80/tcp") || !strings.Contains(r.stderr, "--allow") {
 		t.Errorf("a step the policy refuses: %+v", r)
 	}
-	os.RemoveAll(filepath.Join(testutil.TemplatesDir(), tpl+"-bad"))
+	if _, err := os.Stat(filepath.Join(testutil.TemplatesDir(), tpl+"-bad")); !os.IsNotExist(err) {
+		t.Errorf("a failed build left the template's directory: %v", err)
+	}
 	checkNoNetworkLeft(t, w, d)
 }

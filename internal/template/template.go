@@ -448,6 +448,9 @@ func (s *Store) once(ctx context.Context, name, key string, progress io.Writer, 
 	unlock, err := s.lock(bctx, name)
 	if err == nil {
 		b.tpl, b.err = fn(bctx)
+		if b.err != nil {
+			s.dropNameless(name)
+		}
 		unlock()
 	} else {
 		b.err = err
@@ -457,6 +460,24 @@ func (s *Store) once(ctx context.Context, name, key string, progress io.Writer, 
 	s.mu.Unlock()
 	close(b.done)
 	return b.tpl, b.err
+}
+
+// dropNameless removes the directory of a template that has no build
+// (its first build failed): a failed build leaves no trace. The caller
+// holds its lock.
+func (s *Store) dropNameless(name string) {
+	dir := filepath.Join(s.dir, name)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if e.Name() != ".lock" {
+			return // a build, current, or one in progress
+		}
+	}
+	os.Remove(filepath.Join(dir, ".lock"))
+	os.Remove(dir)
 }
 
 // lock takes an exclusive flock on the template's directory, across processes.
