@@ -714,7 +714,11 @@ func printBuilt(cmd *cobra.Command, t *api.Template, err error, asJSON bool) err
 
 // templateSource says in a few words what a template was built from.
 func templateSource(t api.Template) string {
-	if t.Source != "image" {
+	switch t.Source {
+	case "image":
+	case "dockerfile":
+		return "Dockerfile (" + t.Image + ")"
+	default:
 		return "recipe"
 	}
 	d := strings.TrimPrefix(t.Digest, "sha256:")

@@ -233,6 +233,9 @@ func TestDockerfileTemplate(t *testing.T) {
 	if err != nil || r.code != 0 || !strings.Contains(r.stderr, "\n  step output here") {
 		t.Fatalf("template build from a Dockerfile: %+v %v", r, err)
 	}
+	if ls := d.must("template", "ls"); !strings.Contains(ls, "Dockerfile (Dockerfile)") {
+		t.Errorf("template ls does not say the template came from a Dockerfile:\n%s", ls)
+	}
 	d.must("create", "--name", "df-one", "--template", tpl)
 	want := "built\nhello\nnobody\n/srv/app\nbuilt\nno motd\nprint('hi')\n"
 	if got := d.must("exec", "df-one", "--", "sh", "-c", `cat /opt/artifact greeting.txt; id -un; pwd; echo $MODE; test -e /etc/motd || echo no motd; cat main.py`); got != want {
