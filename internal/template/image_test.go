@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -457,6 +458,7 @@ func TestBuildImageSaysWhatItWaitsFor(t *testing.T) {
 	requireRoot(t)
 	defer func(d time.Duration) { progressEvery = d }(progressEvery)
 	progressEvery = 20 * time.Millisecond
+	progress := &watchedBuffer{}
 	host := serveRegistry(t, func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
@@ -467,12 +469,14 @@ func TestBuildImageSaysWhatItWaitsFor(t *testing.T) {
 					w.Write(rec.Body.Bytes())
 					return
 				}
-				time.Sleep(500 * time.Millisecond) // nothing yet
+				// Nothing until the build has said it waits; half until
+				// it has said how far it is; then the rest.
+				progress.waitFor(t, "no byte yet")
 				w.WriteHeader(rec.Code)
 				body := rec.Body.Bytes()
 				w.Write(body[:len(body)/2])
 				w.(http.Flusher).Flush()
-				time.Sleep(500 * time.Millisecond) // half of it
+				progress.waitFor(t, "of 0.3 MB")
 				w.Write(body[len(body)/2:])
 				return
 			}
@@ -482,11 +486,40 @@ func TestBuildImageSaysWhatItWaitsFor(t *testing.T) {
 	noise := make([]byte, 256<<10)
 	rand.Read(noise)
 	pushImage(t, host+"/slow:1", testImage(t, v1.Config{}, tarLayer(t, compression.GZip, tfile{name: "f", data: string(noise)})))
-	var progress bytes.Buffer
-	if _, err := NewStore(t.TempDir(), slog.New(slog.DiscardHandler)).BuildImage(context.Background(), "slow", host+"/slow:1", ImageOptions{}, &progress); err != nil {
+	if _, err := NewStore(t.TempDir(), slog.New(slog.DiscardHandler)).BuildImage(context.Background(), "slow", host+"/slow:1", ImageOptions{}, progress); err != nil {
 		t.Fatal(err)
 	}
 	if out := progress.String(); !strings.Contains(out, "no byte yet") || !strings.Contains(out, "MB/s)") || !strings.Contains(out, "of 0.3 MB") {
 		t.Errorf("progress of a slow pull:\n%s", out)
+	}
+}
+
+// watchedBuffer is a build's progress that a test can wait on.
+type watchedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *watchedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *watchedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitFor waits (at most 30 s) until the progress holds s.
+func (b *watchedBuffer) waitFor(t *testing.T, s string) {
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(b.String(), s) {
+		if time.Now().After(deadline) {
+			t.Errorf("the progress never said %q:\n%s", s, b.String())
+			return
+		}
+		<-time.After(5 * time.Millisecond) // a poll of the condition, bounded by the deadline
 	}
 }
