@@ -222,6 +222,40 @@ func (s *Store) NewTemp() (string, error) {
 	return dir, nil
 }
 
+// NewLayer makes an empty layer directory (0755) in a NewTemp directory,
+// to be filled and given to Put; the caller removes filepath.Dir(layer)
+// if it does not.
+func (s *Store) NewLayer() (string, error) {
+	tmp, err := s.NewTemp()
+	if err != nil {
+		return "", err
+	}
+	layer := filepath.Join(tmp, "layer")
+	if err := os.Mkdir(layer, 0o755); err != nil {
+		os.RemoveAll(tmp)
+		return "", err
+	}
+	return layer, nil
+}
+
+// Make returns the directory of layer key, made first by fill (into an
+// empty directory) unless the store has it.
+func (s *Store) Make(ctx context.Context, key string, fill func(layer string) error) (string, error) {
+	if s.Has(key) {
+		return s.Path(key)
+	}
+	layer, err := s.NewLayer()
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(filepath.Dir(layer))
+	if err := fill(layer); err != nil {
+		return "", err
+	}
+	dir, _, err := s.Put(ctx, key, layer)
+	return dir, err
+}
+
 // Put keeps layer, a directory made in a NewTemp directory in the
 // store's format (a build step's changes), as layer key, unless the
 // store has it already (then layer is removed): it returns the stored

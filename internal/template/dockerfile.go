@@ -148,6 +148,12 @@ func (st *stageState) clone() *stageState {
 	return &c
 }
 
+// push adds a layer a step made (or found cached) under key.
+func (st *stageState) push(dir, key string) {
+	st.layers = append(st.layers, stepLayer{dir: dir, metaLayer: metaLayer{TemplateLayer: api.TemplateLayer{Digest: key}, Chain: key}})
+	st.key = key
+}
+
 // topFirst is the stage's layer directories, topmost first.
 func (st *stageState) topFirst() []string {
 	out := make([]string, 0, len(st.layers))
@@ -567,25 +573,14 @@ func (b *dockerBuild) templateBase(ctx context.Context, ref string) (*stageState
 	// meanwhile takes nothing from under this build, and its layer is
 	// this build's to keep.
 	key := stepKey("", "template", t.ID)
-	dir, err := b.ls.Path(key)
+	dir, err := b.ls.Make(ctx, key, func(layer string) error {
+		if err := layerstore.Merge(layer, []string{rootfs}); err != nil {
+			return fmt.Errorf("template %s: %w", ref, err)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	if !b.ls.Has(key) {
-		tmp, err := b.ls.NewTemp()
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(tmp)
-		if err := os.Mkdir(filepath.Join(tmp, "layer"), 0o755); err != nil {
-			return nil, err
-		}
-		if err := layerstore.Merge(filepath.Join(tmp, "layer"), []string{rootfs}); err != nil {
-			return nil, fmt.Errorf("template %s: %w", ref, err)
-		}
-		if dir, _, err = b.ls.Put(ctx, key, filepath.Join(tmp, "layer")); err != nil {
-			return nil, err
-		}
 	}
 	st := &stageState{shell: []string{"/bin/sh", "-c"}, args: map[string]string{}, key: key,
 		layers: []stepLayer{{dir: dir, metaLayer: metaLayer{TemplateLayer: api.TemplateLayer{Digest: "template:" + t.ID}, Chain: key}}}}
@@ -734,8 +729,7 @@ func (b *dockerBuild) cached(st *stageState, key, what, label string) bool {
 		return false
 	}
 	dir, _ := b.ls.Path(key)
-	st.layers = append(st.layers, stepLayer{dir: dir, metaLayer: metaLayer{TemplateLayer: api.TemplateLayer{Digest: key}, Chain: key}})
-	st.key = key
+	st.push(dir, key)
 	fmt.Fprintf(b.progress, "[stage %s] %s: cached\n", label, what)
 	return true
 }
@@ -897,8 +891,7 @@ func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.R
 	if err != nil {
 		return err
 	}
-	st.layers = append(st.layers, stepLayer{dir: dir, metaLayer: metaLayer{TemplateLayer: api.TemplateLayer{Digest: key}, Chain: key}})
-	st.key = key
+	st.push(dir, key)
 	fmt.Fprintf(b.progress, "[stage %s] done in %s\n", label, time.Since(start).Round(time.Millisecond))
 	return nil
 }
@@ -945,24 +938,16 @@ func (b *dockerBuild) ensureDir(ctx context.Context, st *stageState, dir, what, 
 	if b.cached(st, key, what, label) {
 		return nil
 	}
-	tmp, err := b.ls.NewTemp()
+	d, err := b.ls.Make(ctx, key, func(layer string) error {
+		if err := b.mkdirs(st, layer, dir); err != nil {
+			return errdefs.Invalid("Dockerfile line %d: %s: %v", line, what, err)
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
-	layer := filepath.Join(tmp, "layer")
-	if err := os.Mkdir(layer, 0o755); err != nil {
-		return err
-	}
-	if err := b.mkdirs(st, layer, dir); err != nil {
-		return errdefs.Invalid("Dockerfile line %d: %s: %v", line, what, err)
-	}
-	d, _, err := b.ls.Put(ctx, key, layer)
-	if err != nil {
-		return err
-	}
-	st.layers = append(st.layers, stepLayer{dir: d, metaLayer: metaLayer{TemplateLayer: api.TemplateLayer{Digest: key}, Chain: key}})
-	st.key = key
+	st.push(d, key)
 	fmt.Fprintf(b.progress, "[stage %s] %s\n", label, what)
 	return nil
 }

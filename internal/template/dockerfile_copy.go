@@ -19,7 +19,6 @@ import (
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
 	"golang.org/x/sys/unix"
 
-	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/layerstore"
 )
@@ -112,15 +111,11 @@ func (b *dockerBuild) copy(ctx context.Context, st *stageState, sd instructions.
 		return fail("every source is excluded by .dockerignore")
 	}
 
-	tmp, err := b.ls.NewTemp()
+	layer, err := b.ls.NewLayer()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
-	layer := filepath.Join(tmp, "layer")
-	if err := os.Mkdir(layer, 0o755); err != nil {
-		return err
-	}
+	defer os.RemoveAll(filepath.Dir(layer))
 	parent := dest
 	if !toDir {
 		parent = path.Dir(dest)
@@ -165,8 +160,7 @@ func (b *dockerBuild) copy(ctx context.Context, st *stageState, sd instructions.
 	if err != nil {
 		return err
 	}
-	st.layers = append(st.layers, stepLayer{dir: d, metaLayer: metaLayer{TemplateLayer: api.TemplateLayer{Digest: key}, Chain: key}})
-	st.key = key
+	st.push(d, key)
 	fmt.Fprintf(b.progress, "[stage %s] %s\n", label, what)
 	return nil
 }

@@ -324,23 +324,7 @@ func (s *Store) commitLayers(ctx context.Context, ls *layerstore.Store, tmp, fin
 // mounts on (baseDirs): the bottom of every build of layers.
 func (s *Store) baseDirsLayer(ctx context.Context, ls *layerstore.Store) (dir, key string, err error) {
 	key = "sha256:" + strings.Repeat("0", 56) + "0000ba5e"
-	if ls.Has(key) {
-		dir, err = ls.Path(key)
-		return dir, key, err
-	}
-	tmp, err := ls.NewTemp()
-	if err != nil {
-		return "", "", err
-	}
-	defer os.RemoveAll(tmp)
-	layer := filepath.Join(tmp, "layer")
-	if err := os.Mkdir(layer, 0o755); err != nil {
-		return "", "", err
-	}
-	if err := baseDirs(layer); err != nil {
-		return "", "", err
-	}
-	dir, _, err = ls.Put(ctx, key, layer)
+	dir, err = ls.Make(ctx, key, baseDirs)
 	return dir, key, err
 }
 
