@@ -548,7 +548,9 @@ from the same reference keeps that digest unless --pull. The image's ENV,
 WORKDIR and USER are the defaults of every exec in its sandboxes, and its
 ENTRYPOINT and CMD (or --start) the service each of them starts when it
 comes up (nook ps shows it); with --ready a create returns once the
-service is ready. With CONTEXT (a directory) it builds from a Dockerfile (-f, default
+service is ready. A vm has it running already in its template's
+snapshot (started before the sandbox existed: with the image's ENV,
+not the sandbox's --env). With CONTEXT (a directory) it builds from a Dockerfile (-f, default
 CONTEXT/Dockerfile): FROM an image, a nook template or a stage; RUN in
 nook's own sandboxes under the build's network policy (--allow, default
 @registries); COPY and ADD from the context (less .dockerignore) or

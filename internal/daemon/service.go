@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,7 +25,10 @@ import (
 // image's user in its working directory, and waits, if the template says
 // what ready is, until it is or MaxReadyWait passes. A service that does
 // not start, exits before it is ready or is not ready in time is the
-// create's (or start's) error, with the service's last output.
+// create's (or start's) error, with the service's last output. A vm
+// restored from its template's snapshot has the service running already
+// (prepareTemplate started it before the snapshot was saved): it is not
+// started twice.
 func (m *Manager) startService(ctx context.Context, sb *core.Sandbox) error {
 	if sb.TemplateID == "" {
 		return nil
@@ -33,20 +37,55 @@ func (m *Manager) startService(ctx context.Context, sb *core.Sandbox) error {
 	if err != nil || t.Service == nil {
 		return nil
 	}
-	svc := t.Service
 	c, err := m.agentFor(sb)
 	if err != nil {
 		return err
 	}
-	req := &agent.ExecRequest{Argv: svc.Cmd, Background: true}
+	return m.runService(ctx, c, t, nil, sb.Name)
+}
+
+// prepareTemplate is what a vm template's boot runs before its snapshot
+// is saved: the template's service, started and ready, so that every vm
+// restored from the snapshot has it running when its create returns,
+// without waiting for it. It starts before any sandbox exists: it has
+// the image's environment, not a sandbox's --env, and the template boot's
+// hostname.
+func (m *Manager) prepareTemplate(ctx context.Context, templateID string, c *agent.Client) error {
+	t, err := m.templates.ByID(templateID)
+	if err != nil || t.Service == nil {
+		return nil
+	}
+	env := map[string]string{}
+	if t.Config != nil {
+		for _, kv := range t.Config.Env {
+			if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+				env[k] = v
+			}
+		}
+	}
+	return m.runService(ctx, c, t, env, "the snapshot of "+templateID)
+}
+
+// runService starts t's service through c, unless it runs there already,
+// and waits until it is ready; where names the machine for the log.
+func (m *Manager) runService(ctx context.Context, c *agent.Client, t api.Template, env map[string]string, where string) error {
+	svc := t.Service
+	req := &agent.ExecRequest{Argv: svc.Cmd, Env: env, Background: true}
 	if cfg := t.Config; cfg != nil {
 		req.User, req.Cwd = cfg.User, cfg.WorkingDir
 	}
-	pid, err := c.Start(ctx, req)
+	pid, err := serviceSession(ctx, c, svc.Cmd)
 	if err != nil {
-		return errdefs.Precondition("the service of template %s (%s) did not start: %v; build the template again with another --start, or --start none", sb.Template, strings.Join(svc.Cmd, " "), err)
+		return fmt.Errorf("the service of template %s: %w", t.Name, err)
 	}
-	m.log.Info("template service started", "sandbox", sb.Name, "pid", pid, "cmd", strings.Join(svc.Cmd, " "))
+	if pid != 0 {
+		m.log.Info("template service running from the template's snapshot", "sandbox", where, "pid", pid)
+	} else {
+		if pid, err = c.Start(ctx, req); err != nil {
+			return errdefs.Precondition("the service of template %s (%s) did not start: %v; build the template again with another --start, or --start none", t.Name, strings.Join(svc.Cmd, " "), err)
+		}
+		m.log.Info("template service started", "sandbox", where, "pid", pid, "cmd", strings.Join(svc.Cmd, " "))
+	}
 	if svc.Ready == "" {
 		return nil
 	}
@@ -60,22 +99,38 @@ func (m *Manager) startService(ctx context.Context, sb *core.Sandbox) error {
 	for delay := 10 * time.Millisecond; ; delay = min(delay*2, 500*time.Millisecond) {
 		ready, err := m.serviceReady(ctx, c, req, kind, arg)
 		if err != nil {
-			return fmt.Errorf("the service of template %s: check %s: %w", sb.Template, svc.Ready, err)
+			return fmt.Errorf("the service of template %s: check %s: %w", t.Name, svc.Ready, err)
 		}
 		if ready {
-			m.log.Info("template service ready", "sandbox", sb.Name, "ready", svc.Ready, "after", time.Since(start))
+			m.log.Info("template service ready", "sandbox", where, "ready", svc.Ready, "after", time.Since(start))
 			return nil
 		}
 		if exit, out := serviceExited(ctx, c, pid); exit != nil {
-			return errdefs.Precondition("the service of template %s (%s) exited with code %d before %s: %s", sb.Template, strings.Join(svc.Cmd, " "), exit.ExitCode, svc.Ready, out)
+			return errdefs.Precondition("the service of template %s (%s) exited with code %d before %s: %s", t.Name, strings.Join(svc.Cmd, " "), exit.ExitCode, svc.Ready, out)
 		}
 		select {
 		case <-ctx.Done():
 			_, out := serviceExited(context.WithoutCancel(ctx), c, pid)
-			return errdefs.Precondition("the service of template %s (%s) was not ready (%s) within %s: %s", sb.Template, strings.Join(svc.Cmd, " "), svc.Ready, template.MaxReadyWait, out)
+			return errdefs.Precondition("the service of template %s (%s) was not ready (%s) within %s: %s", t.Name, strings.Join(svc.Cmd, " "), svc.Ready, template.MaxReadyWait, out)
 		case <-time.After(delay):
 		}
 	}
+}
+
+// serviceSession returns the PID of the session of argv the machine has
+// (running, or ended: a one-shot service ran in the template's snapshot
+// and is not run twice), or 0.
+func serviceSession(ctx context.Context, c *agent.Client, argv []string) (int, error) {
+	procs, err := c.Processes(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range procs {
+		if slices.Equal(p.Argv, argv) {
+			return p.PID, nil
+		}
+	}
+	return 0, nil
 }
 
 // serviceReady runs one readiness check of a service.

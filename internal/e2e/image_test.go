@@ -160,15 +160,24 @@ func TestImageTemplate(t *testing.T) {
 	// the create with its output, leaving no sandbox.
 	svc := tpl + "-svc"
 	t.Cleanup(func() { d.nook("template", "rm", svc) })
-	d.must("template", "build", svc, "--from", ref, "--start", "exec python3 -m http.server 8000", "--ready", "port:8000")
+	// A vm has it running in its template's snapshot, started before the
+	// sandbox existed (on the template boot's hostname), and not twice.
+	d.must("template", "build", svc, "--from", ref, "--start", "hostname >/tmp/started-on; exec python3 -m http.server 8000", "--ready", "port:8000")
 	d.must("create", "--name", "img-svc", "--template", svc)
-	if got := d.must("exec", "img-svc", "--", "sh", "-c", "curl -s http://127.0.0.1:8000/ | grep -c hello.txt; ps -o user= -C python3"); got != "1\napp\n" {
-		t.Errorf("the service: %q", got)
+	d.must("create", "--name", "img-svc-vm", "--isolation", "vm", "--template", svc, "--cpus", "1", "--memory", "512M")
+	for sandbox, startedOn := range map[string]string{"img-svc": "img-svc", "img-svc-vm": "the template boot"} {
+		if got := d.must("exec", sandbox, "--", "sh", "-c", "curl -s http://127.0.0.1:8000/ | grep -c hello.txt; ps -o user= -C python3"); got != "1\napp\n" {
+			t.Errorf("%s: the service: %q", sandbox, got)
+		}
+		if ps := d.must("ps", sandbox); strings.Count(ps, "http.server") != 1 {
+			t.Errorf("%s: nook ps does not show the service once:\n%s", sandbox, ps)
+		}
+		got := strings.TrimSpace(d.must("exec", sandbox, "--", "cat", "/tmp/started-on"))
+		if (startedOn == sandbox) != (got == sandbox) {
+			t.Errorf("%s: the service started on host %q, want it started on %s", sandbox, got, startedOn)
+		}
 	}
-	if ps := d.must("ps", "img-svc"); !strings.Contains(ps, "http.server") {
-		t.Errorf("nook ps does not show the service:\n%s", ps)
-	}
-	d.must("rm", "img-svc")
+	d.must("rm", "img-svc", "img-svc-vm")
 	d.must("template", "build", svc, "--from", ref, "--start", "echo broken >&2; exit 3", "--ready", "port:9")
 	if r, _ := d.nook("create", "--name", "img-bad", "--template", svc); r.code != 1 || !strings.Contains(r.stderr, "exited with code 3") || !strings.Contains(r.stderr, "broken") {
 		t.Errorf("a service that exits before it is ready: %+v", r)

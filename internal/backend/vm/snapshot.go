@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/agent/guestinit"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/fsutil"
@@ -201,6 +203,14 @@ func (b *Backend) bootAndSave(ctx context.Context, templateID string, m machine,
 	if m.Init == api.InitSystemd {
 		if err := b.waitSystemd(ctx, l.AgentSock); err != nil {
 			return fmt.Errorf("template boot: %w%s", err, b.consoleTail(s.dir))
+		}
+	}
+	if b.cfg.PrepareTemplate != nil {
+		c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return dialAgent(ctx, l.AgentSock) })
+		err := b.cfg.PrepareTemplate(ctx, templateID, c)
+		c.Close()
+		if err != nil {
+			return fmt.Errorf("template boot: %w", err)
 		}
 	}
 	// Let the guest agent see the host go away and wait for the next one.

@@ -64,6 +64,13 @@ type Config struct {
 	ColdBoot bool
 	// TemplateRootfs returns the read-only root filesystem of a template build.
 	TemplateRootfs func(templateID string) (string, error)
+	// PrepareTemplate, if set, runs in a template's boot, through its
+	// agent, before the template's snapshot is saved (after systemd has
+	// started, in a systemd guest): what it starts runs in every vm
+	// restored from the snapshot. The daemon starts the template's
+	// service there. Its error fails the snapshot (the create boots the
+	// vm instead, and says why).
+	PrepareTemplate func(ctx context.Context, templateID string, c *agent.Client) error
 	// WarmPool is how many restored vms to keep ready per template build
 	// and machine shape in use (0: none).
 	WarmPool int
