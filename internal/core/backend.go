@@ -145,6 +145,16 @@ type Stopper interface {
 	Start(ctx context.Context, sb *Sandbox) error
 }
 
+// TemplateCache is a backend that keeps what it made from template
+// builds (a vm's root image and template snapshots).
+type TemplateCache interface {
+	// CachedTemplates lists the builds it keeps something of.
+	CachedTemplates() []string
+	// ForgetTemplate removes what it made from a build no sandbox uses
+	// any more (the template store removed it), warm sandboxes included.
+	ForgetTemplate(ctx context.Context, templateID string) error
+}
+
 // WarmPool is an optional Backend feature: sandboxes started ahead of
 // demand, so that a create only has to claim one and give it its identity
 // (limits, hostname; the manager then configures it through its agent).

@@ -291,6 +291,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		Net: hooks,
 	})
 	m.backends = map[string]core.Backend{ctr.Isolation(): ctr, vmb.Isolation(): vmb}
+	m.templates.OnRemove(m.forgetTemplate)
 	bootFile := filepath.Join(cfg.DataDir, "host-boot-id")
 	bootID, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if was, err := os.ReadFile(bootFile); err == nil && len(bootID) > 0 && !bytes.Equal(was, bootID) {
@@ -491,7 +492,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 			return nil, errdefs.Invalid("disk %s is too small for a %s sandbox: ask for at least %s", req.Disk, req.Isolation, core.FormatBytes(caps.MinDiskBytes))
 		}
 		if req.Isolation == api.IsolationVM && disk < vm.MinDisk {
-			return nil, errdefs.Invalid("disk %s is too small for a vm sandbox: its disk is at least %s (the template image's size)", req.Disk, core.FormatBytes(vm.MinDisk))
+			return nil, errdefs.Invalid("disk %s is too small for a vm sandbox: ask for at least %s (beside the template's files)", req.Disk, core.FormatBytes(vm.MinDisk))
 		}
 		var fs syscall.Statfs_t
 		if syscall.Statfs(m.cfg.DataDir, &fs) == nil && disk > int64(fs.Bavail)*fs.Bsize {
@@ -1256,6 +1257,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	// of snapshots whose records are gone, unless a sandbox uses them.
 	orphans := time.Now()
 	m.gcSnapshots(ctx)
+	m.gcTemplateCaches(ctx, sbs)
 	gc := time.Now()
 	if m.net != nil {
 		// Policies, resolvers and exposed ports come back; networks no
@@ -1271,6 +1273,44 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	m.log.Info("reconciled the sandboxes with the host", "sandboxes", len(sbs), "duration", time.Since(start),
 		"sandboxes_checked", adopted.Sub(start), "orphans_removed", orphans.Sub(adopted), "snapshots_gc", gc.Sub(orphans), "networks", time.Since(gc))
 	return nil
+}
+
+// forgetTemplate has the backends remove what they made from a build
+// the template store removed (no sandbox uses it).
+func (m *Manager) forgetTemplate(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, b := range m.backends {
+		if tc, ok := b.(core.TemplateCache); ok {
+			if err := tc.ForgetTemplate(ctx, id); err != nil {
+				m.log.Warn("remove what a backend made of a removed template build", "template", id, "err", err)
+			}
+		}
+	}
+}
+
+// gcTemplateCaches removes, at start, what backends keep of template
+// builds the store no longer has and no sandbox uses (a build removed
+// while the daemon was down, or before the backend was told).
+func (m *Manager) gcTemplateCaches(ctx context.Context, sbs []*core.Sandbox) {
+	used := map[string]bool{}
+	for _, sb := range sbs {
+		used[sb.TemplateID] = true
+	}
+	for _, b := range m.backends {
+		tc, ok := b.(core.TemplateCache)
+		if !ok {
+			continue
+		}
+		for _, id := range tc.CachedTemplates() {
+			if used[id] || m.templates.Exists(id) {
+				continue
+			}
+			if err := tc.ForgetTemplate(ctx, id); err != nil {
+				m.log.Warn("remove what a backend made of a removed template build", "template", id, "err", err)
+			}
+		}
+	}
 }
 
 // Run reaps expired sandboxes, finishes stuck destroys and notices dead

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -192,8 +193,26 @@ func TestImageTemplate(t *testing.T) {
 	}
 	d.must("rm", "img-ctr", "img-env")
 	d.must("template", "rm", tpl)
-	if _, err := os.Stat(filepath.Join(testutil.TemplatesDir(), tpl)); !os.IsNotExist(err) {
-		t.Errorf("the template's directory is left: %v", err)
+	for _, name := range []string{tpl, svc} {
+		if _, err := os.Stat(filepath.Join(testutil.TemplatesDir(), name)); !os.IsNotExist(err) {
+			t.Errorf("the directory of template %s is left: %v", name, err)
+		}
+		// Its vms' root images and snapshots went with it.
+		if _, err := os.Stat(filepath.Join(vmCacheDir(), "templates", name)); !os.IsNotExist(err) {
+			t.Errorf("the vm cache of template %s is left: %v", name, err)
+		}
+	}
+	// What a vm cache keeps of a build the store no longer has (removed
+	// while no daemon ran) goes when a daemon starts.
+	gone := filepath.Join(vmCacheDir(), "templates", tpl+"-gone", "20260101t000000-000000")
+	if err := os.MkdirAll(gone, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(gone, "rootfs.ext4"), []byte("x"), 0o400)
+	d.stop(syscall.SIGTERM)
+	d.start()
+	if _, err := os.Stat(filepath.Dir(gone)); !os.IsNotExist(err) {
+		t.Errorf("the vm cache of a build the store does not have is left after a restart: %v", err)
 	}
 	d.expectCLI(t, []cliCase{
 		{[]string{"template", "build", "x", "--pull"}, 2, "need --from"},

@@ -113,6 +113,24 @@ type Store struct {
 	builds map[string]*build // in progress, by name
 
 	byID sync.Map // build ID -> api.Template, of builds read (they never change)
+
+	// removed, if set, is told the ID of every build the store removes.
+	removed func(id string)
+}
+
+// OnRemove has f told the ID of every build the store removes (a GC, a
+// template's removal), once it is gone: what a backend made from it
+// (a vm's root image and snapshots) can go too.
+func (s *Store) OnRemove(f func(id string)) { s.removed = f }
+
+// Exists reports whether the build id is in the store.
+func (s *Store) Exists(id string) bool {
+	name, build, ok := strings.Cut(id, "/")
+	if !ok || checkName(name) != nil || !nameRE.MatchString(build) {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(s.dir, name, build))
+	return err == nil
 }
 
 type build struct {
@@ -605,8 +623,14 @@ func (s *Store) gcLocked(name string, inUse func(id string) (int, error)) error 
 			remaining++
 			continue
 		}
+		id := name + "/" + e.Name()
 		if err := os.RemoveAll(filepath.Join(s.dir, name, e.Name())); err != nil {
 			errs = append(errs, err)
+			continue
+		}
+		s.byID.Delete(id)
+		if s.removed != nil {
+			s.removed(id)
 		}
 	}
 	if remaining == 0 && len(cur) == 0 {

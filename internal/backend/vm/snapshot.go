@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -19,10 +21,12 @@ import (
 	"github.com/nookhq/nook/internal/agent/guestinit"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/fsutil"
+	"golang.org/x/sys/unix"
 )
 
-// The template's root image is this big (sparse): the most a sandbox can
-// write before its disk is full.
+// A template's root image (sparse) holds its files and this much free
+// space: the most a sandbox that asks for no disk can write before its
+// disk is full.
 const defaultImageSize = 8 << 30
 
 // deviceLayout changes whenever the vm's devices do (QEMU's args): a
@@ -82,10 +86,14 @@ func (b *Backend) ensureImage(ctx context.Context, templateID string) (string, e
 	os.Remove(tmp)
 	defer os.Remove(tmp)
 	start := time.Now()
+	size, inodes, err := imageSize(rootfs)
+	if err != nil {
+		return "", fmt.Errorf("measure the template's files: %w", err)
+	}
 	// Inode tables are written now (no lazy init), so that no guest spends
 	// its first minutes zeroing them into its own copy-on-write layer.
-	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-i", "65536", "-L", guestinit.RootLabel,
-		"-E", "lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0", "-d", rootfs, tmp, strconv.FormatInt(defaultImageSize>>20, 10)+"M").CombinedOutput()
+	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-N", strconv.FormatInt(inodes, 10), "-L", guestinit.RootLabel,
+		"-E", "lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0", "-d", rootfs, tmp, strconv.FormatInt(size>>20, 10)+"M").CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("mkfs.ext4 -d %s: %w: %s", rootfs, err, bytes.TrimSpace(out))
 	}
@@ -97,6 +105,38 @@ func (b *Backend) ensureImage(ctx context.Context, templateID string) (string, e
 	}
 	b.cfg.Log.Info("vm root image built", "template", templateID, "duration", time.Since(start))
 	return img, nil
+}
+
+// imageSize is the size of a template's root image: room for its files
+// (their blocks, counting hard links once, with their inodes, block maps
+// and the journal) plus defaultImageSize free; and the inodes it needs:
+// one per entry and one per 64 KiB of the free space.
+func imageSize(rootfs string) (size, inodes int64, err error) {
+	var blocks, entries int64
+	seen := map[uint64]bool{}
+	err = filepath.WalkDir(rootfs, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		entries++
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		if !d.IsDir() && st.Nlink > 1 {
+			if seen[st.Ino] {
+				return nil
+			}
+			seen[st.Ino] = true
+		}
+		blocks += (st.Size + 4095) &^ 4095
+		return nil
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	files := (blocks + blocks/32 + entries*256 + 256<<20 + 1<<20 - 1) &^ (1<<20 - 1)
+	return files + defaultImageSize, entries + defaultImageSize>>16, nil
 }
 
 // ensureSnapshot returns the template's snapshot for a machine shape,
@@ -273,4 +313,49 @@ func (b *Backend) qemuVersion() string {
 		qemuVersion = string(bytes.SplitN(out, []byte("\n"), 2)[0])
 	})
 	return qemuVersion
+}
+
+// CachedTemplates implements core.TemplateCache: the template builds this
+// cache holds a root image or snapshots of.
+func (b *Backend) CachedTemplates() []string {
+	var ids []string
+	names, _ := os.ReadDir(filepath.Join(b.cfg.CacheDir, "templates"))
+	for _, n := range names {
+		builds, _ := os.ReadDir(filepath.Join(b.cfg.CacheDir, "templates", n.Name()))
+		for _, bd := range builds {
+			if bd.IsDir() {
+				ids = append(ids, n.Name()+"/"+bd.Name())
+			}
+		}
+	}
+	return ids
+}
+
+// ForgetTemplate implements core.TemplateCache: it destroys the build's
+// warm vms and removes its root image and snapshots (of every machine
+// shape), under the lock that makes them.
+func (b *Backend) ForgetTemplate(ctx context.Context, templateID string) error {
+	name, build, ok := strings.Cut(templateID, "/")
+	if !ok || name == "" || build == "" || strings.ContainsAny(build, "/") || name == "." || name == ".." || build == "." || build == ".." {
+		return fmt.Errorf("template build id %q is not valid", templateID)
+	}
+	if err := b.pool.Drain(ctx, templateID+"@"); err != nil {
+		return err
+	}
+	dir := b.templateDir(templateID)
+	b.dropTemplateRAM(dir + string(filepath.Separator))
+	if _, err := os.Stat(dir); os.IsNotExist(err) {
+		return nil
+	}
+	unlock, err := fsutil.Flock(ctx, filepath.Join(dir, "lock"))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	os.Remove(filepath.Dir(dir)) // the template's directory, once it holds no build
+	b.cfg.Log.Info("vm template cache removed", "template", templateID)
+	return nil
 }

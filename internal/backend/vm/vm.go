@@ -307,14 +307,28 @@ func (b *Backend) Create(ctx context.Context, sb *core.Sandbox) error {
 	return b.growDisk(ctx, sb)
 }
 
-// MinDisk is a vm's smallest disk: the template image's size.
+// MinDisk is the smallest disk a vm may ask for: a vm's disk holds its
+// template's files and the disk it asks for (by default MinDisk) beside
+// them.
 const MinDisk = defaultImageSize
 
 // growDisk gives a sandbox that asked for more than the template image's
-// size its disk: QEMU grows the block device (the guest sees the new
-// capacity at once) and the guest grows its root filesystem online.
+// free space its disk (the template's files and what it asked for): QEMU
+// grows the block device (the guest sees the new capacity at once) and
+// the guest grows its root filesystem online.
 func (b *Backend) growDisk(ctx context.Context, sb *core.Sandbox) error {
 	if sb.DiskBytes <= defaultImageSize {
+		return nil
+	}
+	st, err := os.Stat(filepath.Join(b.templateDir(sb.TemplateID), "rootfs.ext4"))
+	if err != nil {
+		return fmt.Errorf("the template's root image: %w", err)
+	}
+	// An image made before images held their files beside the free space
+	// is defaultImageSize in all.
+	files := max(st.Size()-defaultImageSize, 0)
+	size := (files + sb.DiskBytes) &^ (1<<20 - 1)
+	if size <= st.Size() {
 		return nil
 	}
 	mon, err := dialQMP(ctx, filepath.Join(b.dir(sb.ID), "qmp.sock"))
@@ -322,7 +336,6 @@ func (b *Backend) growDisk(ctx context.Context, sb *core.Sandbox) error {
 		return err
 	}
 	defer mon.close()
-	size := sb.DiskBytes &^ (1<<20 - 1)
 	if err := mon.run("block_resize", map[string]any{"node-name": "root", "size": size}, nil); err != nil {
 		return fmt.Errorf("grow the disk to %s: %w", core.FormatBytes(size), err)
 	}

@@ -269,19 +269,26 @@ systemctl daemon-reload && systemctl start nook-echo.socket`)
 	}
 }
 
-// TestDisk: --disk above the template image's size grows the vm's disk
-// and its root filesystem.
+// TestDisk: a vm's disk is its template's files and the disk it asks
+// for beside them: 8 GiB free by default, and --disk above that grows
+// the vm's disk and its root filesystem.
 func TestDisk(t *testing.T) {
 	_, h := newTestBackend(t, testConfig{})
-	sb := conformance.NewSandbox("vm-disk", h.TemplateID)
-	sb.DiskBytes = 12 << 30
-	if err := h.Backend.Create(context.Background(), sb); err != nil {
-		t.Fatal(err)
-	}
-	s := conformance.Adopt(t, h, sb)
-	size, _ := strconv.ParseInt(strings.TrimSpace(s.Sh(t, "df -B1 --output=size / | tail -1")), 10, 64)
-	if size < 11<<30 || size > 12<<30 {
-		t.Fatalf("root filesystem is %d bytes, want about 12 GiB", size)
+	for _, c := range []struct {
+		name string
+		disk int64
+		want int64
+	}{{"vm-disk-default", 0, 8 << 30}, {"vm-disk", 12 << 30, 12 << 30}} {
+		sb := conformance.NewSandbox(c.name, h.TemplateID)
+		sb.DiskBytes = c.disk
+		if err := h.Backend.Create(context.Background(), sb); err != nil {
+			t.Fatal(err)
+		}
+		s := conformance.Adopt(t, h, sb)
+		free, _ := strconv.ParseInt(strings.TrimSpace(s.Sh(t, "df -B1 --output=avail / | tail -1")), 10, 64)
+		if free < c.want-c.want/32 || free > c.want+1<<30 {
+			t.Fatalf("%s: %d bytes free on the root filesystem, want about %d GiB", c.name, free, c.want>>30)
+		}
 	}
 }
 
