@@ -278,6 +278,9 @@ type BuildEvent struct {
 	// Layer reports a layer done: its digest, its size, and whether it
 	// was already in the layer store (Cached).
 	Layer *BuildLayerEvent `json:"layer,omitempty"`
+	// Pulling reports a layer being pulled: how many of its bytes have
+	// come (about 4 times a second while they come).
+	Pulling *BuildPullEvent `json:"pulling,omitempty"`
 	// Template is the build, when it succeeded.
 	Template *Template `json:"template,omitempty"`
 	Error    *Error    `json:"error,omitempty"`
@@ -291,6 +294,15 @@ type BuildLayerEvent struct {
 	Size    int64   `json:"size"`
 	Cached  bool    `json:"cached"`
 	Seconds float64 `json:"seconds"`
+}
+
+// BuildPullEvent reports a layer of an image build on its way.
+type BuildPullEvent struct {
+	Index    int    `json:"index"` // from 0, bottom first
+	Count    int    `json:"count"`
+	Digest   string `json:"digest"`
+	Size     int64  `json:"size"`
+	Received int64  `json:"received"` // bytes of it so far
 }
 
 // TemplateRecipe is a template nook knows how to build.

@@ -351,8 +351,8 @@ func (c *Client) BuildTemplate(ctx context.Context, name string, progress io.Wri
 // BuildTemplateFrom builds a template from one of nook's recipes (no
 // From) or from an image (req.From: a registry reference, oci:DIR or
 // docker-archive:FILE on the daemon's host), calling on with each event
-// of the build as it comes (progress lines, layers; on may be nil), and
-// returns the template built.
+// of the build as it comes (progress lines, layers pulled, how far those
+// on their way are; on may be nil), and returns the template built.
 func (c *Client) BuildTemplateFrom(ctx context.Context, req api.BuildTemplateRequest, on func(api.BuildEvent)) (*api.Template, error) {
 	resp, err := c.do(ctx, "POST", "/v1/templates", req)
 	if err != nil {

@@ -558,8 +558,8 @@ another stage; RUN --mount=type=cache (kept between builds) and
 type=secret (--secret; in no layer); ENV, ARG, WORKDIR, USER, SHELL,
 ENTRYPOINT, CMD, EXPOSE, LABEL. Each step that makes a layer is cached by content: a rebuild
 reruns from the first step that changed.
-Progress goes to stderr; the template's build ID (or with --json the
-template) to stdout.`,
+Progress goes to stderr (on a terminal with a bar for each layer being
+pulled); the template's build ID (or with --json the template) to stdout.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			req.Name = args[0]
@@ -609,7 +609,9 @@ template) to stdout.`,
 				}
 				defer tarStream.Close()
 				dreq.Dockerfile = dockerfile
-				t, err := cl.BuildTemplateDockerfile(cmd.Context(), req.Name, dreq, tarStream, progressLines(cmd))
+				view := newBuildView(cmd.ErrOrStderr())
+				t, err := cl.BuildTemplateDockerfile(cmd.Context(), req.Name, dreq, tarStream, view.event)
+				view.finish()
 				return printBuilt(cmd, t, err, buildJSON)
 			}
 			if len(buildArgs) > 0 || dreq.Target != "" || len(dreq.Allow) > 0 || len(secretSpecs) > 0 {
@@ -618,7 +620,9 @@ template) to stdout.`,
 			if (req.Pull || req.Start != "" || req.Ready != "") && req.From == "" {
 				return &usageError{errors.New("--pull, --start and --ready need --from IMAGE")}
 			}
-			t, err := cl.BuildTemplateFrom(cmd.Context(), req, progressLines(cmd))
+			view := newBuildView(cmd.ErrOrStderr())
+			t, err := cl.BuildTemplateFrom(cmd.Context(), req, view.event)
+			view.finish()
 			return printBuilt(cmd, t, err, buildJSON)
 		}),
 	}
@@ -690,16 +694,6 @@ template) to stdout.`,
 		}),
 	})
 	return c
-}
-
-// progressLines prints a template build's progress lines on stderr.
-func progressLines(cmd *cobra.Command) func(api.BuildEvent) {
-	errw := cmd.ErrOrStderr()
-	return func(ev api.BuildEvent) {
-		if ev.Progress != "" {
-			fmt.Fprintln(errw, tsafe(ev.Progress))
-		}
-	}
 }
 
 // printBuilt prints a built template's build ID (or the template as JSON).

@@ -259,7 +259,7 @@ func (m *Manager) BuildDockerfile(ctx context.Context, name string, req api.Dock
 		}
 	}
 	topt := template.DockerfileOptions{Context: dir, Dockerfile: req.Dockerfile, BuildArgs: req.BuildArgs, Target: req.Target, Secrets: secrets,
-		Resolve: image.Options{Remote: !opt.HostCredentials}, Start: req.Start, Ready: req.Ready,
+		Resolve: image.Options{Remote: !opt.HostCredentials}, Start: req.Start, Ready: req.Ready, OnPull: opt.OnPull,
 		Runner: &stepRunner{m: m, tpl: name, allow: allow}}
 	if m.net == nil {
 		topt.Runner = &stepRunner{m: m, tpl: name}

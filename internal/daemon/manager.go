@@ -1497,6 +1497,7 @@ func (m *Manager) imageConfig(sb *core.Sandbox) *api.ImageConfig {
 type BuildOptions struct {
 	Progress io.Writer                 // the build's output lines
 	OnLayer  func(api.BuildLayerEvent) // each image layer done (may be nil)
+	OnPull   func(api.BuildPullEvent)  // how far an image layer being pulled is (may be nil)
 	// HostCredentials lets the pull use the registry credentials of the
 	// daemon's host (root's Docker config and credential helpers): for
 	// the host's own callers only, never a remote token's.
@@ -1516,7 +1517,7 @@ func (m *Manager) BuildTemplateFrom(ctx context.Context, req api.BuildTemplateRe
 		}
 		return m.BuildTemplate(ctx, req.Name, w)
 	}
-	iopt := template.ImageOptions{Pull: req.Pull, OnLayer: onLayer, Resolve: image.Options{Remote: !opt.HostCredentials}, Start: req.Start, Ready: req.Ready}
+	iopt := template.ImageOptions{Pull: req.Pull, OnLayer: onLayer, OnPull: opt.OnPull, Resolve: image.Options{Remote: !opt.HostCredentials}, Start: req.Start, Ready: req.Ready}
 	t, err := m.templates.BuildImage(ctx, req.Name, req.From, iopt, w)
 	if err != nil {
 		return t, err

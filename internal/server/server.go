@@ -439,7 +439,8 @@ func (s *Server) buildTemplateFrom(w http.ResponseWriter, r *http.Request) {
 }
 
 // streamBuild runs a template build, streaming NDJSON api.BuildEvents:
-// its progress lines and layers, then the template or the error.
+// its progress lines, layers pulled and how far those being pulled are,
+// then the template or the error.
 func (s *Server) streamBuild(w http.ResponseWriter, name string, build func(daemon.BuildOptions) (api.Template, error)) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	fw := &flushWriter{w: w, rc: http.NewResponseController(w)}
@@ -451,7 +452,9 @@ func (s *Server) streamBuild(w http.ResponseWriter, name string, build func(daem
 		fw.Write(append(b, '\n'))
 	}
 	lines := &lineWriter{emit: func(line string) { send(api.BuildEvent{Progress: line}) }}
-	t, err := build(daemon.BuildOptions{Progress: lines, OnLayer: func(l api.BuildLayerEvent) { send(api.BuildEvent{Layer: &l}) }})
+	t, err := build(daemon.BuildOptions{Progress: lines,
+		OnLayer: func(l api.BuildLayerEvent) { send(api.BuildEvent{Layer: &l}) },
+		OnPull:  func(p api.BuildPullEvent) { send(api.BuildEvent{Pulling: &p}) }})
 	lines.flush()
 	if err != nil {
 		status, code := errorStatus(err)

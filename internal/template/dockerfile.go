@@ -85,6 +85,9 @@ type DockerfileOptions struct {
 	// kept for the image builds' sake).
 	Resolve      image.Options
 	Start, Ready string
+	// OnPull is told how far each layer of an image FROM names is, as
+	// ImageOptions.OnPull.
+	OnPull func(api.BuildPullEvent)
 }
 
 // cacheMountDir is the host directory of build cache id (RUN
@@ -616,7 +619,7 @@ func (b *dockerBuild) pull(ctx context.Context, ref string, line int) ([]stepLay
 		for j := len(out) - 1; j >= 0; j-- {
 			lowers = append(lowers, out[j].dir)
 		}
-		dir, made, err := ensureLayer(ctx, b.ls, l, lowers, DefaultMaxLayerBytes, fmt.Sprintf("  layer %d/%d %s", i+1, len(res.Layers), short(l.Digest.String())), b.progress)
+		dir, made, err := ensureLayer(ctx, b.ls, l, lowers, DefaultMaxLayerBytes, fmt.Sprintf("  layer %d/%d %s", i+1, len(res.Layers), short(l.Digest.String())), b.progress, pullReporter(b.opt.OnPull, i, len(res.Layers), l))
 		if err != nil {
 			return nil, api.ImageConfig{}, atLine(line, "FROM %s: layer %d of %d: %w", ref, i+1, len(res.Layers), err)
 		}

@@ -34,6 +34,9 @@ type ImageOptions struct {
 	Resolve image.Options
 	// OnLayer is told about each layer once it is in the layer store.
 	OnLayer func(api.BuildLayerEvent)
+	// OnPull is told, every pullEvery while a layer is pulled, how many
+	// of its bytes have come.
+	OnPull func(api.BuildPullEvent)
 	// MaxLayerBytes bounds what one layer unpacks to (0: DefaultMaxLayerBytes).
 	MaxLayerBytes int64
 	// Start and Ready: see api.BuildTemplateRequest.
@@ -189,7 +192,7 @@ func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref
 			lowers = append(lowers, dirs[j])
 		}
 		lstart := time.Now()
-		dir, made, err := ensureLayer(ctx, ls, l, lowers, maxLayer, fmt.Sprintf("layer %d/%d %s", i+1, len(res.Layers), short(l.Digest.String())), progress)
+		dir, made, err := ensureLayer(ctx, ls, l, lowers, maxLayer, fmt.Sprintf("layer %d/%d %s", i+1, len(res.Layers), short(l.Digest.String())), progress, pullReporter(opt.OnPull, i, len(res.Layers), l))
 		if err != nil {
 			return api.Template{}, fmt.Errorf("image %s: layer %d of %d (%s): %w", from, i+1, len(res.Layers), l.Digest, err)
 		}
@@ -225,13 +228,15 @@ func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref
 	return m.template(), nil
 }
 
-// progressEvery is how often a layer still being pulled says how far it is.
-var progressEvery = 5 * time.Second
+// progressEvery is how often a layer still being pulled says how far it
+// is in a line of progress; pullEvery how often it tells onPull.
+var progressEvery, pullEvery = 5 * time.Second, 250 * time.Millisecond
 
 // ensureLayer is ls.Ensure of an image layer, saying every progressEvery
 // how many bytes have come and how fast, or that none has: a pull that
-// stalls says what it waits for.
-func ensureLayer(ctx context.Context, ls *layerstore.Store, l image.Layer, lowers []string, maxBytes int64, label string, progress io.Writer) (string, bool, error) {
+// stalls says what it waits for. onPull (if not nil) is told the bytes
+// come so far every pullEvery while they change.
+func ensureLayer(ctx context.Context, ls *layerstore.Store, l image.Layer, lowers []string, maxBytes int64, label string, progress io.Writer, onPull func(int64)) (string, bool, error) {
 	var n atomic.Int64
 	blob := l.Blob()
 	open := blob.Open
@@ -248,26 +253,45 @@ func ensureLayer(ctx context.Context, ls *layerstore.Store, l image.Layer, lower
 	go func() {
 		defer wg.Done()
 		start := time.Now()
-		t := time.NewTicker(progressEvery)
+		t := time.NewTicker(min(pullEvery, progressEvery))
 		defer t.Stop()
+		said, told := start, int64(-1)
 		for {
 			select {
 			case <-done:
 				return
 			case <-t.C:
-				got := n.Load()
-				if got == 0 {
-					fmt.Fprintf(progress, "%s: no byte yet after %s: waiting for the registry (or for another build unpacking this layer)\n", label, time.Since(start).Round(time.Second))
-					continue
-				}
-				fmt.Fprintf(progress, "%s: %.1f of %.1f MB (%.1f MB/s)\n", label, float64(got)/1e6, float64(l.Size)/1e6, float64(got)/1e6/time.Since(start).Seconds())
 			}
+			got := n.Load()
+			if onPull != nil && got != told {
+				onPull(got)
+				told = got
+			}
+			if time.Since(said) < progressEvery {
+				continue
+			}
+			said = time.Now()
+			if got == 0 {
+				fmt.Fprintf(progress, "%s: no byte yet after %s: waiting for the registry (or for another build unpacking this layer)\n", label, time.Since(start).Round(time.Second))
+				continue
+			}
+			fmt.Fprintf(progress, "%s: %.1f of %.1f MB (%.1f MB/s)\n", label, float64(got)/1e6, float64(l.Size)/1e6, float64(got)/1e6/time.Since(start).Seconds())
 		}
 	}()
 	dir, made, err := ls.Ensure(ctx, blob, lowers, layerstore.Options{MaxBytes: maxBytes})
 	close(done)
 	wg.Wait()
 	return dir, made, err
+}
+
+// pullReporter tells onPull (if not nil) how far layer i of count is.
+func pullReporter(onPull func(api.BuildPullEvent), i, count int, l image.Layer) func(int64) {
+	if onPull == nil {
+		return nil
+	}
+	return func(n int64) {
+		onPull(api.BuildPullEvent{Index: i, Count: count, Digest: l.Digest.String(), Size: l.Size, Received: n})
+	}
 }
 
 type countingReader struct {

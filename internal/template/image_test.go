@@ -456,8 +456,8 @@ func TestImageConfigChecked(t *testing.T) {
 // how far it is, while the layer comes.
 func TestBuildImageSaysWhatItWaitsFor(t *testing.T) {
 	requireRoot(t)
-	defer func(d time.Duration) { progressEvery = d }(progressEvery)
-	progressEvery = 20 * time.Millisecond
+	defer func(d, p time.Duration) { progressEvery, pullEvery = d, p }(progressEvery, pullEvery)
+	progressEvery, pullEvery = 20*time.Millisecond, 20*time.Millisecond
 	progress := &watchedBuffer{}
 	host := serveRegistry(t, func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -486,11 +486,25 @@ func TestBuildImageSaysWhatItWaitsFor(t *testing.T) {
 	noise := make([]byte, 256<<10)
 	rand.Read(noise)
 	pushImage(t, host+"/slow:1", testImage(t, v1.Config{}, tarLayer(t, compression.GZip, tfile{name: "f", data: string(noise)})))
-	if _, err := NewStore(t.TempDir(), slog.New(slog.DiscardHandler)).BuildImage(context.Background(), "slow", host+"/slow:1", ImageOptions{}, progress); err != nil {
+	var pulls []api.BuildPullEvent // told in order, all before BuildImage returns
+	if _, err := NewStore(t.TempDir(), slog.New(slog.DiscardHandler)).BuildImage(context.Background(), "slow", host+"/slow:1",
+		ImageOptions{OnPull: func(p api.BuildPullEvent) { pulls = append(pulls, p) }}, progress); err != nil {
 		t.Fatal(err)
 	}
 	if out := progress.String(); !strings.Contains(out, "no byte yet") || !strings.Contains(out, "MB/s)") || !strings.Contains(out, "of 0.3 MB") {
 		t.Errorf("progress of a slow pull:\n%s", out)
+	}
+	// The events say how far the layer is: none of it, then part of it
+	// (the registry sent half and waited), never going back.
+	var part bool
+	for i, p := range pulls {
+		if p.Index != 0 || p.Count != 1 || p.Size < 256<<10 || p.Received > p.Size || (i > 0 && p.Received <= pulls[i-1].Received) {
+			t.Fatalf("pull events: %+v", pulls)
+		}
+		part = part || (p.Received > 0 && p.Received < p.Size)
+	}
+	if len(pulls) == 0 || pulls[0].Received != 0 || !part {
+		t.Errorf("pull events: %+v", pulls)
 	}
 }
 
