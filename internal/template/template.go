@@ -1,22 +1,3 @@
-// Package template builds and keeps the read-only root filesystems that
-// sandboxes start from. Each build is immutable and kept in its own
-// directory, <dir>/<name>/<build-id>/rootfs; <dir>/<name>/current names the
-// build new sandboxes use. A sandbox records the build it was created
-// from, so rebuilding a template never changes the lower layer under a
-// running sandbox; builds nothing uses are removed.
-//
-// A build comes from a Recipe (mmdebstrap) or from an image (BuildImage):
-// the image's layers are unpacked once into the layer store at
-// <dir>/.layers (internal/layerstore, keyed by chain ID, shared by every
-// build whose stack of layers is the same), and the build's rootfs is
-// their merged view made of hard links to the stored files
-// (layerstore.Merge), so that the backends read it as they read a
-// recipe's rootfs. template.json records the source, the digest the
-// reference named, the canonical reference a rebuild without pull uses,
-// the layers and the image's config (the exec defaults of its sandboxes).
-// GCLayers removes the layers no build names; an image build holds its
-// lock from its first layer to its commit, so that no GC removes a layer
-// it is about to name.
 package template
 
 import (
