@@ -23,6 +23,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
@@ -111,8 +112,9 @@ func debianImage(t *testing.T) string {
 // A template from an image in a registry: built with the CLI (progress,
 // ls, inspect), then container and vm sandboxes from it run as the
 // image's USER in its WORKDIR with its ENV (each overridable), see its
-// files and not what it whited out; removing it leaves none of its
-// layers. Bad input is a clear error.
+// files and not what it whited out; so do those of templates of the same
+// image as an OCI layout and a docker archive. Removing them leaves none
+// of their layers and no vm cache. Bad input is a clear error.
 func TestImageTemplate(t *testing.T) {
 	requireVM(t)
 	d := newDaemon(t)
@@ -156,6 +158,39 @@ func TestImageTemplate(t *testing.T) {
 	d.must("create", "--name", "img-vm", "--isolation", "vm", "--template", tpl, "--cpus", "1", "--memory", "512M")
 	check("img-vm")
 	d.must("rm", "img-vm")
+	// The same image as an OCI layout and as `docker save` output: their
+	// templates give container and vm sandboxes the same machine.
+	imgRef, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(imgRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layoutDir := t.TempDir()
+	lp, err := layout.Write(layoutDir, empty.Index)
+	if err == nil {
+		err = lp.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": "v1"}))
+	}
+	archive := filepath.Join(t.TempDir(), "app.tar")
+	if err == nil {
+		err = tarball.WriteToFile(archive, name.MustParseReference("example.com/app:v1"), img)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for suffix, src := range map[string]string{"-oci": "oci:" + layoutDir + ":v1", "-archive": "docker-archive:" + archive} {
+		other := tpl + suffix
+		t.Cleanup(func() { d.nook("template", "rm", other) })
+		d.must("template", "build", other, "--from", src)
+		d.must("create", "--name", "img"+suffix, "--template", other)
+		d.must("create", "--name", "img-vm"+suffix, "--isolation", "vm", "--template", other, "--cpus", "1", "--memory", "512M")
+		check("img" + suffix)
+		check("img-vm" + suffix)
+		d.must("rm", "img"+suffix, "img-vm"+suffix)
+		d.must("template", "rm", other)
+	}
 	// A service: started as the image's user when the sandbox comes up,
 	// the create returning once it listens; one that exits first fails
 	// the create with its output, leaving no sandbox.
