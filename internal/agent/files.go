@@ -50,6 +50,7 @@ type FileRequest struct {
 	Offset     int64   `json:"offset,omitempty"`      // read: where to start
 	Length     int64   `json:"length,omitempty"`      // read: how many bytes; 0: to the end
 	MaxEntries int     `json:"max_entries,omitempty"` // list: 0: DefaultListEntries
+	Owners     bool    `json:"owners,omitempty"`      // tar_put: give entries (and dir, from a "." entry) the owners the archive names
 }
 
 // FileReply answers a file op (and is each batch of a list).
@@ -235,7 +236,7 @@ func (s *Server) files(st net.Conn, fr *api.FrameReader, fw *frameWriter, op str
 	case OpTarGet:
 		s.tarGet(st, fr, fw, p)
 	case OpTarPut:
-		s.tarPut(fr, fw, p, r.Parents)
+		s.tarPut(fr, fw, p, r.Parents, r.Owners)
 	case OpWatch:
 		s.watch(fr, fw, p, r.Recursive)
 	}
@@ -854,7 +855,7 @@ func (u *uploadReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (s *Server) tarPut(fr *api.FrameReader, fw *frameWriter, dir string, parents bool) {
+func (s *Server) tarPut(fr *api.FrameReader, fw *frameWriter, dir string, parents, owners bool) {
 	if aerr := ensureDir(dir, parents); aerr != nil {
 		fw.failWith(aerr)
 		return
@@ -867,7 +868,7 @@ func (s *Server) tarPut(fr *api.FrameReader, fw *frameWriter, dir string, parent
 		return
 	}
 	u := &uploadReader{fr: fr}
-	err := safetar.Extract(u, dir, safetar.Options{})
+	err := safetar.Extract(u, dir, safetar.Options{Owners: owners})
 	if err == nil {
 		// Whatever follows the archive's end (record padding) up to the end marker.
 		_, err = io.Copy(io.Discard, u)

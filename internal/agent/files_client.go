@@ -246,6 +246,13 @@ func (c *Client) UploadTar(ctx context.Context, dir string, parents bool, src io
 	return fileOf(c.upload(ctx, OpTarPut, &FileRequest{Path: dir, Parents: parents}, src))
 }
 
+// UploadTree is UploadTar into dir (made with its parents if missing)
+// keeping the owners the archive names, and dir's own owner and mode
+// from its "." entry: a build's cache, written by the sandbox's users.
+func (c *Client) UploadTree(ctx context.Context, dir string, src io.Reader) (*api.FileInfo, error) {
+	return fileOf(c.upload(ctx, OpTarPut, &FileRequest{Path: dir, Parents: true, Owners: true}, src))
+}
+
 // FileListing is a listing in progress: Next returns batches of entries
 // until io.EOF, after which Truncated says whether the cap cut it. The
 // cap holds whatever the agent sends: entries beyond it are dropped and

@@ -554,7 +554,7 @@ not the sandbox's --env). With CONTEXT (a directory) it builds from a Dockerfile
 CONTEXT/Dockerfile): FROM an image, a nook template or a stage; RUN in
 nook's own sandboxes under the build's network policy (--allow, default
 @registries); COPY and ADD from the context (less .dockerignore) or
-another stage; RUN --mount=type=cache (kept between builds) and
+another stage; RUN --mount=type=cache (kept between builds, with its owners; uid, gid, mode, ro) and
 type=secret (--secret; in no layer); ENV, ARG, WORKDIR, USER, SHELL,
 ENTRYPOINT, CMD, EXPOSE, LABEL. Each step that makes a layer is cached by content: a rebuild
 reruns from the first step that changed.

@@ -77,7 +77,13 @@ func (r *stepRunner) Run(ctx context.Context, templateID string, step template.R
 			env[k] = v
 		}
 	}
-	for _, cm := range step.Caches {
+	for _, cm := range step.Caches { // the build holds each cache's lock
+		if err := os.Lchown(cm.Dir, cm.UID, cm.GID); err != nil {
+			return err
+		}
+		if err := os.Chmod(cm.Dir, cm.Mode); err != nil {
+			return err
+		}
 		if err := uploadDir(ctx, c, cm.Dir, cm.Target); err != nil {
 			return fmt.Errorf("the cache at %s: %w", cm.Target, err)
 		}
@@ -125,6 +131,9 @@ func (r *stepRunner) Run(ctx context.Context, templateID string, step template.R
 		break
 	}
 	for _, cm := range step.Caches {
+		if cm.ReadOnly {
+			continue
+		}
 		if err := downloadDir(ctx, c, cm.Target, cm.Dir); err != nil {
 			return fmt.Errorf("keep the cache at %s: %w", cm.Target, err)
 		}
@@ -158,16 +167,28 @@ func (r *stepRunner) denied(ctx context.Context, sb *core.Sandbox) string {
 // uploadDir puts the files of the host directory dir at target in a
 // sandbox (through its agent: the sandbox's paths resolve inside it).
 func uploadDir(ctx context.Context, c *agent.Client, dir, target string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	top, err := tar.FileInfoHeader(fi, "")
+	if err != nil {
+		return err
+	}
+	top.Name = "./"
 	pr, pw := io.Pipe()
 	go func() {
 		tw := tar.NewWriter(pw)
-		err := tw.AddFS(os.DirFS(dir))
+		err := tw.WriteHeader(top) // the target's own owner and mode
+		if err == nil {
+			err = tw.AddFS(os.DirFS(dir))
+		}
 		if err == nil {
 			err = tw.Close()
 		}
 		pw.CloseWithError(err)
 	}()
-	_, err := c.UploadTar(ctx, target, true, pr)
+	_, err = c.UploadTree(ctx, target, pr)
 	pr.CloseWithError(errors.New("upload ended"))
 	return err
 }
@@ -186,7 +207,9 @@ func downloadDir(ctx context.Context, c *agent.Client, target, dir string) error
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return err
 	}
-	if err := safetar.Extract(io.LimitReader(rc, MaxContextBytes), tmp, safetar.Options{Top: ".", NoSetID: true}); err != nil {
+	// Owners are kept (the sandbox's users write the cache; it is under
+	// the template store, which only root can enter).
+	if err := safetar.Extract(io.LimitReader(rc, MaxContextBytes), tmp, safetar.Options{Top: ".", NoSetID: true, Owners: true}); err != nil {
 		os.RemoveAll(tmp)
 		return err
 	}

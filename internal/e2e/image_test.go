@@ -324,18 +324,24 @@ func TestDockerfileTemplate(t *testing.T) {
 	d.must("template", "rm", tpl)
 
 	// A cache mount the next build finds again, a secret the step reads
-	// and no layer keeps.
+	// and no layer keeps; a cache a non-root user owns (uid=, gid=) keeps
+	// the owners of what it wrote, so that the next build's step can
+	// write there again.
 	mounts := t.TempDir()
 	cacheID := testutil.RandomName("cache")
-	sum := sha256.Sum256([]byte(cacheID))
 	t.Cleanup(func() {
-		dir := filepath.Join(testutil.TemplatesDir(), ".cache-mounts", hex.EncodeToString(sum[:16]))
-		os.RemoveAll(dir)
-		os.Remove(dir + ".lock")
+		for _, id := range []string{cacheID, cacheID + "-user"} {
+			sum := sha256.Sum256([]byte(id))
+			dir := filepath.Join(testutil.TemplatesDir(), ".cache-mounts", hex.EncodeToString(sum[:16]))
+			os.RemoveAll(dir)
+			os.Remove(dir + ".lock")
+		}
 	})
 	os.WriteFile(filepath.Join(mounts, "Dockerfile"), []byte("FROM base\nARG N\nARG CACHE\n"+
 		"RUN --mount=type=cache,id=$CACHE,target=/var/cache/t sh -c 'n=$(cat /var/cache/t/n 2>/dev/null || echo 0); echo $((n+1)) > /var/cache/t/n; echo $((n+1)) > /seen'\n"+
-		"RUN --mount=type=secret,id=tok sh -c 'test \"$(cat /run/secrets/tok)\" = s3cr3t-value && echo ok > /secret-ok'\n"), 0o644)
+		"RUN --mount=type=secret,id=tok sh -c 'test \"$(cat /run/secrets/tok)\" = s3cr3t-value && echo ok > /secret-ok'\n"+
+		"RUN useradd -u 1000 -m builder\nUSER builder\n"+
+		"RUN --mount=type=cache,id=$CACHE-user,target=/home/builder/.cache,uid=1000,gid=1000,mode=0700 sh -ec 'mkdir -p ~/.cache/sub; n=$(cat ~/.cache/sub/n 2>/dev/null || echo 0); echo $((n+1)) > ~/.cache/sub/n; echo $((n+1)) $(stat -c \"%U %a\" ~/.cache) > ~/seen'\n"), 0o644)
 	secretFile := filepath.Join(t.TempDir(), "tok")
 	os.WriteFile(secretFile, []byte("s3cr3t-value"), 0o600)
 	mt := tpl + "-mounts"
@@ -346,8 +352,8 @@ func TestDockerfileTemplate(t *testing.T) {
 			t.Fatalf("build %d with mounts: %+v", n, r)
 		}
 		d.must("create", "--name", "df-mounts", "--template", mt)
-		want := fmt.Sprintf("%d\nok\nno secret\nno cache files\n", n)
-		if got := d.must("exec", "df-mounts", "--", "sh", "-c", "cat /seen /secret-ok; test -e /run/secrets/tok || echo no secret; test -e /var/cache/t/n || echo no cache files"); got != want {
+		want := fmt.Sprintf("%d\nok\nno secret\nno cache files\n%d builder 700\n", n, n)
+		if got := d.must("exec", "df-mounts", "--", "sh", "-c", "cat /seen /secret-ok; test -e /run/secrets/tok || echo no secret; test -e /var/cache/t/n || echo no cache files; cat /home/builder/seen"); got != want {
 			t.Errorf("build %d: %q, want %q", n, got, want)
 		}
 		d.must("rm", "df-mounts")

@@ -51,8 +51,18 @@ type RunStep struct {
 	Secrets []SecretMount
 }
 
-// CacheMount is a build cache a RUN step mounts.
-type CacheMount struct{ Dir, Target string }
+// CacheMount is a build cache a RUN step mounts: its files keep their
+// owners between builds; its directory is UID:GID with Mode (by default
+// root's, 0755); a ReadOnly one is not kept after the step. Builds that
+// use one cache take turns (BuildKit's sharing=locked, for every sharing
+// mode: the cache is copied in and out, so two steps at once would lose
+// one's files).
+type CacheMount struct {
+	Dir, Target string
+	UID, GID    int
+	Mode        fs.FileMode
+	ReadOnly    bool
+}
 
 // SecretMount is a secret a RUN step mounts.
 type SecretMount struct{ Src, Target string }
@@ -759,8 +769,30 @@ func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.R
 			if err != nil {
 				return err
 			}
-			caches = append(caches, CacheMount{Dir: dir, Target: target})
-			mountKey = append(mountKey, "cache "+id+" "+target)
+			cm := CacheMount{Dir: dir, Target: target, Mode: 0o755, ReadOnly: mt.ReadOnly}
+			for _, f := range []struct {
+				v   *uint64
+				to  *int
+				max uint64
+			}{{mt.UID, &cm.UID, 1<<31 - 1}, {mt.GID, &cm.GID, 1<<31 - 1}} {
+				if f.v != nil {
+					if *f.v > f.max {
+						return errdefs.Invalid("Dockerfile line %d: RUN --mount=type=cache: uid and gid are at most %d", line, f.max)
+					}
+					*f.to = int(*f.v)
+				}
+			}
+			if mt.Mode != nil {
+				if *mt.Mode > 0o7777 {
+					return errdefs.Invalid("Dockerfile line %d: RUN --mount=type=cache: mode %o is not a file mode", line, *mt.Mode)
+				}
+				cm.Mode = fs.FileMode(*mt.Mode & 0o777)
+				if *mt.Mode&0o1000 != 0 {
+					cm.Mode |= fs.ModeSticky
+				}
+			}
+			caches = append(caches, cm)
+			mountKey = append(mountKey, fmt.Sprintf("cache %s %s %d:%d %o %v", id, target, cm.UID, cm.GID, cm.Mode, cm.ReadOnly))
 		case instructions.MountTypeSecret:
 			id := mt.CacheID
 			if id == "" && mt.Target != "" {
@@ -851,11 +883,16 @@ func (b *dockerBuild) run(ctx context.Context, st *stageState, c *instructions.R
 			u()
 		}
 	}()
+	locked := map[string]bool{}
 	for _, cm := range caches { // one step at a time per cache, across builds
+		if locked[cm.Dir] {
+			continue // one cache at two targets
+		}
 		unlock, err := fsutil.Flock(ctx, cm.Dir+".lock")
 		if err != nil {
 			return err
 		}
+		locked[cm.Dir] = true
 		unlocks = append(unlocks, unlock)
 	}
 	err = b.opt.Runner.Run(ctx, b.name+"/"+stepID, RunStep{Argv: argv, Env: env, User: st.cfg.User, Cwd: st.cfg.WorkingDir, Line: line, Caches: caches, Secrets: secrets}, filepath.Join(tmp, "layer"), out)

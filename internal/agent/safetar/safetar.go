@@ -61,6 +61,12 @@ type Options struct {
 	// NoSetID clears setuid and setgid bits, for extracting on the host
 	// what a sandbox sent.
 	NoSetID bool
+	// Owners gives each entry the owner the archive names (the target
+	// directory itself its owner and mode too, from a "." entry), as root
+	// only can: for a build cache a sandbox's users write. Otherwise
+	// entries belong to the extracting user and the target is left as
+	// it is.
+	Owners bool
 }
 
 // maxDeferredDirs bounds the directories whose restrictive modes are
@@ -72,9 +78,9 @@ const maxDeferredDirs = 10000
 // must exist. Regular files are written to a temporary name and renamed
 // into place, so a reader never sees half a file. Directories, regular
 // files, symlinks and hard links are extracted; devices, fifos and other
-// special entries are skipped. Owners are not restored: entries belong to
-// the extracting user. An entry named with "..", an absolute name, or one
-// that would be written through a symlink leading out of the target (dir,
+// special entries are skipped. Owners are restored only with
+// Options.Owners: otherwise entries belong to the extracting user. An
+// entry named with "..", an absolute name, or one that would be written through a symlink leading out of the target (dir,
 // or dir/Top with Options.Top) stops the extraction with ErrInvalid.
 func Extract(r io.Reader, dir string, opt Options) error {
 	if opt.Top != "" && opt.Top != "." && (strings.ContainsRune(opt.Top, '/') || !filepath.IsLocal(opt.Top)) {
@@ -123,7 +129,15 @@ func Extract(r io.Reader, dir string, opt Options) error {
 		switch hdr.Typeflag {
 		case tar.TypeDir:
 			if name == "." {
-				continue // the target directory itself: left as it is
+				if opt.Owners {
+					if err := root.Chmod(name, mode); err != nil {
+						return err
+					}
+					if err := chown(root, name, hdr); err != nil {
+						return err
+					}
+				}
+				continue // the target directory itself: otherwise left as it is
 			}
 			if err := mkdirEntry(root, name); err != nil {
 				return err
@@ -179,8 +193,22 @@ func Extract(r io.Reader, dir string, opt Options) error {
 			extracted[name] = true
 		default:
 			// Devices, fifos and other special files are not carried.
+			continue
+		}
+		if opt.Owners && hdr.Typeflag != tar.TypeLink {
+			if err := chown(root, name, hdr); err != nil {
+				return err
+			}
 		}
 	}
+}
+
+// chown gives name the owner hdr names.
+func chown(root *os.Root, name string, hdr *tar.Header) error {
+	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid >= 1<<31 || hdr.Gid >= 1<<31 {
+		return invalidf("tar entry %q: owner %d:%d is not valid", hdr.Name, hdr.Uid, hdr.Gid)
+	}
+	return root.Lchown(name, hdr.Uid, hdr.Gid)
 }
 
 // extraction maps entry names to the root they are created in. Without a

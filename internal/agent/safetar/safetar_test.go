@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -253,17 +254,20 @@ func FuzzExtract(f *testing.F) {
 	f.Add(mkTar(f, entry{name: "x", link: ".", typ: tar.TypeSymlink}, entry{name: "x/.bashrc", typ: tar.TypeReg, body: "x"}))
 	f.Add(mkTar(f, entry{name: "x/up", link: "..", typ: tar.TypeSymlink}, entry{name: "x/up/.bashrc", typ: tar.TypeReg, body: "x"}))
 	f.Add(mkTar(f, entry{name: "x/f", typ: tar.TypeReg, body: "x"}, entry{name: "x/g", link: "x/f", typ: tar.TypeLink}))
+	f.Add(mkTar(f, entry{name: "./", typ: tar.TypeDir, mode: 0o700}, entry{name: "up", link: "..", typ: tar.TypeSymlink}, entry{name: "up/", typ: tar.TypeDir}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, tc := range []struct {
 			top    string
 			inD    bool // extract into D (else into P with Top D)
 			makeD  bool
 			dsName string
+			owners bool
 		}{
-			{"", true, true, "target"},
-			{".", true, true, "target"},
-			{"target", false, true, "target"},
-			{"new", false, false, "new"},
+			{"", true, true, "target", false},
+			{".", true, true, "target", false},
+			{".", true, true, "target", true},
+			{"target", false, true, "target", false},
+			{"new", false, false, "new", false},
 		} {
 			parent := t.TempDir()
 			os.WriteFile(filepath.Join(parent, "secret"), []byte("host secret"), 0o600)
@@ -275,7 +279,7 @@ func FuzzExtract(f *testing.F) {
 			if tc.inD {
 				dir = d
 			}
-			err := Extract(bytes.NewReader(data), dir, Options{Top: tc.top, NoSetID: true})
+			err := Extract(bytes.NewReader(data), dir, Options{Top: tc.top, NoSetID: true, Owners: tc.owners})
 			if extra := beside(t, parent, tc.dsName); len(extra) > 0 {
 				t.Fatalf("top %q: extraction escaped (%v): %v", tc.top, err, extra)
 			}
@@ -412,6 +416,73 @@ func beside(t testing.TB, parent, dest string) []string {
 		extra = append(extra, "secret was replaced")
 	} else if b, _ := os.ReadFile(filepath.Join(parent, "secret")); string(b) != "host secret" {
 		extra = append(extra, "secret was modified")
+	} else if st := fi.Sys().(*syscall.Stat_t); int(st.Uid) != os.Getuid() || int(st.Gid) != os.Getgid() {
+		extra = append(extra, "secret changed owner")
+	}
+	if fi, err := os.Lstat(parent); err == nil {
+		if st := fi.Sys().(*syscall.Stat_t); int(st.Uid) != os.Getuid() || fi.Mode().Perm() != 0o700 && fi.Mode().Perm() != 0o755 {
+			extra = append(extra, "the parent changed owner or mode")
+		}
 	}
 	return extra
+}
+
+// With Owners, entries get the owners the archive names, the target
+// directory its owner and mode from the "." entry; a symlink keeps its
+// own owner (it is not followed); an owner out of range is refused.
+func TestExtractOwners(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("giving files owners needs root")
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range []*tar.Header{
+		{Name: "./", Typeflag: tar.TypeDir, Mode: 0o1770, Uid: 1000, Gid: 1001},
+		{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755, Uid: 1002, Gid: 1003},
+		{Name: "d/f", Typeflag: tar.TypeReg, Mode: 0o644, Uid: 1004, Gid: 1005},
+		{Name: "l", Typeflag: tar.TypeSymlink, Linkname: "../secret", Uid: 1006, Gid: 1007},
+	} {
+		tw.WriteHeader(h)
+	}
+	tw.Close()
+	parent, dir := sandbox(t)
+	if err := Extract(bytes.NewReader(buf.Bytes()), dir, Options{Owners: true, NoSetID: true}); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string][3]uint32{".": {1000, 1001, 0o1770}, "d": {1002, 1003, 0o755}, "d/f": {1004, 1005, 0o644}, "l": {1006, 1007, 0o777}} {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(filepath.Join(dir, name), &st); err != nil {
+			t.Fatal(err)
+		}
+		if got := [3]uint32{st.Uid, st.Gid, st.Mode & 0o7777}; got != want {
+			t.Errorf("%s: owner and mode %o, want %o", name, got, want)
+		}
+	}
+	if extra := outside(t, parent); len(extra) > 0 {
+		t.Fatalf("beside the target: %v", extra)
+	}
+	for _, bad := range []int{-5, 1 << 31} {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		tw.WriteHeader(&tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644, Uid: bad})
+		tw.Close()
+		_, dir := sandbox(t)
+		if err := Extract(bytes.NewReader(buf.Bytes()), dir, Options{Owners: true}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("owner %d: %v", bad, err)
+		}
+	}
+	// Without Owners, the extracting user owns everything, the target included.
+	_, dir = sandbox(t)
+	if err := Extract(bytes.NewReader(buf.Bytes()), dir, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	syscall.Lstat(filepath.Join(dir, "d/f"), &st)
+	if st.Uid != 0 {
+		t.Errorf("without Owners d/f has owner %d", st.Uid)
+	}
+	syscall.Lstat(dir, &st)
+	if st.Uid != 0 || st.Mode&0o7777 != 0o755 {
+		t.Errorf("without Owners the target is %d %o", st.Uid, st.Mode&0o7777)
+	}
 }
