@@ -287,7 +287,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	vmb := vm.New(vm.Config{
 		StateDir: filepath.Join(cfg.DataDir, "vms"), CacheDir: cfg.VMCacheDir, KernelRoot: cfg.KernelRoot,
 		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, Accel: cfg.Accel,
-		TemplateRootfs: m.templates.Rootfs, PrepareTemplate: m.prepareTemplate, Log: cfg.Log, WarmPool: max(cfg.WarmPool, 0), ColdBoot: cfg.VMColdBoot,
+		TemplateRootfs: m.templates.Rootfs, TemplateStore: cfg.TemplatesDir, PrepareTemplate: m.prepareTemplate, Log: cfg.Log, WarmPool: max(cfg.WarmPool, 0), ColdBoot: cfg.VMColdBoot,
 		Net: hooks,
 	})
 	m.backends = map[string]core.Backend{ctr.Isolation(): ctr, vmb.Isolation(): vmb}

@@ -244,10 +244,19 @@ func TestImageTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(gone, "rootfs.ext4"), []byte("x"), 0o400)
+	os.WriteFile(filepath.Join(gone, "store"), []byte(testutil.TemplatesDir()), 0o400)
+	// One another store made: not this daemon's to remove.
+	other := filepath.Join(vmCacheDir(), "templates", tpl+"-other", "20260101t000000-000000")
+	os.MkdirAll(other, 0o700)
+	os.WriteFile(filepath.Join(other, "store"), []byte("/another/store"), 0o400)
+	t.Cleanup(func() { os.RemoveAll(filepath.Dir(other)) })
 	d.stop(syscall.SIGTERM)
 	d.start()
 	if _, err := os.Stat(filepath.Dir(gone)); !os.IsNotExist(err) {
 		t.Errorf("the vm cache of a build the store does not have is left after a restart: %v", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("the vm cache of another store's build was removed: %v", err)
 	}
 	d.expectCLI(t, []cliCase{
 		{[]string{"template", "build", "x", "--pull"}, 2, "need --from"},

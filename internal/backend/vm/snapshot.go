@@ -78,6 +78,9 @@ func (b *Backend) ensureImage(ctx context.Context, templateID string) (string, e
 	if _, err := os.Stat(img); err == nil {
 		return img, nil
 	}
+	if err := os.WriteFile(filepath.Join(dir, "store"), []byte(b.cfg.TemplateStore), 0o600); err != nil {
+		return "", err
+	}
 	rootfs, err := b.cfg.TemplateRootfs(templateID)
 	if err != nil {
 		return "", err
@@ -315,15 +318,19 @@ func (b *Backend) qemuVersion() string {
 	return qemuVersion
 }
 
-// CachedTemplates implements core.TemplateCache: the template builds this
-// cache holds a root image or snapshots of.
+// CachedTemplates implements core.TemplateCache: the builds of
+// Config.TemplateStore this cache holds a root image or snapshots of.
 func (b *Backend) CachedTemplates() []string {
+	if b.cfg.TemplateStore == "" {
+		return nil
+	}
 	var ids []string
 	names, _ := os.ReadDir(filepath.Join(b.cfg.CacheDir, "templates"))
 	for _, n := range names {
 		builds, _ := os.ReadDir(filepath.Join(b.cfg.CacheDir, "templates", n.Name()))
 		for _, bd := range builds {
-			if bd.IsDir() {
+			store, err := os.ReadFile(filepath.Join(b.cfg.CacheDir, "templates", n.Name(), bd.Name(), "store"))
+			if bd.IsDir() && err == nil && string(store) == b.cfg.TemplateStore {
 				ids = append(ids, n.Name()+"/"+bd.Name())
 			}
 		}

@@ -64,6 +64,11 @@ type Config struct {
 	ColdBoot bool
 	// TemplateRootfs returns the read-only root filesystem of a template build.
 	TemplateRootfs func(templateID string) (string, error)
+	// TemplateStore names the template store the builds come from (its
+	// directory): what the cache makes of a build is marked with it, and
+	// CachedTemplates lists only what this store's builds made, so that a
+	// daemon of another store sharing the cache never removes it.
+	TemplateStore string
 	// PrepareTemplate, if set, runs in a template's boot, through its
 	// agent, before the template's snapshot is saved (after systemd has
 	// started, in a systemd guest): what it starts runs in every vm

@@ -53,7 +53,7 @@ func newTestBackend(t *testing.T, tc testConfig) (*Backend, conformance.Harness)
 	testutil.CleanupCgroupParent(t, res.CgroupParent)
 	b := New(Config{
 		StateDir: res.StateDir, CacheDir: cacheDir(), AgentBinary: testutil.AgentBinary(t), KernelRoot: tc.kernelRoot,
-		CgroupParent: res.CgroupParent, TemplateRootfs: tpls.Rootfs, ColdBoot: tc.cold, WarmPool: tc.warm, BootTimeout: tc.boot,
+		CgroupParent: res.CgroupParent, TemplateRootfs: tpls.Rootfs, TemplateStore: tpls.Dir(), ColdBoot: tc.cold, WarmPool: tc.warm, BootTimeout: tc.boot,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	t.Cleanup(func() {
