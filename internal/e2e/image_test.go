@@ -214,6 +214,17 @@ func TestImageTemplate(t *testing.T) {
 		}
 	}
 	d.must("rm", "img-svc", "img-svc-vm")
+	// A service the template boot cannot make ready (it needs the
+	// sandbox's env) fails that snapshot once; vms then get one without
+	// it and start the service themselves.
+	d.must("template", "build", svc, "--from", ref, "--start", `test -n "$NOOK_SANDBOX" || exit 1; exec python3 -m http.server 8000`, "--ready", "port:8000")
+	for _, vm := range []string{"img-svc-vm1", "img-svc-vm2"} {
+		d.must("create", "--name", vm, "--isolation", "vm", "--template", svc, "--cpus", "1", "--memory", "512M")
+		if got := d.must("exec", vm, "--", "sh", "-c", "curl -s http://127.0.0.1:8000/ | grep -c hello.txt"); got != "1\n" {
+			t.Errorf("%s: the service: %q", vm, got)
+		}
+	}
+	d.must("rm", "img-svc-vm1", "img-svc-vm2")
 	d.must("template", "build", svc, "--from", ref, "--start", "echo broken >&2; exit 3", "--ready", "port:9")
 	if r, _ := d.nook("create", "--name", "img-bad", "--template", svc); r.code != 1 || !strings.Contains(r.stderr, "exited with code 3") || !strings.Contains(r.stderr, "broken") {
 		t.Errorf("a service that exits before it is ready: %+v", r)

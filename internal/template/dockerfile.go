@@ -104,8 +104,14 @@ type DockerfileOptions struct {
 // --mount=type=cache), shared by every build of this store.
 func (s *Store) cacheMountDir(id string) (string, error) {
 	sum := sha256.Sum256([]byte(id))
-	dir := filepath.Join(s.dir, ".cache-mounts", hex.EncodeToString(sum[:16]))
+	top := filepath.Join(s.dir, ".cache-mounts")
+	dir := filepath.Join(top, hex.EncodeToString(sum[:16]))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	// Root's alone, whatever made it: the caches' files have the owners
+	// the step sandboxes gave them, which may be host users'.
+	if err := os.Chmod(top, 0o700); err != nil {
 		return "", err
 	}
 	return dir, nil

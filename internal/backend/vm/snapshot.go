@@ -126,7 +126,7 @@ func imageSize(rootfs string) (size, inodes int64, err error) {
 		if err := unix.Lstat(p, &st); err != nil {
 			return err
 		}
-		if !d.IsDir() && st.Nlink > 1 {
+		if !d.IsDir() && st.Nlink > 1 && st.Size > 0 { // an empty file's links take no blocks to count once
 			if seen[st.Ino] {
 				return nil
 			}
@@ -248,11 +248,16 @@ func (b *Backend) bootAndSave(ctx context.Context, templateID string, m machine,
 			return fmt.Errorf("template boot: %w%s", err, b.consoleTail(s.dir))
 		}
 	}
-	if b.cfg.PrepareTemplate != nil {
+	if _, failed := b.unprepared.Load(templateID); b.cfg.PrepareTemplate != nil && !failed {
 		c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return dialAgent(ctx, l.AgentSock) })
 		err := b.cfg.PrepareTemplate(ctx, templateID, c)
 		c.Close()
 		if err != nil {
+			// The next boot of this build saves its snapshot without it
+			// (the daemon then starts the service in each vm): a service
+			// the template boot cannot make ready (it needs the network,
+			// or the sandbox's env) does not cost every create its wait.
+			b.unprepared.Store(templateID, true)
 			return fmt.Errorf("template boot: %w", err)
 		}
 	}

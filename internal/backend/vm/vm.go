@@ -74,7 +74,8 @@ type Config struct {
 	// started, in a systemd guest): what it starts runs in every vm
 	// restored from the snapshot. The daemon starts the template's
 	// service there. Its error fails the snapshot (the create boots the
-	// vm instead, and says why).
+	// vm instead, and says why) once: the build's next snapshot is saved
+	// without it.
 	PrepareTemplate func(ctx context.Context, templateID string, c *agent.Client) error
 	// WarmPool is how many restored vms to keep ready per template build
 	// and machine shape in use (0: none).
@@ -123,6 +124,9 @@ type Backend struct {
 	// ready holds, by sandbox ID, an agent connection a warm vm's warm-up
 	// left open (handshake done) for the first DialAgent.
 	ready sync.Map
+	// unprepared holds the template builds whose PrepareTemplate failed
+	// once: their snapshots are saved without it.
+	unprepared sync.Map
 }
 
 var (
