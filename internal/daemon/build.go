@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nookhq/nook/api"
@@ -167,31 +169,87 @@ func (r *stepRunner) denied(ctx context.Context, sb *core.Sandbox) string {
 // uploadDir puts the files of the host directory dir at target in a
 // sandbox (through its agent: the sandbox's paths resolve inside it).
 func uploadDir(ctx context.Context, c *agent.Client, dir, target string) error {
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return err
-	}
-	top, err := tar.FileInfoHeader(fi, "")
-	if err != nil {
-		return err
-	}
-	top.Name = "./"
 	pr, pw := io.Pipe()
 	go func() {
 		tw := tar.NewWriter(pw)
-		err := tw.WriteHeader(top) // the target's own owner and mode
-		if err == nil {
-			err = tw.AddFS(os.DirFS(dir))
-		}
+		err := writeTree(tw, dir)
 		if err == nil {
 			err = tw.Close()
 		}
 		pw.CloseWithError(err)
 	}()
-	_, err = c.UploadTree(ctx, target, pr)
+	_, err := c.UploadTree(ctx, target, pr)
 	pr.CloseWithError(errors.New("upload ended"))
 	return err
 }
+
+// writeTree writes dir to tw: itself as "./" (its owner and mode), then
+// its directories, files and symlinks with their owners (no names: the
+// host's account names are not the sandbox's business, and looking one
+// up per file costs), each file's hard links after the first as links.
+// What a sandbox made a cache of is never followed out of dir.
+func writeTree(tw *tar.Writer, dir string) error {
+	seen := map[[2]uint64]string{} // device and inode -> the name written
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		case fi.IsDir(), fi.Mode().IsRegular():
+		default:
+			return nil // devices, fifos, sockets: never carried
+		}
+		h, err := tar.FileInfoHeader(nameless{fi}, link)
+		if err != nil {
+			return err
+		}
+		h.Name = filepath.ToSlash(rel)
+		if fi.IsDir() {
+			h.Name += "/"
+		}
+		st, _ := fi.Sys().(*syscall.Stat_t)
+		if st != nil && fi.Mode().IsRegular() && st.Nlink > 1 {
+			id := [2]uint64{st.Dev, st.Ino}
+			if first, ok := seen[id]; ok {
+				h.Typeflag, h.Linkname, h.Size = tar.TypeLink, first, 0
+				return tw.WriteHeader(h)
+			}
+			seen[id] = h.Name
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if !fi.Mode().IsRegular() {
+			return nil
+		}
+		f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.CopyN(tw, f, h.Size)
+		return err
+	})
+}
+
+// nameless is a file's info with no owner names (tar.FileInfoNames).
+type nameless struct{ fs.FileInfo }
+
+func (nameless) Uname() (string, error) { return "", nil }
+func (nameless) Gname() (string, error) { return "", nil }
 
 // downloadDir replaces the host directory dir with the files at target
 // in a sandbox, extracted through safetar (nothing the sandbox sent lands

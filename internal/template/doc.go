@@ -30,7 +30,9 @@
 //     or a stage; each RUN runs in a sandbox the daemon makes over the
 //     stage's layers (Runner), whose changes become the step's layer;
 //     COPY/ADD, WORKDIR and the base directories make layers in the
-//     store directly. Every layer is keyed by a hash of the stack below
+//     store directly, at destinations resolved through the stage's own
+//     symlinks inside its tree (resolveIn: an absolute link starts again
+//     at the tree's root, ".." stops there). Every layer is keyed by a hash of the stack below
 //     it and the step as expanded (build args it uses, digests of what it
 //     copies), so a rebuild reruns from the first step that changed.
 //

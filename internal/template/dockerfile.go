@@ -706,14 +706,24 @@ func (b *dockerBuild) step(ctx context.Context, st *stageState, c instructions.C
 			wd = path.Join("/", st.cfg.WorkingDir, wd)
 		}
 		st.cfg.WorkingDir = path.Clean(wd)
-		return b.ensureDir(ctx, st, st.cfg.WorkingDir, "WORKDIR "+st.cfg.WorkingDir, label, line)
+		// Made through the stage's symlinks (the config keeps the path as
+		// written, as Docker's does).
+		dir, err := resolveIn(st.topFirst(), st.cfg.WorkingDir)
+		if err != nil {
+			return errdefs.Invalid("Dockerfile line %d: WORKDIR %s: %v", line, st.cfg.WorkingDir, err)
+		}
+		return b.ensureDir(ctx, st, dir, "WORKDIR "+st.cfg.WorkingDir, label, line)
 	case *instructions.RunCommand:
 		return b.run(ctx, st, c, label, line)
 	case *instructions.CopyCommand:
 		if len(c.ExcludePatterns) > 0 || c.Parents {
 			return errdefs.Invalid("Dockerfile line %d: COPY --exclude and --parents are not supported by nook yet: the copy would hold other files than asked", line)
 		}
-		return b.copy(ctx, st, c.SourcesAndDest, c.From, c.Chown, c.Chmod, false, c.String(), label, line)
+		from, err := b.expand(c.From, st.env()) // --from=$STAGE, as BuildKit
+		if err != nil {
+			return errdefs.Invalid("Dockerfile line %d: COPY --from=%s: %v", line, c.From, err)
+		}
+		return b.copy(ctx, st, c.SourcesAndDest, from, c.Chown, c.Chmod, false, c.String(), label, line)
 	case *instructions.AddCommand:
 		if len(c.ExcludePatterns) > 0 || c.Unpack != nil || c.Checksum != "" || c.KeepGitDir != nil {
 			return errdefs.Invalid("Dockerfile line %d: ADD --exclude, --unpack, --checksum and --keep-git-dir are not supported by nook", line)

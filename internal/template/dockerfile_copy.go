@@ -63,6 +63,9 @@ func (b *dockerBuild) copy(ctx context.Context, st *stageState, sd instructions.
 	if !path.IsAbs(dest) {
 		dest = path.Join("/", st.cfg.WorkingDir, dest)
 	}
+	if dest, err = resolveIn(st.topFirst(), dest); err != nil {
+		return fail("%v", err)
+	}
 	toDir := strings.HasSuffix(sd.DestPath, "/") || sd.DestPath == "." || len(sd.SourcePaths)+len(sd.SourceContents) > 1
 	if _, s, found, err := layerstore.Lookup(st.topFirst(), dest); err != nil {
 		return err
@@ -163,6 +166,52 @@ func (b *dockerBuild) copy(ctx context.Context, st *stageState, sd instructions.
 	st.push(d, key)
 	fmt.Fprintf(b.progress, "[stage %s] %s\n", label, what)
 	return nil
+}
+
+// maxLinkHops bounds the symlinks one path goes through (the kernel's
+// ELOOP limit).
+const maxLinkHops = 40
+
+// resolveIn is p (absolute) with the symlinks of the merged tree of
+// layers (topmost first) followed, as the kernel would inside that tree
+// chrooted: an absolute link starts again at the tree's root and ".."
+// stops there, so no link leads out. Components that do not exist are
+// kept as they are (a COPY or WORKDIR makes them).
+func resolveIn(layers []string, p string) (string, error) {
+	rest := strings.Split(p, "/")
+	cur, hops := "/", 0
+	for len(rest) > 0 {
+		c := rest[0]
+		rest = rest[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			cur = path.Dir(cur)
+			continue
+		}
+		next := path.Join(cur, c)
+		layer, st, found, err := layerstore.Lookup(layers, next)
+		if err != nil {
+			return "", err
+		}
+		if !found || st.Mode&unix.S_IFMT != unix.S_IFLNK {
+			cur = next
+			continue
+		}
+		if hops++; hops > maxLinkHops {
+			return "", fmt.Errorf("%s: too many levels of symbolic links", p)
+		}
+		target, err := os.Readlink(filepath.Join(layer, next))
+		if err != nil {
+			return "", err
+		}
+		if path.IsAbs(target) {
+			cur = "/"
+		}
+		rest = append(strings.Split(target, "/"), rest...)
+	}
+	return cur, nil
 }
 
 func sourceName(from string) string {

@@ -165,3 +165,72 @@ func TestBuildDockerfileBadInput(t *testing.T) {
 		t.Errorf("unknown target: %v", err)
 	}
 }
+
+// COPY and WORKDIR go through the symlinks of the stage's own tree as
+// Docker's do (a merged-/usr Debian's /bin -> usr/bin, an /app that
+// links to /srv/app): a copy into /bin/ lands in /usr/bin beside what
+// is there, and the links stay links. A link that leads out of the
+// tree is followed inside it, never out.
+func TestBuildDockerfileThroughSymlinks(t *testing.T) {
+	requireRoot(t)
+	host := serveRegistry(t, nil)
+	base := tarLayer(t, compression.GZip,
+		tfile{name: "usr/", typ: tar.TypeDir},
+		tfile{name: "usr/bin/", typ: tar.TypeDir},
+		tfile{name: "usr/bin/sh", data: "#!sh\n"},
+		tfile{name: "bin", typ: tar.TypeSymlink, link: "usr/bin"},
+		tfile{name: "srv/", typ: tar.TypeDir},
+		tfile{name: "srv/app/", typ: tar.TypeDir},
+		tfile{name: "app", typ: tar.TypeSymlink, link: "/srv/app"},
+		tfile{name: "escape", typ: tar.TypeSymlink, link: "../../../../tmp/nook-escape-test"},
+		tfile{name: "loop", typ: tar.TypeSymlink, link: "/loop"},
+		tfile{name: "etc/", typ: tar.TypeDir},
+		tfile{name: "etc/passwd", data: "root:x:0:0:root:/root:/bin/sh\n"},
+		tfile{name: "etc/group", data: "root:x:0:\n"})
+	pushImage(t, host+"/merged:1", testImage(t, v1.Config{}, base))
+	df := "FROM " + host + "/merged:1\nCOPY tool.sh /bin/\nWORKDIR /app/sub\nCOPY data.txt ./\nCOPY data.txt /escape/x\n"
+	ctxDir := writeContext(t, map[string]string{"Dockerfile": df, "tool.sh": "#!/bin/sh\n", "data.txt": "data\n"})
+	os.RemoveAll("/tmp/nook-escape-test")
+	s := NewStore(t.TempDir(), slog.New(slog.DiscardHandler))
+	tpl, err := s.BuildDockerfile(context.Background(), "links", DockerfileOptions{Context: ctxDir, Runner: noRunner{t}}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat("/tmp/nook-escape-test"); !os.IsNotExist(err) {
+		t.Fatalf("a COPY through a link out of the tree wrote on the host: %v", err)
+	}
+	rootfs, err := s.Rootfs(tpl.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"bin": "usr/bin", "app": "/srv/app"} {
+		if got, err := os.Readlink(filepath.Join(rootfs, name)); err != nil || got != want {
+			t.Errorf("/%s is no longer the link to %s: %q %v", name, want, got, err)
+		}
+	}
+	for _, f := range []string{"usr/bin/sh", "usr/bin/tool.sh", "srv/app/sub/data.txt", "tmp/nook-escape-test/x"} {
+		if _, err := os.Lstat(filepath.Join(rootfs, f)); err != nil {
+			t.Errorf("/%s: %v", f, err)
+		}
+	}
+	if tpl.Config.WorkingDir != "/app/sub" {
+		t.Errorf("workdir %q", tpl.Config.WorkingDir)
+	}
+	// COPY --from names its stage with an ARG.
+	os.WriteFile(filepath.Join(ctxDir, "Dockerfile"), []byte("FROM "+host+"/merged:1 AS one\nCOPY data.txt /made-in-one\n"+
+		"FROM "+host+"/merged:1\nARG SRC=one\nCOPY --from=$SRC /made-in-one /got\n"), 0o644)
+	byArg, err := s.BuildDockerfile(context.Background(), "byarg", DockerfileOptions{Context: ctxDir, Runner: noRunner{t}}, io.Discard)
+	if err != nil {
+		t.Fatalf("COPY --from=$SRC: %v", err)
+	}
+	if rootfs, err := s.Rootfs(byArg.ID); err != nil {
+		t.Fatal(err)
+	} else if b, err := os.ReadFile(filepath.Join(rootfs, "got")); err != nil || string(b) != "data\n" {
+		t.Errorf("COPY --from=$SRC: %q %v", b, err)
+	}
+	// A link to itself is a clear error, not a hang.
+	os.WriteFile(filepath.Join(ctxDir, "Dockerfile"), []byte("FROM "+host+"/merged:1\nCOPY data.txt /loop/\n"), 0o644)
+	if _, err := s.BuildDockerfile(context.Background(), "loop", DockerfileOptions{Context: ctxDir, Runner: noRunner{t}}, io.Discard); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "too many levels of symbolic links") {
+		t.Errorf("COPY into a link loop: %v", err)
+	}
+}

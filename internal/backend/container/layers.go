@@ -447,6 +447,13 @@ func layerUsage(dir string) int64 {
 	return n
 }
 
+// overlayPinned are the overlay features an upper directory must not
+// use, whatever the host's defaults (module parameters, kernel config):
+// a build step's upper is read back as a layer (ExportChanges), which a
+// metacopy file (no data) or a redirected directory would break, and a
+// sandbox's upper must read the same on any host it moves to.
+var overlayPinned = [][2]string{{"redirect_dir", "off"}, {"metacopy", "off"}, {"index", "off"}}
+
 // mountOverlay mounts an overlay of lowers (topmost first) under upper at
 // target. A chain too long for mount(2)'s one page of options is mounted
 // through the new mount API, one lower layer at a time.
@@ -457,6 +464,9 @@ func mountOverlay(lowers []string, upper, work, target string) error {
 		}
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lowers, ":"), upper, work)
+	for _, kv := range overlayPinned {
+		opts += "," + kv[0] + "=" + kv[1]
+	}
 	if len(opts) < 4000 {
 		if err := unix.Mount("overlay", target, "overlay", unix.MS_NODEV, opts); err != nil {
 			return fmt.Errorf("mount overlay rootfs: %w", err)
@@ -484,6 +494,11 @@ func mountOverlay(lowers []string, upper, work, target string) error {
 	}
 	if err := set("workdir", work); err != nil {
 		return err
+	}
+	for _, kv := range overlayPinned {
+		if err := set(kv[0], kv[1]); err != nil {
+			return err
+		}
 	}
 	if err := unix.FsconfigCreate(fd); err != nil {
 		return fmt.Errorf("mount overlay rootfs of %d layers: %w", len(lowers), err)
