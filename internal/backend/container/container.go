@@ -25,11 +25,10 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/diskimg"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/keylock"
@@ -775,25 +774,7 @@ func (b *Backend) removeCgroups(id string) error {
 	return cgroups.Remove(b.cfg.CgroupParent, id, func() { b.thaw(id) })
 }
 
-func unmount(target string) error {
-	for i := 0; i < 50; i++ {
-		err := unix.Unmount(target, 0)
-		switch {
-		case err == nil:
-			continue // stacked mounts: unmount until none is left
-		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
-			return nil // not a mount point (any more)
-		case errors.Is(err, unix.EBUSY):
-			time.Sleep(10 * time.Millisecond)
-		default:
-			return fmt.Errorf("unmount %s: %w", target, err)
-		}
-	}
-	if err := unix.Unmount(target, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-		return fmt.Errorf("unmount %s: %w", target, err)
-	}
-	return nil
-}
+func unmount(target string) error { return diskimg.Unmount(target) }
 
 // List implements core.Backend: every sandbox with a directory or runc state.
 func (b *Backend) List(ctx context.Context) ([]string, error) {
