@@ -1,0 +1,21 @@
+// Package volume keeps named volumes: data that outlives any sandbox and
+// that several sandboxes mount at once.
+//
+// A volume is a directory of the store, <dir>/<name>/, holding its
+// record (volume.json: name, size, creation time), its ext4 image
+// (disk.img, sparse: internal/diskimg) and the image's mount point
+// (mnt/). The volume's files are mnt/data/ (mnt/ itself keeps ext4's
+// lost+found out of sight). The size is the image's: a writer past it
+// gets ENOSPC, and the host's free space is not touched.
+//
+// Create makes the image and the record in a temporary directory
+// (.new-*) and renames it into place, then mounts it; Remove renames
+// the volume to .gone-* first, then unmounts and deletes it. Open
+// finishes both after a crash (a .new-* directory is removed, a .gone-*
+// one unmounted and removed) and mounts what a host restart unmounted,
+// so a kill -9 at any point leaves a volume whole or gone. Mounts
+// outlive the daemon: a volume mounted in a sandbox stays mounted.
+//
+// The store knows nothing of sandboxes: the daemon records which
+// sandbox mounts which volume and refuses to remove one in use.
+package volume
