@@ -74,6 +74,37 @@ type Sandbox struct {
 	// Network is the sandbox's network and egress policy; absent when the
 	// daemon runs without networking (loopback only).
 	Network *Network `json:"network,omitempty"`
+	// Volumes are the volumes it mounts.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+}
+
+// VolumeMount is a volume a sandbox mounts, at Path.
+type VolumeMount struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
+
+// Volume is a volume: data that outlives sandboxes, mounted by several at once.
+type Volume struct {
+	Name      string    `json:"name"`
+	SizeBytes int64     `json:"size_bytes"`
+	UsedBytes int64     `json:"used_bytes"`
+	CreatedAt time.Time `json:"created_at"`
+	// MountedBy names the sandboxes that mount it.
+	MountedBy []string `json:"mounted_by,omitempty"`
+}
+
+// CreateVolumeRequest is the body of POST /v1/volumes; Size is a size
+// such as "10G" (default 10G, at least 64M).
+type CreateVolumeRequest struct {
+	Name string `json:"name"`
+	Size string `json:"size,omitempty"`
+}
+
+// VolumeList is the answer of GET /v1/volumes.
+type VolumeList struct {
+	Volumes []Volume `json:"volumes"`
 }
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes. Sizes are strings
@@ -104,6 +135,9 @@ type CreateSandboxRequest struct {
 	// "agent" (nook-agent itself: the fastest start). Empty: systemd
 	// where the template has it and the backend can run it, else agent.
 	Init string `json:"init,omitempty"`
+	// Volumes to mount, each "NAME:/path" or "NAME:/path:ro" (container
+	// sandboxes).
+	Volumes []string `json:"volumes,omitempty"`
 }
 
 // Inits: what runs as a sandbox's PID 1.

@@ -416,6 +416,34 @@ func (c *Client) DeleteTemplate(ctx context.Context, name string) error {
 	return c.call(ctx, "DELETE", "/v1/templates/"+esc(name), nil, nil)
 }
 
+// CreateVolume makes a volume (size such as "10G"; "" for the default).
+func (c *Client) CreateVolume(ctx context.Context, name, size string) (*api.Volume, error) {
+	var out api.Volume
+	return &out, c.call(ctx, "POST", "/v1/volumes", api.CreateVolumeRequest{Name: name, Size: size}, &out)
+}
+
+// ListVolumes lists the volumes, each with the sandboxes that mount it.
+func (c *Client) ListVolumes(ctx context.Context) ([]api.Volume, error) {
+	var out api.VolumeList
+	return out.Volumes, c.call(ctx, "GET", "/v1/volumes", nil, &out)
+}
+
+// GetVolume returns a volume and the sandboxes that mount it.
+func (c *Client) GetVolume(ctx context.Context, name string) (*api.Volume, error) {
+	var out api.Volume
+	return &out, c.call(ctx, "GET", "/v1/volumes/"+esc(name), nil, &out)
+}
+
+// DeleteVolume removes a volume and its files; one a sandbox mounts is
+// refused unless force.
+func (c *Client) DeleteVolume(ctx context.Context, name string, force bool) error {
+	p := "/v1/volumes/" + esc(name)
+	if force {
+		p += "?force=true"
+	}
+	return c.call(ctx, "DELETE", p, nil, nil)
+}
+
 // CreateToken creates an API token; its Secret is shown only here. Only
 // the host (the unix socket without a token) may.
 func (c *Client) CreateToken(ctx context.Context, req api.CreateTokenRequest) (*api.Token, error) {

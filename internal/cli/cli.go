@@ -129,7 +129,7 @@ as ` + "`nook info`" + ` shows it on the host) or NOOK_TLS_CA=FILE.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), stopCmd(true), stopCmd(false), ttlCmd(), rmCmd(), templateCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd())
+	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), stopCmd(true), stopCmd(false), ttlCmd(), rmCmd(), templateCmd(), volumeCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd())
 	return root
 }
 
@@ -281,6 +281,7 @@ func createCmd() *cobra.Command {
 	f.Float64Var(&req.CPUs, "cpus", 0, "CPU limit, in cores (default 2, at most the host's)")
 	f.StringVar(&req.Memory, "memory", "", "memory limit, e.g. 512M or 2G (default 2G)")
 	f.StringVar(&req.Disk, "disk", "", "writable disk size, e.g. 20G, beside the template's files (container: at least 64M, default 10G; vm: at least and by default 8G)")
+	f.StringArrayVar(&req.Volumes, "volume", nil, "mount a volume, NAME:/path or NAME:/path:ro (nook volume create NAME makes one; container sandboxes)")
 	f.StringVar(&req.TTL, "ttl", "", "time to live, e.g. 90m, 2h, 3d (default 1h; extend with nook ttl)")
 	f.StringVar(&req.IdlePause, "idle-pause", "", "pause it after this long without use, e.g. 10m, or off (default: the daemon's --idle-pause); any call wakes it")
 	f.StringVar(&req.OnExpire, "on-expire", "", "what the TTL does when it runs out: destroy (default), pause or stop (kept until a new TTL is set)")
@@ -379,6 +380,13 @@ func inspectCmd() *cobra.Command {
 			}
 			if sb.SnapshotsBytes > 0 {
 				fmt.Fprintf(tw, "snapshots:\t%s on disk (nook snapshots %s)\n", core.FormatBytes(sb.SnapshotsBytes), tsafe(sb.Name))
+			}
+			for _, v := range sb.Volumes {
+				ro := ""
+				if v.ReadOnly {
+					ro = " (read-only)"
+				}
+				fmt.Fprintf(tw, "volume:\t%s at %s%s\n", tsafe(v.Name), tsafe(v.Path), ro)
 			}
 			if sb.Init != "" {
 				fmt.Fprintf(tw, "init:\t%s\n", tsafe(sb.Init))

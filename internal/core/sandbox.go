@@ -79,6 +79,17 @@ type Sandbox struct {
 	// BackendState is opaque to everything but the backend that wrote it
 	// (e.g. the container's init PID); it is persisted with the sandbox.
 	BackendState []byte
+	// Volumes are the volumes it mounts, fixed at create (a fork mounts
+	// the same).
+	Volumes []VolumeMount
+}
+
+// VolumeMount is a volume a sandbox mounts: Name's files at Target,
+// read-only or not.
+type VolumeMount struct {
+	Name     string `json:"name"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"read_only,omitempty"`
 }
 
 // API returns the sandbox as the API reports it.
@@ -95,6 +106,9 @@ func (sb *Sandbox) API() api.Sandbox {
 	}
 	if sb.IdlePause > 0 {
 		v.IdlePause = FormatDuration(sb.IdlePause)
+	}
+	for _, vm := range sb.Volumes {
+		v.Volumes = append(v.Volumes, api.VolumeMount{Name: vm.Name, Path: vm.Target, ReadOnly: vm.ReadOnly})
 	}
 	return v
 }

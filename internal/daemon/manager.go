@@ -36,6 +36,7 @@ import (
 	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/internal/store"
 	"github.com/nookhq/nook/internal/template"
+	"github.com/nookhq/nook/internal/volume"
 )
 
 // Version is nook's version, set at build time.
@@ -59,6 +60,7 @@ type Config struct {
 	CRIU           string        // the CRIU binary; default: DefaultCRIU, else criu in PATH
 	Runc           string        // the runc binary; default: runcbin.Find (scripts/runc.sh's build, else runc in PATH)
 	VMCacheDir     string        // guest kernels, vm template images and snapshots; default DataDir/vm
+	VolumesDir     string        // volumes (internal/volume); default DataDir/volumes
 	KernelRoot     string        // an unpacked Debian linux-image package for vm guests; default: fetched with apt
 	VMColdBoot     bool          // boot vm sandboxes instead of restoring their template's snapshot (benchmarks)
 	Net            NetConfig     // sandbox networking (network.go); zero: off, loopback only
@@ -106,6 +108,9 @@ func (c Config) withDefaults() Config {
 	if c.VMCacheDir == "" {
 		c.VMCacheDir = filepath.Join(c.DataDir, "vm")
 	}
+	if c.VolumesDir == "" {
+		c.VolumesDir = filepath.Join(c.DataDir, "volumes")
+	}
 	if c.WarmPool == 0 {
 		c.WarmPool = 2
 	}
@@ -146,6 +151,11 @@ type Manager struct {
 	// tplMu is held for reading by creates while they pick a template
 	// build, and for writing while builds nothing records are removed.
 	tplMu sync.RWMutex
+	// volumes keeps the volumes; volMu is held (read) by a create from
+	// choosing its volumes until its record names them, and (write) by a
+	// volume's removal, which counts the records.
+	volumes *volume.Store
+	volMu   sync.RWMutex
 
 	mu      sync.Mutex
 	locks   keylock.Map // serializes lifecycle operations per sandbox name
@@ -262,6 +272,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		idle:      newIdleTracker(),
 		limits:    newLedger(cfg.MaxSandboxes, cfg.MaxMemory),
 	}
+	if m.volumes, err = volume.Open(cfg.VolumesDir, cfg.Log); err != nil {
+		st.Close()
+		return nil, err
+	}
 	var hooks core.NetHooks // stays a nil interface when networking is off
 	if cfg.Net.Enabled {
 		if m.net, err = newSandboxNets(ctx, cfg, st); err != nil {
@@ -281,7 +295,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m.warnRunc(ctx)
 	ctr := container.New(container.Config{
 		Runc: cfg.Runc, RuncRoot: filepath.Join(cfg.RunDir, "runc"), StateDir: filepath.Join(cfg.DataDir, "sandboxes"),
-		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, TemplateLayers: m.templates.Layers, Log: cfg.Log,
+		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, TemplateLayers: m.templates.Layers, VolumePath: m.volumes.Path, Log: cfg.Log,
 		WarmPool: max(cfg.WarmPool, 0), WarmPoolMax: cfg.WarmPoolMax, Net: hooks, CRIU: criu,
 	})
 	vmb := vm.New(vm.Config{
@@ -502,6 +516,19 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err := core.ValidateEnv(req.Env); err != nil {
 		return nil, err
 	}
+	// From choosing its volumes until its record names them, none of
+	// them may be removed.
+	m.volMu.RLock()
+	volLocked := true
+	defer func() {
+		if volLocked {
+			m.volMu.RUnlock()
+		}
+	}()
+	vols, err := m.parseVolumes(req.Volumes, req.Isolation)
+	if err != nil {
+		return nil, err
+	}
 	pol, err := m.createPolicy(req)
 	if err != nil {
 		return nil, err
@@ -549,6 +576,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 		ID: newID(), Name: req.Name, Template: tpl.Name, TemplateID: tpl.ID, Isolation: req.Isolation,
 		State: core.StateCreating, CPUs: cpus, MemoryBytes: mem, DiskBytes: disk, PidsLimit: 4096,
 		Env: req.Env, CreatedAt: now, ExpiresAt: now.Add(ttl), IdlePause: idlePause, OnExpire: onExpire,
+		Volumes: vols,
 	}
 	if sb.Env == nil {
 		sb.Env = map[string]string{}
@@ -581,7 +609,8 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	defer unlock()
 	warm := false
-	if wp, ok := b.(core.WarmPool); ok && build == "" { // a build step's is no build to keep warm
+	// A build step's is no build to keep warm; a warm sandbox has no volumes.
+	if wp, ok := b.(core.WarmPool); ok && build == "" && len(vols) == 0 {
 		if id, ok := wp.TakeWarm(sb); ok {
 			sb.ID, warm = id, true
 		}
@@ -594,6 +623,8 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	m.tplMu.RUnlock()
 	tplLocked = false
+	m.volMu.RUnlock()
+	volLocked = false
 	// Finish even if the client goes away: a create is never left half done.
 	cctx := context.WithoutCancel(ctx)
 	start := time.Now()

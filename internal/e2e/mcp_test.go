@@ -79,7 +79,7 @@ func TestMCPInspector(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"sandbox_create", "sandbox_list", "sandbox_inspect", "sandbox_pause", "sandbox_resume", "sandbox_stop", "sandbox_start", "sandbox_destroy", "exec", "process_start", "process_output", "process_list", "process_kill", "read_file", "write_file", "list_files", "search_files",
-		"sandbox_snapshot", "sandbox_snapshots", "sandbox_rollback", "sandbox_fork"} {
+		"sandbox_snapshot", "sandbox_snapshots", "sandbox_rollback", "sandbox_fork", "volume_create", "volume_list", "volume_destroy"} {
 		if !names[want] {
 			t.Errorf("tools/list lacks %s:\n%s", want, raw)
 		}
@@ -262,6 +262,25 @@ func TestMCPTools(t *testing.T) {
 	if res, _ := call("template_build", map[string]any{"name": tpl + "-x", "dockerfile": "FROM base\nRUN exit 3\n"}); !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "exited with code 3") {
 		t.Fatalf("a failing build is a tool error: %+v", res)
 	}
+	// An agent keeps results in a volume, past its sandbox.
+	if _, sc := call("volume_create", map[string]any{"name": "mcp-results", "size": "64M"}); sc["name"] != "mcp-results" {
+		t.Fatalf("volume_create: %+v", sc)
+	}
+	call("sandbox_create", map[string]any{"name": "mcp-vol", "volumes": []any{"mcp-results:/results"}})
+	call("exec", map[string]any{"sandbox": "mcp-vol", "command": "echo 42 > /results/answer"})
+	if res, _ := call("volume_destroy", map[string]any{"name": "mcp-results"}); !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "mcp-vol") {
+		t.Fatalf("volume_destroy of a mounted volume: %+v", res)
+	}
+	call("sandbox_destroy", map[string]any{"sandbox": "mcp-vol"})
+	call("sandbox_create", map[string]any{"name": "mcp-vol2", "volumes": []any{"mcp-results:/r:ro"}})
+	if _, sc := call("exec", map[string]any{"sandbox": "mcp-vol2", "command": "cat /r/answer"}); sc["stdout"] != "42\n" {
+		t.Fatalf("the volume's file in the next sandbox: %+v", sc)
+	}
+	call("sandbox_destroy", map[string]any{"sandbox": "mcp-vol2"})
+	if _, sc := call("volume_list", nil); !strings.Contains(fmt.Sprint(sc["volumes"]), "mcp-results") {
+		t.Fatalf("volume_list: %+v", sc)
+	}
+	call("volume_destroy", map[string]any{"name": "mcp-results"})
 }
 
 // The snapshot tools on a vm sandbox, kept short: snapshot, break,

@@ -59,9 +59,48 @@ func New(c *sdk.Client, version string) *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "network_log", Description: "Show what a sandbox was denied on the network: blocked connections and refused DNS lookups, newest last, each with the destination and why " +
 		"(policy: not in the allowlist; not-allowed: a name the policy does not allow; tunnel: a lookup shaped like data smuggling). " +
 		"Use it when a download, git clone or API call fails inside a sandbox, to see which domain the task needs allowed."}, t.netLog)
+	mcp.AddTool(s, &mcp.Tool{Name: "volume_create", Description: "Create a volume: a directory of a fixed size (default 10G) whose files outlive every sandbox, for data to keep " +
+		"or share (a package cache, a dataset, results). Mount it with sandbox_create's volumes (NAME:/path, or NAME:/path:ro). Returns the volume."}, t.createVolume)
+	mcp.AddTool(s, &mcp.Tool{Name: "volume_list", Description: "List the volumes with their size, what they use and the sandboxes that mount them.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, t.volumes)
+	mcp.AddTool(s, &mcp.Tool{Name: "volume_destroy", Description: "Destroy a volume and every file in it. Irreversible. Refused while a sandbox mounts it: destroy those sandboxes first."}, t.destroyVolume)
 	addFileTools(s, t)
 	addSnapshotTools(s, t)
 	return s
+}
+
+// VolumeInput is volume_create's input.
+type VolumeInput struct {
+	Name string `json:"name" jsonschema:"the volume's name: lowercase letters, digits and '-'"`
+	Size string `json:"size,omitempty" jsonschema:"its size, such as 1G or 500M; default 10G"`
+}
+
+func (t *tools) createVolume(ctx context.Context, _ *mcp.CallToolRequest, in VolumeInput) (*mcp.CallToolResult, any, error) {
+	v, err := t.c.CreateVolume(ctx, in.Name, in.Size)
+	if err != nil {
+		return fail(err)
+	}
+	return nil, v, nil
+}
+
+func (t *tools) volumes(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+	vols, err := t.c.ListVolumes(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	return nil, api.VolumeList{Volumes: vols}, nil
+}
+
+// VolumeNameInput names a volume.
+type VolumeNameInput struct {
+	Name string `json:"name" jsonschema:"the volume's name"`
+}
+
+func (t *tools) destroyVolume(ctx context.Context, _ *mcp.CallToolRequest, in VolumeNameInput) (*mcp.CallToolResult, any, error) {
+	if err := t.c.DeleteVolume(ctx, in.Name, false); err != nil {
+		return fail(err)
+	}
+	return nil, map[string]any{"destroyed": in.Name}, nil
 }
 
 type tools struct{ c *sdk.Client }
@@ -89,11 +128,13 @@ type CreateInput struct {
 	Net   string   `json:"net,omitempty" jsonschema:"network mode: allowlist (default: the sandbox reaches only what allow names) or none (no network at all)"`
 	Allow []string `json:"allow,omitempty" jsonschema:"what the sandbox may reach on the network; by default nothing. Each entry is a domain (github.com), a wildcard (*.pythonhosted.org), an IPv4 CIDR, or a preset (@registries: GitHub, Debian, PyPI, npm, the Go proxy, crates.io; @internet: everything public), optionally with ports (example.com:443). Ask for only what the task needs"`
 	Deny  []string `json:"deny,omitempty" jsonschema:"domains, wildcards or CIDRs the sandbox may never reach, even if allow names them"`
+	// Optional: volumes.
+	Volumes []string `json:"volumes,omitempty" jsonschema:"volumes to mount (container sandboxes), each NAME:/path or NAME:/path:ro; volume_create makes one. Their files outlive the sandbox and are shared with every sandbox that mounts them"`
 }
 
 func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, any, error) {
 	sb, err := t.c.CreateSandbox(ctx, api.CreateSandboxRequest{Name: in.Name, Template: in.Template, Isolation: in.Isolation, CPUs: in.CPUs, Memory: in.Memory, TTL: in.TTL, Env: in.Env,
-		IdlePause: in.IdlePause, OnExpire: in.OnExpire, Init: in.Init, Net: in.Net, Allow: in.Allow, Deny: in.Deny})
+		IdlePause: in.IdlePause, OnExpire: in.OnExpire, Init: in.Init, Net: in.Net, Allow: in.Allow, Deny: in.Deny, Volumes: in.Volumes})
 	if err != nil {
 		return fail(err)
 	}

@@ -125,6 +125,10 @@ func (s *Server) routes() []route {
 		{"POST /v1/templates/{name}/build", accessAdmin, s.buildTemplate},
 		{"POST /v1/templates/{name}/dockerfile", accessAdmin, s.buildDockerfile},
 		{"DELETE /v1/templates/{name}", accessAdmin, s.deleteTemplate},
+		{"GET /v1/volumes", accessAdmin, s.listVolumes},
+		{"POST /v1/volumes", accessAdmin, s.createVolume},
+		{"GET /v1/volumes/{name}", accessAdmin, s.getVolume},
+		{"DELETE /v1/volumes/{name}", accessAdmin, s.deleteVolume},
 		{"POST /v1/tokens", accessHost, s.createToken},
 		{"GET /v1/tokens", accessHost, s.listTokens},
 		{"DELETE /v1/tokens/{id}", accessHost, s.deleteToken},
@@ -547,6 +551,51 @@ func (l *lineWriter) flush() {
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	if err := s.m.RemoveTemplate(r.Context(), r.PathValue("name")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
+	vols, err := s.m.ListVolumes(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.VolumeList{Volumes: vols})
+}
+
+func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
+	var req api.CreateVolumeRequest
+	if err := decode(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	v, err := s.m.CreateVolume(r.Context(), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, v)
+}
+
+func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
+	v, err := s.m.GetVolume(r.Context(), r.PathValue("name"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
+	force, err := queryBool(r, "force")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.m.RemoveVolume(r.Context(), r.PathValue("name"), force); err != nil {
 		s.fail(w, r, err)
 		return
 	}

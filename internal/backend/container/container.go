@@ -52,6 +52,9 @@ type Config struct {
 	// first) of a template build made of layers rather than one rootfs
 	// (a Dockerfile build's step), or nil for one that is a rootfs.
 	TemplateLayers func(templateID string) ([]string, error)
+	// VolumePath returns the host directory of volume name's files
+	// (mounted): what a sandbox that mounts it sees at its target.
+	VolumePath func(name string) (string, error)
 	// WarmPool is how many started containers to keep ready per template
 	// build in use (0: none; every create starts a container).
 	WarmPool int
@@ -332,6 +335,9 @@ func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fres
 	if err := fsutil.WriteJSONAtomic(filepath.Join(dir, "chain.json"), c); err != nil {
 		return err
 	}
+	if err := fsutil.WriteJSONAtomic(b.volumesFile(sb.ID), sb.Volumes); err != nil {
+		return err
+	}
 	// The network namespace first (the agent starts with its interface
 	// up), with the user namespace it belongs to.
 	netns, userns := b.netnsFile(sb.ID), b.usernsFile(sb.ID)
@@ -365,6 +371,7 @@ func (b *Backend) startOnce(ctx context.Context, sb *core.Sandbox, c chain, fres
 	if err != nil {
 		return err
 	}
+	spec.Mounts = append(spec.Mounts, b.volumeMounts(sb.ID, sb.Volumes)...)
 	// CRIU's own settings for this container's checkpoints and restores.
 	if err := b.writeCRIUConf(sb.ID, false); err != nil {
 		return err
@@ -497,7 +504,7 @@ func (b *Backend) setupBinds(id string) []string {
 			binds = append(binds, p)
 		}
 	}
-	return binds
+	return append(binds, b.mountedVolumes(id)...)
 }
 
 // runcError is the message of runc's last error line in a text log
@@ -670,6 +677,9 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	// are not walked while it might still be mounted.
 	if err := b.unmountDisk(id); err != nil {
 		return errors.Join(append(errs, fmt.Errorf("the sandbox's disk: %w", err))...)
+	}
+	if err := b.unmountVolumes(id); err != nil {
+		return errors.Join(append(errs, err)...)
 	}
 	if err := removeSandboxDir(b.dir(id)); err != nil {
 		errs = append(errs, err)

@@ -210,7 +210,10 @@ func (b *Backend) mountRoot(id string, lowers []string, m idmap) error {
 		}
 		defer closeLayers()
 	}
-	return mountOverlay(layers, filepath.Join(base, "upper"), filepath.Join(base, "work"), b.rootfs(id))
+	if err := mountOverlay(layers, filepath.Join(base, "upper"), filepath.Join(base, "work"), b.rootfs(id)); err != nil {
+		return err
+	}
+	return b.mountVolumes(id, m)
 }
 
 // ensureNamespaces makes sandbox id's network namespace (loopback up),

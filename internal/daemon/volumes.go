@@ -1,0 +1,153 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"path"
+	"strings"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/volume"
+)
+
+// maxVolumeMounts bounds the volumes one sandbox mounts.
+const maxVolumeMounts = 32
+
+// parseVolumes checks a create's volumes ("NAME:/path" or
+// "NAME:/path:ro"): each names a volume there is, at an absolute path
+// that is not the root, nor in /proc, /sys or /dev, and no two at one
+// path. The caller holds volMu (read).
+func (m *Manager) parseVolumes(specs []string, isolation string) ([]core.VolumeMount, error) {
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	if isolation == api.IsolationVM {
+		return nil, errdefs.Invalid("volumes are mounted in container sandboxes only, for now: a vm sandbox cannot mount one yet")
+	}
+	if len(specs) > maxVolumeMounts {
+		return nil, errdefs.Invalid("at most %d volumes per sandbox", maxVolumeMounts)
+	}
+	var out []core.VolumeMount
+	seen := map[string]bool{}
+	for _, spec := range specs {
+		parts := strings.Split(spec, ":")
+		if len(parts) < 2 || len(parts) > 3 || (len(parts) == 3 && parts[2] != "ro" && parts[2] != "rw") {
+			return nil, errdefs.Invalid("volume %q: give NAME:/path or NAME:/path:ro", spec)
+		}
+		name, target := parts[0], parts[1]
+		if err := volume.CheckName(name); err != nil {
+			return nil, err
+		}
+		if !path.IsAbs(target) || strings.ContainsRune(target, 0) || len(target) > 4096 {
+			return nil, errdefs.Invalid("volume %s: the path %q is not absolute", name, target)
+		}
+		target = path.Clean(target)
+		if target == "/" {
+			return nil, errdefs.Invalid("volume %s: it cannot be mounted over the root", name)
+		}
+		for _, sys := range []string{"/proc", "/sys", "/dev"} {
+			if target == sys || strings.HasPrefix(target, sys+"/") {
+				return nil, errdefs.Invalid("volume %s: it cannot be mounted in %s", name, sys)
+			}
+		}
+		if seen[target] {
+			return nil, errdefs.Invalid("two volumes at %s", target)
+		}
+		seen[target] = true
+		if _, err := m.volumes.Get(name); err != nil {
+			if errors.Is(err, errdefs.ErrNotFound) {
+				return nil, errdefs.NotFound("volume %s not found: nook volume create %s makes it", name, name)
+			}
+			return nil, err
+		}
+		out = append(out, core.VolumeMount{Name: name, Target: target, ReadOnly: len(parts) == 3 && parts[2] == "ro"})
+	}
+	return out, nil
+}
+
+// CreateVolume makes a volume.
+func (m *Manager) CreateVolume(ctx context.Context, req api.CreateVolumeRequest) (api.Volume, error) {
+	var size int64
+	if req.Size != "" {
+		var err error
+		if size, err = core.ParseSize(req.Size); err != nil {
+			return api.Volume{}, errdefs.Invalid("size: %v", err)
+		}
+	}
+	v, err := m.volumes.Create(ctx, req.Name, size)
+	if err != nil {
+		return api.Volume{}, err
+	}
+	return api.Volume{Name: v.Name, SizeBytes: v.SizeBytes, CreatedAt: v.CreatedAt}, nil
+}
+
+// volumeUsers maps each volume to the sandboxes that mount it.
+func (m *Manager) volumeUsers(ctx context.Context) (map[string][]string, error) {
+	sbs, err := m.store.ListSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	users := map[string][]string{}
+	for _, sb := range sbs {
+		for _, v := range sb.Volumes {
+			users[v.Name] = append(users[v.Name], sb.Name)
+		}
+	}
+	return users, nil
+}
+
+func apiVolume(v volume.Volume, users map[string][]string) api.Volume {
+	return api.Volume{Name: v.Name, SizeBytes: v.SizeBytes, UsedBytes: v.UsedBytes, CreatedAt: v.CreatedAt, MountedBy: users[v.Name]}
+}
+
+// ListVolumes lists the volumes, each with the sandboxes that mount it.
+func (m *Manager) ListVolumes(ctx context.Context) ([]api.Volume, error) {
+	vols, err := m.volumes.List()
+	if err != nil {
+		return nil, err
+	}
+	users, err := m.volumeUsers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Volume, 0, len(vols))
+	for _, v := range vols {
+		out = append(out, apiVolume(v, users))
+	}
+	return out, nil
+}
+
+// GetVolume returns a volume and the sandboxes that mount it.
+func (m *Manager) GetVolume(ctx context.Context, name string) (api.Volume, error) {
+	v, err := m.volumes.Get(name)
+	if err != nil {
+		return api.Volume{}, err
+	}
+	users, err := m.volumeUsers(ctx)
+	if err != nil {
+		return api.Volume{}, err
+	}
+	return apiVolume(v, users), nil
+}
+
+// RemoveVolume deletes a volume and its files. One that a sandbox mounts
+// is refused (remove the sandboxes first) unless force: then the
+// sandboxes that mount it keep what they see until they are removed (the
+// files go with the last of them), and cannot start again once stopped.
+func (m *Manager) RemoveVolume(ctx context.Context, name string, force bool) error {
+	m.volMu.Lock()
+	defer m.volMu.Unlock()
+	if _, err := m.volumes.Get(name); err != nil {
+		return err
+	}
+	users, err := m.volumeUsers(ctx)
+	if err != nil {
+		return err
+	}
+	if u := users[name]; len(u) > 0 && !force {
+		return errdefs.Precondition("volume %s is mounted by %s: remove them first (or force it)", name, strings.Join(u, ", "))
+	}
+	return m.volumes.Remove(ctx, name)
+}

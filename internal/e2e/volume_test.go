@@ -1,0 +1,105 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/nookhq/nook/api"
+)
+
+// Volumes in container sandboxes: one volume mounted by two sandboxes at
+// once (one read-only) with files and owners the same in both (their
+// uid ranges differ), its size giving ENOSPC, no hard link out of it, a
+// pause to disk, a fork, a kill -9 of the daemon and a stop and start
+// keeping it, its data outliving the sandboxes, its removal refused
+// while mounted and leaving no mount. Bad input is a clear error.
+func TestVolumes(t *testing.T) {
+	requireCRIU(t)
+	d := newDaemon(t)
+	vol := "vol-" + strings.TrimPrefix(d.cgroup, "nook-e2e-")
+	if got := d.must("volume", "create", vol, "--size", "64M"); got != vol+"\n" {
+		t.Fatalf("volume create: %q", got)
+	}
+	d.must("create", "--name", "v-rw", "--volume", vol+":/data")
+	d.must("create", "--name", "v-ro", "--volume", vol+":/mnt/in:ro")
+	d.must("exec", "v-rw", "--", "sh", "-c", "echo hello > /data/hello && mkdir /data/u && chown 1000:1000 /data/u && ls -ld /data")
+	if got := d.must("exec", "v-ro", "--", "sh", "-c", "cat /mnt/in/hello; stat -c '%u:%g' /mnt/in/u; stat -c '%u' /mnt/in"); got != "hello\n1000:1000\n0\n" {
+		t.Errorf("the read-only sandbox sees %q", got)
+	}
+	if r, _ := d.nook("exec", "v-ro", "--", "sh", "-c", "echo x > /mnt/in/x"); r.code == 0 || !strings.Contains(r.stderr+r.stdout, "Read-only") {
+		t.Errorf("a write to a read-only volume: %+v", r)
+	}
+	if r, _ := d.nook("exec", "v-rw", "--", "sh", "-c", "dd if=/dev/zero of=/data/big bs=1M count=100 2>&1"); r.code == 0 || !strings.Contains(r.stdout, "No space left") {
+		t.Errorf("writing past the volume's size: %+v", r)
+	}
+	d.must("exec", "v-rw", "--", "rm", "/data/big")
+	if r, _ := d.nook("exec", "v-rw", "--", "ln", "/etc/hostname", "/data/link"); r.code == 0 {
+		t.Errorf("a hard link from the sandbox's root into the volume: %+v", r)
+	}
+	var sb api.Sandbox
+	if err := json.Unmarshal([]byte(d.must("inspect", "v-ro", "--json")), &sb); err != nil || len(sb.Volumes) != 1 || sb.Volumes[0] != (api.VolumeMount{Name: vol, Path: "/mnt/in", ReadOnly: true}) {
+		t.Errorf("inspect: %+v %v", sb.Volumes, err)
+	}
+	var v api.Volume
+	if err := json.Unmarshal([]byte(d.must("volume", "inspect", vol, "--json")), &v); err != nil || v.SizeBytes != 64<<20 || strings.Join(v.MountedBy, ",") != "v-ro,v-rw" && strings.Join(v.MountedBy, ",") != "v-rw,v-ro" {
+		t.Errorf("volume inspect: %+v %v", v, err)
+	}
+	if r, _ := d.nook("volume", "rm", vol); r.code != 1 || !strings.Contains(r.stderr, "is mounted by") {
+		t.Errorf("volume rm while mounted: %+v", r)
+	}
+
+	// Paused to disk and resumed, forked: the volume is still there, the
+	// same one (not in the snapshot).
+	d.must("pause", "v-rw")
+	d.must("resume", "v-rw")
+	d.must("fork", "v-rw", "--name", "v-fork")
+	d.must("exec", "v-fork", "--", "sh", "-c", "echo from-fork > /data/fork")
+	if got := d.must("exec", "v-rw", "--", "cat", "/data/hello", "/data/fork"); got != "hello\nfrom-fork\n" {
+		t.Errorf("after a pause and a fork: %q", got)
+	}
+	// kill -9 of the daemon: everything comes back.
+	d.stop(syscall.SIGKILL)
+	d.start()
+	if got := d.must("exec", "v-ro", "--", "cat", "/mnt/in/fork"); got != "from-fork\n" {
+		t.Errorf("after a kill -9: %q", got)
+	}
+	d.must("rm", "v-rw", "v-ro", "v-fork")
+	d.must("create", "--name", "v-again", "--volume", vol+":/data")
+	if got := d.must("exec", "v-again", "--", "cat", "/data/hello"); got != "hello\n" {
+		t.Errorf("the volume outlives its sandboxes: %q", got)
+	}
+	d.must("stop", "v-again")
+	d.must("start", "v-again")
+	if got := d.must("exec", "v-again", "--", "cat", "/data/hello"); got != "hello\n" {
+		t.Errorf("after a stop and a start: %q", got)
+	}
+	d.must("rm", "v-again")
+	d.expectCLI(t, []cliCase{
+		{[]string{"create", "--volume", "nope:/data"}, 1, "volume nope not found"},
+		{[]string{"create", "--volume", vol + ":data"}, 1, "is not absolute"},
+		{[]string{"create", "--volume", vol + ":/"}, 1, "over the root"},
+		{[]string{"create", "--volume", vol + ":/proc/x"}, 1, "cannot be mounted in /proc"},
+		{[]string{"create", "--volume", vol + ":/a", "--volume", vol + ":/a/"}, 1, "two volumes at /a"},
+		{[]string{"create", "--volume", vol + ":/a:rx"}, 1, "give NAME:/path or NAME:/path:ro"},
+		{[]string{"create", "--isolation", "vm", "--volume", vol + ":/a"}, 1, "a vm sandbox cannot mount one yet"},
+		{[]string{"volume", "create", vol}, 1, "already exists"},
+		{[]string{"volume", "create", "Bad"}, 1, "is not valid"},
+		{[]string{"volume", "create", "tiny", "--size", "1M"}, 1, "at least 64 MiB"},
+		{[]string{"volume", "rm", "nope"}, 1, "not found"},
+	})
+	d.must("volume", "rm", vol)
+	if ls := d.must("volume", "ls"); strings.Contains(ls, vol) {
+		t.Errorf("volume ls after rm:\n%s", ls)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if vols := filepath.Join(d.data, "volumes"); strings.Contains(string(mounts), vols+"/") {
+		t.Errorf("mounts left under %s", vols)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(d.data, "volumes")); len(entries) > 0 {
+		t.Errorf("left in the volume store: %v", entries)
+	}
+}
