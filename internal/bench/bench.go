@@ -43,6 +43,7 @@ type Config struct {
 	OnlyVMShape  bool   // measure only vms at the default shape and systemd vms
 	OnlyNet      bool   // measure only sandbox networking
 	OnlyImage    bool   // measure only templates from images
+	OnlyVolume   bool   // measure only volumes
 	DensityN     int    // sandboxes alive in the density figures (0: none)
 	DensityVMs   int    // vms held through the density figures (0: none)
 	// CgroupParent is the cgroup parent of the daemons the network and
@@ -111,6 +112,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.OnlyImage {
 		return runImage(ctx, cfg, root)
+	}
+	if cfg.OnlyVolume {
+		return runVolume(ctx, cfg, root)
 	}
 	if cfg.OnlySnapshots {
 		fmt.Fprintln(cfg.Out, "baseline: bare runc run of the same rootfs, 10 times...")
@@ -202,6 +206,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := runImage(ctx, cfg, root); err != nil {
 		return fmt.Errorf("image template benchmarks: %w", err)
 	}
+	fmt.Fprintln(cfg.Out)
+	if err := runVolume(ctx, cfg, root); err != nil {
+		return fmt.Errorf("volume benchmarks: %w", err)
+	}
 	if cfg.DensityN > 0 {
 		fmt.Fprintln(cfg.Out)
 		if _, err := RunDensity(ctx, cfg, cfg.DensityN); err != nil {
@@ -289,6 +297,13 @@ func serve(ctx context.Context, cfg Config, root string, pool int) (*sdk.Client,
 			if sbs, err := cl.ListSandboxes(dctx); err == nil {
 				for _, sb := range sbs {
 					cl.DeleteSandbox(dctx, sb.Name)
+				}
+			}
+			// Volumes are mounted under the bench's directory: removed
+			// here, never walked by its RemoveAll.
+			if vols, err := cl.ListVolumes(dctx); err == nil {
+				for _, v := range vols {
+					cl.DeleteVolume(dctx, v.Name, true)
 				}
 			}
 			cancel()
