@@ -295,7 +295,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m.warnRunc(ctx)
 	ctr := container.New(container.Config{
 		Runc: cfg.Runc, RuncRoot: filepath.Join(cfg.RunDir, "runc"), StateDir: filepath.Join(cfg.DataDir, "sandboxes"),
-		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, TemplateLayers: m.templates.Layers, VolumePath: m.volumes.Path, Log: cfg.Log,
+		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, TemplateLayers: m.templates.Layers, VolumePath: m.volumes.Path, VolumesDir: cfg.VolumesDir, Log: cfg.Log,
 		WarmPool: max(cfg.WarmPool, 0), WarmPoolMax: cfg.WarmPoolMax, Net: hooks, CRIU: criu,
 	})
 	vmb := vm.New(vm.Config{
@@ -516,15 +516,6 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err := core.ValidateEnv(req.Env); err != nil {
 		return nil, err
 	}
-	// From choosing its volumes until its record names them, none of
-	// them may be removed.
-	m.volMu.RLock()
-	volLocked := true
-	defer func() {
-		if volLocked {
-			m.volMu.RUnlock()
-		}
-	}()
 	vols, err := m.parseVolumes(req.Volumes, req.Isolation)
 	if err != nil {
 		return nil, err
@@ -564,6 +555,21 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 			m.tplMu.RUnlock()
 		}
 	}()
+	// From here until its record names them, none of its volumes may be
+	// removed (a removal counts the records).
+	volLocked := false
+	if len(vols) > 0 {
+		m.volMu.RLock()
+		volLocked = true
+		defer func() {
+			if volLocked {
+				m.volMu.RUnlock()
+			}
+		}()
+		if err := m.volumesExist(vols); err != nil {
+			return nil, err
+		}
+	}
 	tpl := api.Template{Name: tplName, ID: build}
 	if build == "" {
 		if tpl, err = m.templates.Get(tplName); err != nil { // the current build, which GC keeps while the lock is held
@@ -623,8 +629,10 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	m.tplMu.RUnlock()
 	tplLocked = false
-	m.volMu.RUnlock()
-	volLocked = false
+	if volLocked {
+		m.volMu.RUnlock()
+		volLocked = false
+	}
 	// Finish even if the client goes away: a create is never left half done.
 	cctx := context.WithoutCancel(ctx)
 	start := time.Now()

@@ -349,7 +349,14 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 		return nil, err
 	}
 	defer room.release()
-	if err := m.insertSandbox(ctx, sb, room); err != nil {
+	// Its volumes must still be there when its record names them.
+	m.volMu.RLock()
+	err = m.volumesExist(sb.Volumes)
+	if err == nil {
+		err = m.insertSandbox(ctx, sb, room)
+	}
+	m.volMu.RUnlock()
+	if err != nil {
 		return nil, err
 	}
 	err = s.Fork(ctx, sb, sn.ID)

@@ -17,8 +17,10 @@ const maxVolumeMounts = 32
 
 // parseVolumes checks a create's volumes ("NAME:/path" or
 // "NAME:/path:ro"): each names a volume there is, at an absolute path
-// that is not the root, nor in /proc, /sys or /dev, and no two at one
-// path. The caller holds volMu (read).
+// that is not the root, nor in /proc, /sys, /dev or nook's own /.nook,
+// and none at or under another's path (it would be resolved through
+// what a sandbox wrote in that one). Whether they still exist is checked
+// again under volMu (volumesExist).
 func (m *Manager) parseVolumes(specs []string, isolation string) ([]core.VolumeMount, error) {
 	if len(specs) == 0 {
 		return nil, nil
@@ -47,13 +49,15 @@ func (m *Manager) parseVolumes(specs []string, isolation string) ([]core.VolumeM
 		if target == "/" {
 			return nil, errdefs.Invalid("volume %s: it cannot be mounted over the root", name)
 		}
-		for _, sys := range []string{"/proc", "/sys", "/dev"} {
-			if target == sys || strings.HasPrefix(target, sys+"/") {
+		for _, sys := range []string{"/proc", "/sys", "/dev", "/.nook"} {
+			if under(target, sys) {
 				return nil, errdefs.Invalid("volume %s: it cannot be mounted in %s", name, sys)
 			}
 		}
-		if seen[target] {
-			return nil, errdefs.Invalid("two volumes at %s", target)
+		for other := range seen {
+			if under(target, other) || under(other, target) {
+				return nil, errdefs.Invalid("volumes at %s and %s: one is in the other", other, target)
+			}
 		}
 		seen[target] = true
 		if _, err := m.volumes.Get(name); err != nil {
@@ -65,6 +69,20 @@ func (m *Manager) parseVolumes(specs []string, isolation string) ([]core.VolumeM
 		out = append(out, core.VolumeMount{Name: name, Target: target, ReadOnly: len(parts) == 3 && parts[2] == "ro"})
 	}
 	return out, nil
+}
+
+// under reports whether p is dir or below it.
+func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+
+// volumesExist checks that every volume of vols is there still. The
+// caller holds volMu (read).
+func (m *Manager) volumesExist(vols []core.VolumeMount) error {
+	for _, v := range vols {
+		if _, err := m.volumes.Get(v.Name); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // CreateVolume makes a volume.

@@ -6,7 +6,9 @@
 // (disk.img, sparse: internal/diskimg) and the image's mount point
 // (mnt/). The volume's files are mnt/data/ (mnt/ itself keeps ext4's
 // lost+found out of sight). The size is the image's: a writer past it
-// gets ENOSPC, and the host's free space is not touched.
+// gets ENOSPC. The image is sparse, as a container's disk is: it takes
+// the host's space as its files are written (a create checks that the
+// host has its size free then, but sizes promised are not reserved).
 //
 // Create makes the image and the record in a temporary directory
 // (.new-*) and renames it into place, then mounts it; Remove renames

@@ -79,7 +79,7 @@ func Open(dir string, log *slog.Logger) (*Store, error) {
 				log.Warn("remove what a crash left of a volume", "dir", p, "err", err)
 			}
 		case CheckName(e.Name()) == nil:
-			if err := diskimg.Mount(filepath.Join(p, "disk.img"), filepath.Join(p, "mnt"), "volume "+e.Name()); err != nil {
+			if _, err := s.mount(e.Name()); err != nil {
 				log.Warn("mount volume", "volume", e.Name(), "err", err)
 			}
 		}
@@ -135,19 +135,31 @@ func (s *Store) Create(ctx context.Context, name string, size int64) (Volume, er
 	if err := os.Rename(tmp, final); err != nil {
 		return Volume{}, err
 	}
-	mnt := filepath.Join(final, "mnt")
-	if err := diskimg.Mount(filepath.Join(final, "disk.img"), mnt, "volume "+name); err != nil {
-		s.remove(name)
-		return Volume{}, err
-	}
-	// The volume's files: a directory of their own (ext4's lost+found
-	// stays out of sight), 0755 root's, as a fresh disk's root is.
-	if err := os.Mkdir(filepath.Join(mnt, "data"), 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+	if _, err := s.mount(name); err != nil {
 		s.remove(name)
 		return Volume{}, err
 	}
 	s.log.Info("volume created", "volume", name, "size", size)
 	return v, nil
+}
+
+// mount mounts volume name unless it is, makes its files' directory
+// (ext4's lost+found stays out of sight; 0755 root's, as a fresh disk's
+// root is) unless it is there (a crash between the create's rename and
+// its mkdir), and returns that directory. The caller holds name's lock
+// (or is Open, before anything else runs): one image is never mounted
+// twice.
+func (s *Store) mount(name string) (string, error) {
+	dir := filepath.Join(s.dir, name)
+	mnt := filepath.Join(dir, "mnt")
+	if err := diskimg.Mount(filepath.Join(dir, "disk.img"), mnt, "volume "+name); err != nil {
+		return "", err
+	}
+	data := filepath.Join(mnt, "data")
+	if err := os.Mkdir(data, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", err
+	}
+	return data, nil
 }
 
 // Get returns volume name.
@@ -191,23 +203,26 @@ func (s *Store) List() ([]Volume, error) {
 // Path is the directory of volume name's files, mounted (again, after a
 // host restart) if it is not.
 func (s *Store) Path(name string) (string, error) {
+	if err := CheckName(name); err != nil {
+		return "", err
+	}
+	defer s.lock(name)()
 	if _, err := s.Get(name); err != nil {
 		return "", err
 	}
-	dir := filepath.Join(s.dir, name)
-	if err := diskimg.Mount(filepath.Join(dir, "disk.img"), filepath.Join(dir, "mnt"), "volume "+name); err != nil {
-		return "", err
-	}
-	return filepath.Join(dir, "mnt", "data"), nil
+	return s.mount(name)
 }
 
 // Remove deletes volume name and its files. The caller makes sure no
 // sandbox mounts it.
 func (s *Store) Remove(ctx context.Context, name string) error {
-	if _, err := s.Get(name); err != nil {
+	if err := CheckName(name); err != nil {
 		return err
 	}
 	defer s.lock(name)()
+	if _, err := s.Get(name); err != nil {
+		return err
+	}
 	return s.remove(name)
 }
 

@@ -106,7 +106,7 @@ func TestVolumeAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	for _, n := range []string{"kept", "removed"} {
+	for _, n := range []string{"kept", "removed", "nodata"} {
 		if _, err := s.Create(ctx, n, 64<<20); err != nil {
 			t.Fatal(err)
 		}
@@ -122,16 +122,23 @@ func TestVolumeAfterCrash(t *testing.T) {
 	t.Cleanup(func() { diskimg.Unmount(filepath.Join(gone, "mnt")) })
 	os.MkdirAll(filepath.Join(dir, ".new-half-0"), 0o700)
 	os.WriteFile(filepath.Join(dir, ".new-half-0", "disk.img"), []byte("x"), 0o600)
+	// A create cut between its rename and the directory of its files.
+	os.Remove(filepath.Join(dir, "nodata", "mnt", "data"))
 	// A host restart: nothing mounted.
-	if err := diskimg.Unmount(filepath.Join(dir, "kept", "mnt")); err != nil {
-		t.Fatal(err)
+	for _, n := range []string{"kept", "nodata"} {
+		if err := diskimg.Unmount(filepath.Join(dir, n, "mnt")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := Open(dir, log); err != nil {
 		t.Fatal(err)
 	}
 	entries, _ := os.ReadDir(dir)
-	if len(entries) != 1 || entries[0].Name() != "kept" {
+	if len(entries) != 2 || entries[0].Name() != "kept" || entries[1].Name() != "nodata" {
 		t.Fatalf("after the crash the store holds %v", entries)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "nodata", "mnt", "data")); err != nil || !fi.IsDir() {
+		t.Fatalf("the directory of a volume's files is not made again: %v", err)
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "kept", "mnt", "data", "f")); err != nil || string(b) != "kept" || !mounted(t, filepath.Join(dir, "kept", "mnt")) {
 		t.Fatalf("the kept volume: %q %v", b, err)

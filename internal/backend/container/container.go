@@ -55,6 +55,10 @@ type Config struct {
 	// VolumePath returns the host directory of volume name's files
 	// (mounted): what a sandbox that mounts it sees at its target.
 	VolumePath func(name string) (string, error)
+	// VolumesDir is where the volumes are mounted on the host: runc's
+	// mount namespace is made without those mounts (it needs none, and
+	// a copy would keep a removed volume's image attached).
+	VolumesDir string
 	// WarmPool is how many started containers to keep ready per template
 	// build in use (0: none; every create starts a container).
 	WarmPool int
@@ -484,7 +488,11 @@ func (b *Backend) mountBase(setup bool) *mntns.Base {
 	b.baseMu.Lock()
 	defer b.baseMu.Unlock()
 	if b.base == nil && !b.baseFailed {
-		base, err := mntns.New(b.cfg.StateDir)
+		hide := []string{b.cfg.StateDir}
+		if b.cfg.VolumesDir != "" {
+			hide = append(hide, b.cfg.VolumesDir)
+		}
+		base, err := mntns.New(hide...)
 		if err != nil {
 			b.baseFailed = true
 			b.cfg.Log.Warn("runc runs in the daemon's mount namespace: a create costs more with every sandbox", "err", err)
