@@ -37,7 +37,7 @@ same. It outlives every sandbox until nook volume rm.`,
 			if createJSON {
 				return printJSON(cmd.OutOrStdout(), v)
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), v.Name)
+			fmt.Fprintln(cmd.OutOrStdout(), tsafe(v.Name))
 			return nil
 		}),
 	}
