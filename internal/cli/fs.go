@@ -396,20 +396,46 @@ as symlinks.`,
 				if _, err := parseRemote(args[1]); err != nil {
 					return err
 				}
-				return copyIn(cmd, cl, args[0], dst)
+				return copyIn(cmd, sandboxFiles{cl, dst.name}, args[0], dst)
 			}
 			if _, err := parseRemote(args[0]); err != nil {
 				return err
 			}
-			return copyOut(cmd, cl, src, args[1])
+			return copyOut(cmd, sandboxFiles{cl, src.name}, src, args[1])
 		},
 	}
 }
 
-// statFollow describes a path in a sandbox, following symlinks.
-func statFollow(ctx context.Context, cl *sdk.Client, name, p string) (*api.FileInfo, error) {
+// fileTarget is what cp copies to and from: a sandbox's files
+// (sandboxFiles) or a volume's (sdk.VolumeFiles).
+type fileTarget interface {
+	StatFile(ctx context.Context, path string) (*api.FileInfo, error)
+	DownloadArchive(ctx context.Context, path string) (io.ReadCloser, error)
+	UploadArchive(ctx context.Context, dir string, r io.Reader, parents bool) (*api.FileInfo, error)
+}
+
+// sandboxFiles are the files of sandbox name, as a fileTarget.
+type sandboxFiles struct {
+	cl   *sdk.Client
+	name string
+}
+
+func (s sandboxFiles) StatFile(ctx context.Context, p string) (*api.FileInfo, error) {
+	return s.cl.StatFile(ctx, s.name, p)
+}
+
+func (s sandboxFiles) DownloadArchive(ctx context.Context, p string) (io.ReadCloser, error) {
+	return s.cl.DownloadArchive(ctx, s.name, p)
+}
+
+func (s sandboxFiles) UploadArchive(ctx context.Context, dir string, r io.Reader, parents bool) (*api.FileInfo, error) {
+	return s.cl.UploadArchive(ctx, s.name, dir, r, parents)
+}
+
+// statFollow describes a path of t, following symlinks.
+func statFollow(ctx context.Context, t fileTarget, p string) (*api.FileInfo, error) {
 	for i := 0; ; i++ {
-		info, err := cl.StatFile(ctx, name, p)
+		info, err := t.StatFile(ctx, p)
 		if err != nil || info.Type != api.FileTypeSymlink || i == 16 {
 			return info, err
 		}
@@ -421,11 +447,11 @@ func statFollow(ctx context.Context, cl *sdk.Client, name, p string) (*api.FileI
 	}
 }
 
-// copyIn copies a local file or tree (or a tar on stdin, "-") into a sandbox.
-func copyIn(cmd *cobra.Command, cl *sdk.Client, src string, dst remotePath) error {
+// copyIn copies a local file or tree (or a tar on stdin, "-") into t (dst names the place).
+func copyIn(cmd *cobra.Command, t fileTarget, src string, dst remotePath) error {
 	ctx := cmd.Context()
 	if src == "-" {
-		_, err := cl.UploadArchive(ctx, dst.name, dst.path, cmd.InOrStdin(), false)
+		_, err := t.UploadArchive(ctx, dst.path, cmd.InOrStdin(), false)
 		return err
 	}
 	lfi, err := os.Lstat(src)
@@ -435,7 +461,7 @@ func copyIn(cmd *cobra.Command, cl *sdk.Client, src string, dst remotePath) erro
 	contentsOnly := strings.HasSuffix(src, "/.")
 	dstClean := path.Clean(dst.path)
 	var dir, top string
-	info, err := statFollow(ctx, cl, dst.name, dst.path)
+	info, err := statFollow(ctx, t, dst.path)
 	switch {
 	case err == nil && info.Type == api.FileTypeDir:
 		dir, top = dstClean, filepath.Base(src)
@@ -452,7 +478,7 @@ func copyIn(cmd *cobra.Command, cl *sdk.Client, src string, dst remotePath) erro
 			return fmt.Errorf("destination directory %s does not exist", dst)
 		}
 		dir, top = path.Dir(dstClean), path.Base(dstClean)
-		if pinfo, err := statFollow(ctx, cl, dst.name, dir); err != nil {
+		if pinfo, err := statFollow(ctx, t, dir); err != nil {
 			if sdk.IsNotFound(err) {
 				return fmt.Errorf("cannot copy to %s: directory %s:%s does not exist", dst, dst.name, dir)
 			}
@@ -465,20 +491,20 @@ func copyIn(cmd *cobra.Command, cl *sdk.Client, src string, dst remotePath) erro
 	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(safetar.Write(pw, src, top)) }()
-	_, err = cl.UploadArchive(ctx, dst.name, dir, pr, false)
+	_, err = t.UploadArchive(ctx, dir, pr, false)
 	pr.CloseWithError(errors.New("upload ended"))
 	return err
 }
 
-// copyOut copies a file or tree of a sandbox to a local path (or a tar to stdout, "-").
-func copyOut(cmd *cobra.Command, cl *sdk.Client, src remotePath, dst string) error {
+// copyOut copies a file or tree of t (src names it) to a local path (or a tar to stdout, "-").
+func copyOut(cmd *cobra.Command, t fileTarget, src remotePath, dst string) error {
 	ctx := cmd.Context()
-	info, err := cl.StatFile(ctx, src.name, src.path)
+	info, err := t.StatFile(ctx, src.path)
 	if err != nil {
 		return err
 	}
 	if dst == "-" {
-		rc, err := cl.DownloadArchive(ctx, src.name, src.path)
+		rc, err := t.DownloadArchive(ctx, src.path)
 		if err != nil {
 			return err
 		}
@@ -515,7 +541,7 @@ func copyOut(cmd *cobra.Command, cl *sdk.Client, src remotePath, dst string) err
 	default:
 		return err
 	}
-	rc, err := cl.DownloadArchive(ctx, src.name, src.path)
+	rc, err := t.DownloadArchive(ctx, src.path)
 	if err != nil {
 		return err
 	}

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -104,6 +106,98 @@ same. It outlives every sandbox until nook volume rm.`,
 		}),
 	}
 	rm.Flags().BoolVar(&force, "force", false, "remove it even while sandboxes mount it (they keep what they see until they are removed, and cannot start again once stopped)")
-	c.AddCommand(create, ls, inspect, rm)
+	c.AddCommand(create, ls, inspect, rm, volumeCpCmd(), volumeFsCmd())
+	return c
+}
+
+// volumeCpCmd copies files between this machine and a volume, as nook cp
+// does with a sandbox, without any sandbox.
+func volumeCpCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy files between this machine and a volume (one side VOLUME:/path), without a sandbox",
+		Long: `Copy files and directory trees between this machine and a volume, as nook cp
+does with a sandbox (the same rules for directories, "dir/." and "-"). The
+daemon reads and writes the volume itself: paths resolve inside the volume,
+and a symlink that leads out of it is refused. Files copied in belong to
+root (the root of a sandbox that mounts the volume).`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			src, srcRemote := splitRemote(args[0])
+			dst, dstRemote := splitRemote(args[1])
+			if srcRemote == dstRemote {
+				return &usageError{errors.New("volume cp copies between a volume and this machine: one of SRC and DST is VOLUME:/path, the other a local path")}
+			}
+			for i, remote := range []bool{srcRemote, dstRemote} {
+				if remote {
+					if _, err := parseRemote(args[i]); err != nil {
+						return err
+					}
+				}
+			}
+			cl, err := client()
+			if err != nil {
+				return err
+			}
+			if dstRemote {
+				return copyIn(cmd, cl.Volume(dst.name), args[0], dst)
+			}
+			return copyOut(cmd, cl.Volume(src.name), src, args[1])
+		},
+	}
+}
+
+func volumeFsCmd() *cobra.Command {
+	c := &cobra.Command{Use: "fs", Short: "Files of a volume, without a sandbox: ls, cat"}
+	var recursive, asJSON bool
+	var maxEntries int
+	ls := &cobra.Command{
+		Use:   "ls [-r] [--max N] [--json] VOLUME:/path",
+		Short: "List a directory of a volume (-r: the whole tree)",
+		Args:  cobra.ExactArgs(1),
+		RunE: withRemote(func(cmd *cobra.Command, cl *sdk.Client, rp remotePath) error {
+			l, err := cl.Volume(rp.name).ListFiles(cmd.Context(), rp.path, sdk.ListOptions{Recursive: recursive, MaxEntries: maxEntries})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), l)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 1, ' ', 0)
+			for i := range l.Entries {
+				e := &l.Entries[i]
+				name := e.Name
+				if recursive {
+					name = e.Path
+				}
+				printInfo(tw, e, name)
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if l.Truncated {
+				fmt.Fprintf(cmd.ErrOrStderr(), "nook: the listing stops at %d entries; raise --max to see more\n", len(l.Entries))
+			}
+			return nil
+		}),
+	}
+	ls.Flags().BoolVarP(&recursive, "recursive", "r", false, "list the whole tree")
+	ls.Flags().IntVar(&maxEntries, "max", 0, "list at most this many entries (default 100000)")
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cat := &cobra.Command{
+		Use:   "cat VOLUME:/path",
+		Short: "Print a file of a volume",
+		Args:  cobra.ExactArgs(1),
+		RunE: withRemote(func(cmd *cobra.Command, cl *sdk.Client, rp remotePath) error {
+			rc, err := cl.Volume(rp.name).ReadFile(cmd.Context(), rp.path)
+			if err != nil {
+				return err
+			}
+			defer rc.Close()
+			_, err = io.Copy(cmd.OutOrStdout(), rc)
+			return err
+		}),
+	}
+	c.AddCommand(ls, cat)
 	return c
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"os"
 	"path"
 	"strings"
 
@@ -168,4 +169,25 @@ func (m *Manager) RemoveVolume(ctx context.Context, name string, force bool) err
 		return errdefs.Precondition("volume %s is mounted by %s: remove them first (or force it)", name, strings.Join(u, ", "))
 	}
 	return m.volumes.Remove(ctx, name)
+}
+
+// VolumeFiles opens the files of volume name for the host's own file
+// calls (volume.Stat, List, OpenFile, Write, WriteTar, ReadTar), which
+// never leave it; release closes them. The volume cannot be removed
+// until then.
+func (m *Manager) VolumeFiles(ctx context.Context, name string) (root *os.Root, release func(), err error) {
+	m.volMu.RLock()
+	defer func() {
+		if err != nil {
+			m.volMu.RUnlock()
+		}
+	}()
+	dir, err := m.volumes.Path(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if root, err = os.OpenRoot(dir); err != nil {
+		return nil, nil, err
+	}
+	return root, func() { root.Close(); m.volMu.RUnlock() }, nil
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -24,7 +25,19 @@ func TestVolumes(t *testing.T) {
 	if got := d.must("volume", "create", vol, "--size", "64M"); got != vol+"\n" {
 		t.Fatalf("volume create: %q", got)
 	}
+	// Files go in without a sandbox.
+	seed := t.TempDir()
+	os.MkdirAll(filepath.Join(seed, "sub"), 0o755)
+	os.WriteFile(filepath.Join(seed, "a"), []byte("seeded\n"), 0o644)
+	os.WriteFile(filepath.Join(seed, "sub", "b"), []byte("deeper\n"), 0o600)
+	d.must("volume", "cp", seed, vol+":/seed")
+	if ls := d.must("volume", "fs", "ls", "-r", vol+":/seed"); !strings.Contains(ls, "/seed/sub/b") {
+		t.Errorf("volume fs ls:\n%s", ls)
+	}
 	d.must("create", "--name", "v-rw", "--volume", vol+":/data")
+	if got := d.must("exec", "v-rw", "--", "cat", "/data/seed/a", "/data/seed/sub/b"); got != "seeded\ndeeper\n" {
+		t.Errorf("files copied in without a sandbox, seen in one: %q", got)
+	}
 	d.must("create", "--name", "v-ro", "--volume", vol+":/mnt/in:ro")
 	d.must("exec", "v-rw", "--", "sh", "-c", "echo hello > /data/hello && mkdir /data/u && chown 1000:1000 /data/u && ls -ld /data")
 	if got := d.must("exec", "v-ro", "--", "sh", "-c", "cat /mnt/in/hello; stat -c '%u:%g' /mnt/in/u; stat -c '%u' /mnt/in"); got != "hello\n1000:1000\n0\n" {
@@ -39,6 +52,31 @@ func TestVolumes(t *testing.T) {
 	d.must("exec", "v-rw", "--", "rm", "/data/big")
 	if r, _ := d.nook("exec", "v-rw", "--", "ln", "/etc/hostname", "/data/link"); r.code == 0 {
 		t.Errorf("a hard link from the sandbox's root into the volume: %+v", r)
+	}
+	// The daemon reads and writes a volume without following a
+	// sandbox's symlink out of it.
+	d.must("exec", "v-rw", "--", "sh", "-c", "ln -s /etc /data/esc; ln -s ../../../../../../etc /data/esc2; ln -s seed /data/inside")
+	if got := d.must("volume", "fs", "cat", vol+":/hello"); got != "hello\n" {
+		t.Errorf("volume fs cat: %q", got)
+	}
+	if got := d.must("volume", "fs", "cat", vol+":/inside/a"); got != "seeded\n" {
+		t.Errorf("a symlink inside the volume: %q", got)
+	}
+	for _, p := range []string{"/esc/passwd", "/esc2/passwd"} {
+		if r, _ := d.nook("volume", "fs", "cat", vol+":"+p); r.code == 0 || strings.Contains(r.stdout, "root:") {
+			t.Errorf("volume fs cat %s read through a symlink out of the volume: %+v", p, r)
+		}
+		if r, _ := d.nook("volume", "cp", seed+"/a", vol+":"+path.Dir(p)+"/"); r.code == 0 {
+			t.Errorf("volume cp into %s wrote through a symlink out of the volume: %+v", path.Dir(p), r)
+		}
+	}
+	if _, err := os.Stat("/etc/a"); err == nil {
+		t.Fatal("a copy into the volume landed in the host's /etc")
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	d.must("volume", "cp", vol+":/seed", out)
+	if b, err := os.ReadFile(filepath.Join(out, "sub", "b")); err != nil || string(b) != "deeper\n" {
+		t.Errorf("volume cp out: %q %v", b, err)
 	}
 	var sb api.Sandbox
 	if err := json.Unmarshal([]byte(d.must("inspect", "v-ro", "--json")), &sb); err != nil || len(sb.Volumes) != 1 || sb.Volumes[0] != (api.VolumeMount{Name: vol, Path: "/mnt/in", ReadOnly: true}) {

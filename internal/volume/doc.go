@@ -18,6 +18,10 @@
 // so a kill -9 at any point leaves a volume whole or gone. Mounts
 // outlive the daemon: a volume mounted in a sandbox stays mounted.
 //
+// files.go reads and writes a volume's files without a sandbox, through
+// an os.Root on them: no name, symlink or ".." a sandbox left there
+// leads the daemon out of the volume.
+//
 // The store knows nothing of sandboxes: the daemon records which
 // sandbox mounts which volume and refuses to remove one in use.
 package volume

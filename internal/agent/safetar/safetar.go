@@ -83,14 +83,20 @@ const maxDeferredDirs = 10000
 // entry named with "..", an absolute name, or one that would be written through a symlink leading out of the target (dir,
 // or dir/Top with Options.Top) stops the extraction with ErrInvalid.
 func Extract(r io.Reader, dir string, opt Options) error {
-	if opt.Top != "" && opt.Top != "." && (strings.ContainsRune(opt.Top, '/') || !filepath.IsLocal(opt.Top)) {
-		return fmt.Errorf("safetar: top %q is not a single file name", opt.Top)
-	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return err
 	}
 	defer root.Close()
+	return ExtractRoot(r, root, opt)
+}
+
+// ExtractRoot is Extract into the directory root is opened on (a
+// directory the caller resolved inside a tree of its own).
+func ExtractRoot(r io.Reader, root *os.Root, opt Options) error {
+	if opt.Top != "" && opt.Top != "." && (strings.ContainsRune(opt.Top, '/') || !filepath.IsLocal(opt.Top)) {
+		return fmt.Errorf("safetar: top %q is not a single file name", opt.Top)
+	}
 	x := &extraction{outer: root, top: opt.Top}
 	defer x.close()
 	src := &trackingReader{r: r}
