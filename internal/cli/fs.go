@@ -126,31 +126,36 @@ func fsLsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), l)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 1, ' ', 0)
-			for i := range l.Entries {
-				e := &l.Entries[i]
-				name := e.Name
-				if recursive {
-					name = e.Path
-				}
-				printInfo(tw, e, name)
-			}
-			if err := tw.Flush(); err != nil {
-				return err
-			}
-			if l.Truncated {
-				fmt.Fprintf(cmd.ErrOrStderr(), "nook: the listing stops at %d entries; raise --max to see more\n", len(l.Entries))
-			}
-			return nil
+			return printListing(cmd, l, recursive, asJSON)
 		}),
 	}
 	c.Flags().BoolVarP(&recursive, "recursive", "r", false, "list the whole tree")
 	c.Flags().IntVar(&maxEntries, "max", 0, "list at most this many entries (default 10000)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+// printListing prints a listing of a sandbox's or a volume's files.
+func printListing(cmd *cobra.Command, l *api.FileList, recursive, asJSON bool) error {
+	if asJSON {
+		return printJSON(cmd.OutOrStdout(), l)
+	}
+	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 1, ' ', 0)
+	for i := range l.Entries {
+		e := &l.Entries[i]
+		name := e.Name
+		if recursive {
+			name = e.Path
+		}
+		printInfo(tw, e, name)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if l.Truncated {
+		fmt.Fprintf(cmd.ErrOrStderr(), "nook: the listing stops at %d entries; raise --max to see more\n", len(l.Entries))
+	}
+	return nil
 }
 
 func fsCatCmd() *cobra.Command {

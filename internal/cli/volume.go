@@ -160,25 +160,7 @@ func volumeFsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), l)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 1, ' ', 0)
-			for i := range l.Entries {
-				e := &l.Entries[i]
-				name := e.Name
-				if recursive {
-					name = e.Path
-				}
-				printInfo(tw, e, name)
-			}
-			if err := tw.Flush(); err != nil {
-				return err
-			}
-			if l.Truncated {
-				fmt.Fprintf(cmd.ErrOrStderr(), "nook: the listing stops at %d entries; raise --max to see more\n", len(l.Entries))
-			}
-			return nil
+			return printListing(cmd, l, recursive, asJSON)
 		}),
 	}
 	ls.Flags().BoolVarP(&recursive, "recursive", "r", false, "list the whole tree")
