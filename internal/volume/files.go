@@ -140,7 +140,15 @@ func OpenFile(root *os.Root, p string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := root.Open(name)
+	return openRegular(root, name, p)
+}
+
+// openRegular opens name for reading if it is a regular file. The open
+// does not block (a fifo a sandbox put there, or swapped in after a
+// check, would wait for a writer for ever); what is not a regular file
+// is refused after the open, on the file opened.
+func openRegular(root *os.Root, name, p string) (*os.File, error) {
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fileError(p, err)
 	}
@@ -238,7 +246,7 @@ func WriteTar(root *os.Root, p string, w io.Writer) error {
 		if !fi.Mode().IsRegular() {
 			return nil
 		}
-		f, err := root.Open(cur)
+		f, err := openRegular(root, cur, cur)
 		if err != nil {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -142,5 +143,56 @@ func TestVolumeAfterCrash(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "kept", "mnt", "data", "f")); err != nil || string(b) != "kept" || !mounted(t, filepath.Join(dir, "kept", "mnt")) {
 		t.Fatalf("the kept volume: %q %v", b, err)
+	}
+}
+
+// A volume's files without a sandbox: a fifo a sandbox left is refused
+// at once (not waited on), symlinks out of the volume are refused,
+// inside it followed; a tar of a tree holds it and no fifo.
+func TestVolumeFiles(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	s, err := Open(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(context.Background(), "f", 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { diskimg.Unmount(filepath.Join(dir, "f", "mnt")) })
+	p, _ := s.Path("f")
+	os.MkdirAll(filepath.Join(p, "d"), 0o755)
+	os.WriteFile(filepath.Join(p, "d", "x"), []byte("x"), 0o644)
+	syscall.Mkfifo(filepath.Join(p, "d", "fifo"), 0o644)
+	os.Symlink("/etc", filepath.Join(p, "out"))
+	os.Symlink("d", filepath.Join(p, "in"))
+	root, err := os.OpenRoot(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	if _, err := OpenFile(root, "/d/fifo"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a fifo: %v", err)
+	}
+	if _, err := OpenFile(root, "/out/passwd"); !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Errorf("through a symlink out of the volume: %v", err)
+	}
+	if f, err := OpenFile(root, "/in/x"); err != nil {
+		t.Errorf("through a symlink inside the volume: %v", err)
+	} else {
+		f.Close()
+	}
+	if _, err := Write(root, "/out/new", bytes.NewReader([]byte("x")), false); err == nil {
+		t.Error("a write through a symlink out of the volume")
+	}
+	var buf bytes.Buffer
+	if err := WriteTar(root, "/d", &buf); err != nil {
+		t.Fatal(err)
+	}
+	if b := buf.String(); !strings.Contains(b, "d/x") || strings.Contains(b, "fifo") {
+		t.Errorf("the tar of /d has %q", b)
+	}
+	if _, err := os.Stat("/etc/new"); err == nil {
+		t.Fatal("a write landed in the host's /etc")
 	}
 }
