@@ -173,21 +173,18 @@ func (m *Manager) RemoveVolume(ctx context.Context, name string, force bool) err
 
 // VolumeFiles opens the files of volume name for the host's own file
 // calls (volume.Stat, List, OpenFile, Write, WriteTar, ReadTar), which
-// never leave it; release closes them. The volume cannot be removed
-// until then.
+// never leave it; release closes them. No lock is held meanwhile (a
+// slow client must not hold back a removal): a volume removed during a
+// call is detached from the host, and the call ends on its files.
 func (m *Manager) VolumeFiles(ctx context.Context, name string) (root *os.Root, release func(), err error) {
 	m.volMu.RLock()
-	defer func() {
-		if err != nil {
-			m.volMu.RUnlock()
-		}
-	}()
 	dir, err := m.volumes.Path(name)
+	if err == nil {
+		root, err = os.OpenRoot(dir)
+	}
+	m.volMu.RUnlock()
 	if err != nil {
 		return nil, nil, err
 	}
-	if root, err = os.OpenRoot(dir); err != nil {
-		return nil, nil, err
-	}
-	return root, func() { root.Close(); m.volMu.RUnlock() }, nil
+	return root, func() { root.Close() }, nil
 }

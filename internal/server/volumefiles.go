@@ -1,6 +1,9 @@
 package server
 
 import (
+	"bufio"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -48,16 +51,52 @@ func (s *Server) listVolumeFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	s.withVolume(w, r, func(root *os.Root) {
 		p := r.URL.Query().Get("path")
-		entries, truncated, err := volume.List(root, p, flags[0], int(min(maxEntries, volume.MaxListEntries)))
+		top, err := volume.Stat(root, p)
 		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
-		if entries == nil {
-			entries = []api.FileInfo{}
+		// Streamed as one JSON object (api.FileList), entry by entry as
+		// the walk finds them: a listing is never held whole.
+		bw := bufio.NewWriterSize(w, 64<<10)
+		started := false
+		start := func() {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusOK)
+			pb, _ := json.Marshal(top.Path)
+			bw.WriteString(`{"path":`)
+			bw.Write(pb)
+			bw.WriteString(`,"entries":[`)
+			started = true
 		}
-		top, _ := volume.Stat(root, p)
-		writeJSON(w, http.StatusOK, api.FileList{Path: top.Path, Entries: entries, Truncated: truncated})
+		n := 0
+		truncated, err := volume.List(root, p, flags[0], int(min(maxEntries, volume.MaxListEntries)), func(e api.FileInfo) error {
+			if !started {
+				start()
+			}
+			if n > 0 {
+				bw.WriteByte(',')
+			}
+			n++
+			b, _ := json.Marshal(e)
+			_, err := bw.Write(b)
+			return err
+		})
+		if err != nil {
+			if !started {
+				s.fail(w, r, err)
+				return
+			}
+			s.abort(r, err)
+		}
+		if !started {
+			start()
+		}
+		fmt.Fprintf(bw, `],"truncated":%v}`, truncated)
+		bw.WriteByte('\n')
+		if err := bw.Flush(); err != nil {
+			s.abort(r, err)
+		}
 	})
 }
 

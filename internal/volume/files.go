@@ -42,18 +42,30 @@ func rel(p string) (string, error) {
 // fileError maps an error of the root to a category.
 func fileError(p string, err error) error {
 	switch {
+	case isCategorized(err):
+		return err
 	case errors.Is(err, fs.ErrNotExist):
 		return errdefs.NotFound("%s: no such file in the volume", p)
 	case errors.Is(err, fs.ErrExist):
 		return errdefs.Exists("%s: already exists", p)
 	case strings.Contains(err.Error(), "path escapes from parent"):
 		return errdefs.Denied("%s: leads out of the volume (through a symlink)", p)
-	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR):
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ELOOP), errors.Is(err, syscall.ENAMETOOLONG):
 		return errdefs.Invalid("%s: %v", p, err)
 	case errors.Is(err, syscall.ENOSPC):
 		return errdefs.Invalid("%s: the volume is full (ENOSPC)", p)
 	}
 	return fmt.Errorf("%s: %w", p, err)
+}
+
+// isCategorized reports whether err already says its category.
+func isCategorized(err error) bool {
+	for _, c := range []error{errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrPermissionDenied} {
+		if errors.Is(err, c) {
+			return true
+		}
+	}
+	return false
 }
 
 // info describes name (found in root at p) without following it.
@@ -89,49 +101,111 @@ func Stat(root *os.Root, p string) (api.FileInfo, error) {
 	return info(root, path.Clean("/"+p), name, fi), nil
 }
 
-// List lists directory p (the whole tree below it with recursive), at
-// most max entries (truncated says there were more).
-func List(root *os.Root, p string, recursive bool, max int) (entries []api.FileInfo, truncated bool, err error) {
+// List gives emit directory p's entries (the whole tree below it with
+// recursive; p itself if it is not a directory), at most max of them
+// (truncated says there were more), as it reads them: a listing is never
+// held whole.
+func List(root *os.Root, p string, recursive bool, max int, emit func(api.FileInfo) error) (truncated bool, err error) {
 	name, err := rel(p)
 	if err != nil {
-		return nil, false, err
+		return false, err
 	}
 	if max <= 0 || max > MaxListEntries {
 		max = MaxListEntries
 	}
+	top := path.Clean("/" + p)
 	fi, err := root.Stat(name)
 	if err != nil {
-		return nil, false, fileError(p, err)
+		return false, fileError(p, err)
 	}
 	if !fi.IsDir() {
-		return []api.FileInfo{info(root, path.Clean("/"+p), name, fi)}, false, nil
+		return false, emit(info(root, top, name, fi))
 	}
-	stop := errors.New("enough")
-	err = fs.WalkDir(root.FS(), name, func(n string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+	sub, err := root.OpenRoot(name)
+	if err != nil {
+		return false, fileError(p, err)
+	}
+	defer sub.Close()
+	n := 0
+	err = walkTree(sub, top, 0, func(p string, dir *os.Root, name string, fi fs.FileInfo) (bool, error) {
+		if n == max {
+			truncated = true
+			return false, errStop
 		}
-		if n == name {
+		n++
+		return recursive, emit(info(dir, p, name, fi))
+	})
+	if err != nil && err != errStop {
+		return false, fileError(p, err)
+	}
+	return truncated, nil
+}
+
+var errStop = errors.New("enough")
+
+// maxDepth bounds how deep a walk of a volume goes.
+const maxDepth = 256
+
+// walkTree calls fn for every entry below directory dir (top is its
+// path, in the volume or in a tar), depth first, each directory's
+// entries in the order it gives them (never read whole, never sorted:
+// a sandbox can make a directory of millions of links). A directory is
+// entered as an os.Root of its own, so each step costs the same however
+// deep it is, only if fn asks and Lstat says it is one, and only if the
+// directory opened is that one (not one a sandbox swapped in since).
+// Entries gone since they were listed are skipped.
+func walkTree(dir *os.Root, top string, depth int, fn func(p string, dir *os.Root, name string, fi fs.FileInfo) (descend bool, err error)) error {
+	if depth > maxDepth {
+		return errdefs.Invalid("%s: more than %d directories deep", top, maxDepth)
+	}
+	d, err := dir.Open(".")
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	for {
+		ents, rerr := d.ReadDir(1024)
+		for _, e := range ents {
+			name := e.Name()
+			fi, err := dir.Lstat(name)
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			p := path.Join(top, name)
+			descend, err := fn(p, dir, name, fi)
+			if err != nil {
+				return err
+			}
+			if !descend || !fi.IsDir() {
+				continue
+			}
+			sub, err := dir.OpenRoot(name)
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if sfi, err := sub.Lstat("."); err != nil || !os.SameFile(fi, sfi) {
+				sub.Close()
+				continue
+			}
+			err = walkTree(sub, p, depth+1, fn)
+			sub.Close()
+			if err != nil {
+				return err
+			}
+		}
+		if rerr == io.EOF {
 			return nil
 		}
-		if len(entries) == max {
-			truncated = true
-			return stop
+		if rerr != nil {
+			return rerr
 		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		entries = append(entries, info(root, "/"+n, n, fi))
-		if d.IsDir() && !recursive {
-			return fs.SkipDir
-		}
-		return nil
-	})
-	if err != nil && err != stop {
-		return nil, false, fileError(p, err)
 	}
-	return entries, truncated, nil
 }
 
 // OpenFile opens file p for reading (symlinks followed inside the volume).
@@ -194,70 +268,80 @@ func Write(root *os.Root, p string, r io.Reader, parents bool) (api.FileInfo, er
 }
 
 // WriteTar writes p (a file or a tree) to w as a tar whose top entry is
-// p's base name ("." for the volume's top): symlinks as symlinks, owners
-// and modes as they are, no host account names.
+// p's base name ("." for the volume's top): a symlink (the top too) as a
+// symlink, owners and modes as they are, no host account names, no
+// fifo or device.
 func WriteTar(root *os.Root, p string, w io.Writer) error {
 	name, err := rel(p)
 	if err != nil {
 		return err
 	}
-	if _, err := root.Lstat(name); err != nil {
+	fi, err := root.Lstat(name)
+	if err != nil {
 		return fileError(p, err)
 	}
 	tw := tar.NewWriter(w)
 	top := path.Base(name)
-	n := 0
-	err = fs.WalkDir(root.FS(), name, func(cur string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if n++; n > maxTarEntries {
-			return fmt.Errorf("more than %d entries", maxTarEntries)
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		link := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = root.Readlink(cur); err != nil {
-				return err
-			}
-		} else if !fi.Mode().IsRegular() && !fi.IsDir() {
-			return nil // devices, fifos, sockets: not carried
-		}
-		h, err := tar.FileInfoHeader(nameless{fi}, link)
-		if err != nil {
-			return err
-		}
-		h.Name = top
-		if cur != name {
-			h.Name = path.Join(top, strings.TrimPrefix(cur, name+"/"))
-			if name == "." {
-				h.Name = path.Join(top, cur)
-			}
-		}
-		if fi.IsDir() {
-			h.Name += "/"
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if !fi.Mode().IsRegular() {
-			return nil
-		}
-		f, err := openRegular(root, cur, cur)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = io.CopyN(tw, f, h.Size)
-		return err
-	})
-	if err != nil {
+	if err := tarEntry(tw, root, name, top, fi); err != nil {
 		return fileError(p, err)
 	}
+	if fi.IsDir() {
+		sub, err := root.OpenRoot(name)
+		if err != nil {
+			return fileError(p, err)
+		}
+		defer sub.Close()
+		n := 0
+		err = walkTree(sub, top, 0, func(tp string, dir *os.Root, name string, fi fs.FileInfo) (bool, error) {
+			if n++; n > maxTarEntries {
+				return false, errdefs.Invalid("%s: more than %d entries", p, maxTarEntries)
+			}
+			return true, tarEntry(tw, dir, name, tp, fi)
+		})
+		if err != nil {
+			return fileError(p, err)
+		}
+	}
 	return tw.Close()
+}
+
+// tarEntry writes name (in dir, Lstat fi) to tw as tp.
+func tarEntry(tw *tar.Writer, dir *os.Root, name, tp string, fi fs.FileInfo) error {
+	link := ""
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		var err error
+		if link, err = dir.Readlink(name); err != nil {
+			return err
+		}
+	case fi.IsDir(), fi.Mode().IsRegular():
+	default:
+		return nil // fifos, devices, sockets: not carried
+	}
+	h, err := tar.FileInfoHeader(nameless{fi}, link)
+	if err != nil {
+		return err
+	}
+	h.Name = tp
+	if fi.IsDir() {
+		h.Name += "/"
+	}
+	if !fi.Mode().IsRegular() {
+		return tw.WriteHeader(h)
+	}
+	f, err := openRegular(dir, name, tp)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if ofi, err := f.Stat(); err != nil || !os.SameFile(fi, ofi) {
+		return errdefs.Invalid("%s changed while it was read", tp)
+	}
+	if err := tw.WriteHeader(h); err != nil {
+		return err
+	}
+	_, err = io.CopyN(tw, f, h.Size)
+	return err
 }
 
 // nameless is a file's info with no owner names (tar.FileInfoNames).

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/diskimg"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
@@ -184,6 +185,31 @@ func TestVolumeFiles(t *testing.T) {
 	}
 	if _, err := Write(root, "/out/new", bytes.NewReader([]byte("x")), false); err == nil {
 		t.Error("a write through a symlink out of the volume")
+	}
+	var listed []string
+	if _, err := List(root, "/", true, 0, func(e api.FileInfo) error { listed = append(listed, e.Path); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(listed, " "); !strings.Contains(got, "/d/x") || !strings.Contains(got, "/out") || strings.Contains(got, "/out/") || strings.Contains(got, "/in/") {
+		t.Errorf("list follows no symlink: %s", got)
+	}
+	if trunc, err := List(root, "/", true, 2, func(api.FileInfo) error { return nil }); err != nil || !trunc {
+		t.Errorf("a listing cut at 2: truncated %v %v", trunc, err)
+	}
+	// A tree deeper than a walk goes is a clear error.
+	deep := filepath.Join(p, "deep")
+	for i := 0; i <= maxDepth+1; i++ {
+		deep = filepath.Join(deep, "d")
+	}
+	if err := os.MkdirAll(deep, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := List(root, "/deep", true, 0, func(api.FileInfo) error { return nil }); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a tree too deep: %v", err)
+	}
+	var top bytes.Buffer
+	if err := WriteTar(root, "/in", &top); err != nil || !strings.Contains(top.String(), "in") || strings.Contains(top.String(), "x") {
+		t.Errorf("a tar of a symlink is the symlink: %v", err)
 	}
 	var buf bytes.Buffer
 	if err := WriteTar(root, "/d", &buf); err != nil {
