@@ -78,9 +78,11 @@ type Sandbox struct {
 	Volumes []VolumeMount `json:"volumes,omitempty"`
 }
 
-// VolumeMount is a volume a sandbox mounts, at Path.
+// VolumeMount is a volume (Name), or a directory of the host (HostPath,
+// --mount), that a sandbox mounts at Path.
 type VolumeMount struct {
-	Name     string `json:"name"`
+	Name     string `json:"name,omitempty"`
+	HostPath string `json:"host_path,omitempty"`
 	Path     string `json:"path"`
 	ReadOnly bool   `json:"read_only,omitempty"`
 }
@@ -138,6 +140,10 @@ type CreateSandboxRequest struct {
 	// Volumes to mount, each "NAME:/path" or "NAME:/path:ro" (container
 	// sandboxes).
 	Volumes []string `json:"volumes,omitempty"`
+	// Mounts are directories of the host to mount, each "/host/dir:/path"
+	// or "/host/dir:/path:ro", under a directory the daemon allows
+	// (nook serve --allow-host-mounts).
+	Mounts []string `json:"mounts,omitempty"`
 }
 
 // Inits: what runs as a sandbox's PID 1.

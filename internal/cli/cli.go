@@ -223,6 +223,7 @@ func serveCmd() *cobra.Command {
 	c.Flags().StringVar(&cfg.Daemon.CRIU, "criu", "", "CRIU >= 4 binary for container checkpoints (default: "+daemon.DefaultCRIU+", else criu in PATH)")
 	c.Flags().StringVar(&cfg.Daemon.KernelRoot, "kernel", "", "an unpacked Debian linux-image package for vm guests (default: fetched with apt on first use)")
 	c.Flags().StringVar(&cfg.Daemon.VMCacheDir, "vm-cache-dir", "", "guest kernels, vm template images and snapshots (default DATA-DIR/vm)")
+	c.Flags().StringArrayVar(&cfg.Daemon.AllowHostMounts, "allow-host-mounts", nil, "a directory of this host under which creates may mount directories (nook create --mount); repeatable; none: no host mounts")
 	c.Flags().IntVar(&cfg.Daemon.MaxSandboxes, "max-sandboxes", 0, "most sandboxes that may exist at once, in any state; creates and forks beyond are refused (HTTP 429) (0: no limit)")
 	c.Flags().StringVar(&maxMemory, "max-memory", "0", "most memory the sandboxes holding RAM (running, or paused in RAM) may commit between them, e.g. 64G; a create, fork, start or resume from disk beyond is refused (HTTP 429) (0 or off: no limit)")
 	c.Flags().StringVar(&idlePause, "idle-pause", "off", "pause sandboxes created without --idle-pause after this long idle, e.g. 30m (off: never)")
@@ -282,6 +283,7 @@ func createCmd() *cobra.Command {
 	f.StringVar(&req.Memory, "memory", "", "memory limit, e.g. 512M or 2G (default 2G)")
 	f.StringVar(&req.Disk, "disk", "", "writable disk size, e.g. 20G, beside the template's files (container: at least 64M, default 10G; vm: at least and by default 8G)")
 	f.StringArrayVar(&req.Volumes, "volume", nil, "mount a volume, NAME:/path or NAME:/path:ro (nook volume create NAME makes one; container sandboxes)")
+	f.StringArrayVar(&req.Mounts, "mount", nil, "mount a directory of the daemon's host, /host/dir:/path or /host/dir:/path:ro, under one nook serve --allow-host-mounts allows")
 	f.StringVar(&req.TTL, "ttl", "", "time to live, e.g. 90m, 2h, 3d (default 1h; extend with nook ttl)")
 	f.StringVar(&req.IdlePause, "idle-pause", "", "pause it after this long without use, e.g. 10m, or off (default: the daemon's --idle-pause); any call wakes it")
 	f.StringVar(&req.OnExpire, "on-expire", "", "what the TTL does when it runs out: destroy (default), pause or stop (kept until a new TTL is set)")
@@ -385,6 +387,10 @@ func inspectCmd() *cobra.Command {
 				ro := ""
 				if v.ReadOnly {
 					ro = " (read-only)"
+				}
+				if v.HostPath != "" {
+					fmt.Fprintf(tw, "host mount:\t%s at %s%s\n", tsafe(v.HostPath), tsafe(v.Path), ro)
+					continue
 				}
 				fmt.Fprintf(tw, "volume:\t%s at %s%s\n", tsafe(v.Name), tsafe(v.Path), ro)
 			}

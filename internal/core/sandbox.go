@@ -84,10 +84,11 @@ type Sandbox struct {
 	Volumes []VolumeMount
 }
 
-// VolumeMount is a volume a sandbox mounts: Name's files at Target,
-// read-only or not.
+// VolumeMount is a volume a sandbox mounts (Name's files), or a
+// directory of the host (HostPath, resolved), at Target, read-only or not.
 type VolumeMount struct {
-	Name     string `json:"name"`
+	Name     string `json:"name,omitempty"`
+	HostPath string `json:"host_path,omitempty"`
 	Target   string `json:"target"`
 	ReadOnly bool   `json:"read_only,omitempty"`
 }
@@ -108,7 +109,7 @@ func (sb *Sandbox) API() api.Sandbox {
 		v.IdlePause = FormatDuration(sb.IdlePause)
 	}
 	for _, vm := range sb.Volumes {
-		v.Volumes = append(v.Volumes, api.VolumeMount{Name: vm.Name, Path: vm.Target, ReadOnly: vm.ReadOnly})
+		v.Volumes = append(v.Volumes, api.VolumeMount{Name: vm.Name, HostPath: vm.HostPath, Path: vm.Target, ReadOnly: vm.ReadOnly})
 	}
 	return v
 }

@@ -77,7 +77,10 @@ type Config struct {
 	// or paused in RAM) may commit between them; what would go over it is
 	// refused (errdefs.ErrLimit). 0: no limit.
 	MaxMemory int64
-	Log       *slog.Logger
+	// AllowHostMounts are the directories of the host under which a
+	// create may mount a directory (--mount); none: no host mounts.
+	AllowHostMounts []string
+	Log             *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
@@ -295,7 +298,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m.warnRunc(ctx)
 	ctr := container.New(container.Config{
 		Runc: cfg.Runc, RuncRoot: filepath.Join(cfg.RunDir, "runc"), StateDir: filepath.Join(cfg.DataDir, "sandboxes"),
-		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, TemplateLayers: m.templates.Layers, VolumePath: m.volumes.Path, VolumesDir: cfg.VolumesDir, Log: cfg.Log,
+		AgentBinary: cfg.AgentBinary, CgroupParent: cfg.CgroupParent, TemplateRootfs: m.templates.Rootfs, TemplateLayers: m.templates.Layers, VolumePath: m.volumes.Path, HostMountPath: m.HostMountAllowed, VolumesDir: cfg.VolumesDir, Log: cfg.Log,
 		WarmPool: max(cfg.WarmPool, 0), WarmPoolMax: cfg.WarmPoolMax, Net: hooks, CRIU: criu,
 	})
 	vmb := vm.New(vm.Config{
@@ -516,7 +519,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err := core.ValidateEnv(req.Env); err != nil {
 		return nil, err
 	}
-	vols, err := m.parseVolumes(req.Volumes, req.Isolation)
+	vols, err := m.parseVolumes(req.Volumes, req.Mounts, req.Isolation)
 	if err != nil {
 		return nil, err
 	}

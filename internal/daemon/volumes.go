@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path"
+	"path/filepath"
 	"strings"
 
 	"github.com/nookhq/nook/api"
@@ -17,42 +18,64 @@ import (
 const maxVolumeMounts = 32
 
 // parseVolumes checks a create's volumes ("NAME:/path" or
-// "NAME:/path:ro"): each names a volume there is, at an absolute path
+// "NAME:/path:ro") and host mounts ("/host/dir:/path[:ro]"): each names
+// a volume there is, or a directory of the host under one the daemon
+// allows (resolved: no symlink leads out of them), at an absolute path
 // that is not the root, nor in /proc, /sys, /dev or nook's own /.nook,
 // and none at or under another's path (it would be resolved through
-// what a sandbox wrote in that one). Whether they still exist is checked
-// again under volMu (volumesExist).
-func (m *Manager) parseVolumes(specs []string, isolation string) ([]core.VolumeMount, error) {
-	if len(specs) == 0 {
+// what a sandbox wrote in that one). Whether the volumes still exist is
+// checked again under volMu (volumesExist).
+func (m *Manager) parseVolumes(specs, mounts []string, isolation string) ([]core.VolumeMount, error) {
+	if len(specs)+len(mounts) == 0 {
 		return nil, nil
 	}
 	if isolation == api.IsolationVM {
 		return nil, errdefs.Invalid("volumes are mounted in container sandboxes only, for now: a vm sandbox cannot mount one yet")
 	}
-	if len(specs) > maxVolumeMounts {
-		return nil, errdefs.Invalid("at most %d volumes per sandbox", maxVolumeMounts)
+	if len(specs)+len(mounts) > maxVolumeMounts {
+		return nil, errdefs.Invalid("at most %d volumes and mounts per sandbox", maxVolumeMounts)
 	}
 	var out []core.VolumeMount
 	seen := map[string]bool{}
-	for _, spec := range specs {
+	for i, spec := range append(append([]string{}, specs...), mounts...) {
+		host := i >= len(specs)
 		parts := strings.Split(spec, ":")
 		if len(parts) < 2 || len(parts) > 3 || (len(parts) == 3 && parts[2] != "ro" && parts[2] != "rw") {
+			if host {
+				return nil, errdefs.Invalid("mount %q: give /host/dir:/path or /host/dir:/path:ro", spec)
+			}
 			return nil, errdefs.Invalid("volume %q: give NAME:/path or NAME:/path:ro", spec)
 		}
-		name, target := parts[0], parts[1]
-		if err := volume.CheckName(name); err != nil {
-			return nil, err
+		src, target := parts[0], parts[1]
+		vm := core.VolumeMount{ReadOnly: len(parts) == 3 && parts[2] == "ro"}
+		if host {
+			dir, err := m.hostMountDir(src)
+			if err != nil {
+				return nil, err
+			}
+			vm.HostPath = dir
+		} else {
+			if err := volume.CheckName(src); err != nil {
+				return nil, err
+			}
+			if _, err := m.volumes.Get(src); err != nil {
+				if errors.Is(err, errdefs.ErrNotFound) {
+					return nil, errdefs.NotFound("volume %s not found: nook volume create %s makes it", src, src)
+				}
+				return nil, err
+			}
+			vm.Name = src
 		}
 		if !path.IsAbs(target) || strings.ContainsRune(target, 0) || len(target) > 4096 {
-			return nil, errdefs.Invalid("volume %s: the path %q is not absolute", name, target)
+			return nil, errdefs.Invalid("%s: the path %q is not absolute", src, target)
 		}
 		target = path.Clean(target)
 		if target == "/" {
-			return nil, errdefs.Invalid("volume %s: it cannot be mounted over the root", name)
+			return nil, errdefs.Invalid("%s: it cannot be mounted over the root", src)
 		}
 		for _, sys := range []string{"/proc", "/sys", "/dev", "/.nook"} {
 			if under(target, sys) {
-				return nil, errdefs.Invalid("volume %s: it cannot be mounted in %s", name, sys)
+				return nil, errdefs.Invalid("%s: it cannot be mounted in %s", src, sys)
 			}
 		}
 		for other := range seen {
@@ -61,15 +84,48 @@ func (m *Manager) parseVolumes(specs []string, isolation string) ([]core.VolumeM
 			}
 		}
 		seen[target] = true
-		if _, err := m.volumes.Get(name); err != nil {
-			if errors.Is(err, errdefs.ErrNotFound) {
-				return nil, errdefs.NotFound("volume %s not found: nook volume create %s makes it", name, name)
-			}
-			return nil, err
-		}
-		out = append(out, core.VolumeMount{Name: name, Target: target, ReadOnly: len(parts) == 3 && parts[2] == "ro"})
+		vm.Target = target
+		out = append(out, vm)
 	}
 	return out, nil
+}
+
+// hostMountDir is dir resolved (symlinks followed), if it is a directory
+// under one the daemon allows for host mounts.
+func (m *Manager) hostMountDir(dir string) (string, error) {
+	if len(m.cfg.AllowHostMounts) == 0 {
+		return "", errdefs.Denied("mount %s: this daemon allows no host directories (nook serve --allow-host-mounts DIR)", dir)
+	}
+	if !path.IsAbs(dir) {
+		return "", errdefs.Invalid("mount %s: give an absolute directory of the host", dir)
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", errdefs.Invalid("mount %s: %v", dir, err)
+	}
+	if fi, err := os.Stat(real); err != nil || !fi.IsDir() {
+		return "", errdefs.Invalid("mount %s: not a directory", dir)
+	}
+	for _, allowed := range m.cfg.AllowHostMounts {
+		if a, err := filepath.EvalSymlinks(allowed); err == nil && under(real, a) {
+			return real, nil
+		}
+	}
+	return "", errdefs.Denied("mount %s: not under a directory this daemon allows (%s)", dir, strings.Join(m.cfg.AllowHostMounts, ", "))
+}
+
+// HostMountAllowed is whether dir (a recorded host mount, resolved) is
+// still allowed: a sandbox that mounts one the daemon no longer allows
+// does not get it when it starts again.
+func (m *Manager) HostMountAllowed(dir string) (string, error) {
+	real, err := m.hostMountDir(dir)
+	if err != nil {
+		return "", err
+	}
+	if real != dir {
+		return "", errdefs.Denied("mount %s: it is now a link to %s", dir, real)
+	}
+	return real, nil
 }
 
 // under reports whether p is dir or below it.
@@ -79,6 +135,9 @@ func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/"
 // caller holds volMu (read).
 func (m *Manager) volumesExist(vols []core.VolumeMount) error {
 	for _, v := range vols {
+		if v.HostPath != "" {
+			continue
+		}
 		if _, err := m.volumes.Get(v.Name); err != nil {
 			return err
 		}

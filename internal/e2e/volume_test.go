@@ -17,10 +17,12 @@ import (
 // uid ranges differ), its size giving ENOSPC, no hard link out of it, a
 // pause to disk, a fork, a kill -9 of the daemon and a stop and start
 // keeping it, its data outliving the sandboxes, its removal refused
-// while mounted and leaving no mount. Bad input is a clear error.
+// while mounted and leaving no mount. A directory of the host mounts
+// only from under one the daemon allows. Bad input is a clear error.
 func TestVolumes(t *testing.T) {
 	requireCRIU(t)
-	d := newDaemon(t)
+	allowed := t.TempDir()
+	d := newDaemon(t, "--allow-host-mounts", allowed)
 	vol := "vol-" + strings.TrimPrefix(d.cgroup, "nook-e2e-")
 	if got := d.must("volume", "create", vol, "--size", "64M"); got != vol+"\n" {
 		t.Fatalf("volume create: %q", got)
@@ -116,7 +118,31 @@ func TestVolumes(t *testing.T) {
 		t.Errorf("after a stop and a start: %q", got)
 	}
 	d.must("rm", "v-again")
+	// A directory of the host, under the one the daemon allows: the
+	// host's files with their owners, written by the sandbox's root as
+	// the host's root; read-only where asked.
+	os.MkdirAll(filepath.Join(allowed, "sub"), 0o755)
+	os.WriteFile(filepath.Join(allowed, "shared.txt"), []byte("from host\n"), 0o644)
+	os.Symlink("/etc", filepath.Join(allowed, "etc-link"))
+	d.must("create", "--name", "v-host", "--mount", allowed+":/host", "--mount", filepath.Join(allowed, "sub")+":/sub:ro")
+	if got := d.must("exec", "v-host", "--", "sh", "-c", "cat /host/shared.txt; echo made > /host/made; stat -c %u /host/shared.txt"); got != "from host\n0\n" {
+		t.Errorf("a host mount: %q", got)
+	}
+	if fi, err := os.Stat(filepath.Join(allowed, "made")); err != nil || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("a file the sandbox's root made in a host mount: %v", err)
+	}
+	if r, _ := d.nook("exec", "v-host", "--", "touch", "/sub/x"); r.code == 0 {
+		t.Errorf("a write to a read-only host mount: %+v", r)
+	}
+	if out := d.must("inspect", "v-host"); !strings.Contains(out, "host mount:") {
+		t.Errorf("inspect shows no host mount:\n%s", out)
+	}
+	d.must("rm", "v-host")
 	d.expectCLI(t, []cliCase{
+		{[]string{"create", "--mount", "/etc:/x"}, 1, "not under a directory this daemon allows"},
+		{[]string{"create", "--mount", filepath.Join(allowed, "etc-link") + ":/x"}, 1, "not under a directory this daemon allows"},
+		{[]string{"create", "--mount", "etc:/x"}, 1, "give an absolute directory"},
+		{[]string{"create", "--mount", filepath.Join(allowed, "shared.txt") + ":/x"}, 1, "not a directory"},
 		{[]string{"create", "--volume", "nope:/data"}, 1, "volume nope not found"},
 		{[]string{"create", "--volume", vol + ":data"}, 1, "is not absolute"},
 		{[]string{"create", "--volume", vol + ":/"}, 1, "over the root"},

@@ -201,9 +201,21 @@ func Syncfs(dir string) error {
 	return nil
 }
 
-// IsMountPoint reports whether path is the root of a mount (on another
+// IsMountPoint reports whether path is the root of a mount: a
+// filesystem, or a bind mount (of a directory of the same filesystem
+// too, where the kernel says so; before 5.8, only one on another
 // filesystem than its parent directory).
 func IsMountPoint(path string) (bool, error) {
+	// The kernel says (5.8+): a bind mount of a directory of the same
+	// filesystem as its parent is one too, which the devices' numbers
+	// cannot tell.
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_DONT_SYNC, 0, &stx); err != nil {
+		return false, err
+	}
+	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		return stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
+	}
 	var st, parent unix.Stat_t
 	if err := unix.Lstat(path, &st); err != nil {
 		return false, err

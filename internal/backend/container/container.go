@@ -55,6 +55,9 @@ type Config struct {
 	// VolumePath returns the host directory of volume name's files
 	// (mounted): what a sandbox that mounts it sees at its target.
 	VolumePath func(name string) (string, error)
+	// HostMountPath returns a recorded host mount's directory if the
+	// daemon still allows it.
+	HostMountPath func(dir string) (string, error)
 	// VolumesDir is where the volumes are mounted on the host: runc's
 	// mount namespace is made without those mounts (it needs none, and
 	// a copy would keep a removed volume's image attached).

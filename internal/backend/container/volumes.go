@@ -61,7 +61,7 @@ func (b *Backend) mountVolumes(id string, m idmap) error {
 	if err != nil || len(vols) == 0 {
 		return err
 	}
-	if b.cfg.VolumePath == nil {
+	if b.cfg.VolumePath == nil || b.cfg.HostMountPath == nil {
 		return errors.New("this daemon has no volumes")
 	}
 	top := filepath.Join(b.dir(id), "vol")
@@ -83,12 +83,18 @@ func (b *Backend) mountVolumes(id string, m idmap) error {
 		} else if mounted {
 			continue
 		}
-		src, err := b.cfg.VolumePath(v.Name)
+		what, src, err := "volume "+v.Name, "", error(nil)
+		if v.HostPath != "" {
+			what = "host directory " + v.HostPath
+			src, err = b.cfg.HostMountPath(v.HostPath)
+		} else {
+			src, err = b.cfg.VolumePath(v.Name)
+		}
 		if err != nil {
-			return fmt.Errorf("volume %s: %w", v.Name, err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 		if err := attachVolume(src, dst, v.ReadOnly, m, b.usernsFile(id)); err != nil {
-			return fmt.Errorf("volume %s: %w", v.Name, err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 	}
 	return nil
@@ -97,7 +103,9 @@ func (b *Backend) mountVolumes(id string, m idmap) error {
 // attachVolume mounts a clone of src at dst: idmapped through userns
 // when m has a range, read-only if ro.
 func attachVolume(src, dst string, ro bool, m idmap, userns string) error {
-	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	// Not through a symlink (a host directory swapped for one since it
+	// was checked).
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
 	if err != nil {
 		return fmt.Errorf("clone %s: %w", src, err)
 	}
