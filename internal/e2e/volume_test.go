@@ -15,8 +15,8 @@ import (
 // Volumes in container sandboxes: one volume mounted by two sandboxes at
 // once (one read-only) with files and owners the same in both (their
 // uid ranges differ), its size giving ENOSPC, no hard link out of it, a
-// pause to disk, a fork, a kill -9 of the daemon and a stop and start
-// keeping it, its data outliving the sandboxes, its removal refused
+// pause to disk, a fork, a rollback (which does not rewind it), a kill
+// -9 of the daemon and a stop and start keeping it, its data outliving the sandboxes, its removal refused
 // while mounted and leaving no mount. A directory of the host mounts
 // only from under one the daemon allows. Bad input is a clear error.
 func TestVolumes(t *testing.T) {
@@ -100,6 +100,13 @@ func TestVolumes(t *testing.T) {
 	d.must("exec", "v-fork", "--", "sh", "-c", "echo from-fork > /data/fork")
 	if got := d.must("exec", "v-rw", "--", "cat", "/data/hello", "/data/fork"); got != "hello\nfrom-fork\n" {
 		t.Errorf("after a pause and a fork: %q", got)
+	}
+	// A rollback does not rewind the volume: it is in no snapshot.
+	d.must("snapshot", "v-rw", "--name", "before")
+	d.must("exec", "v-rw", "--", "sh", "-c", "echo kept > /data/after-snapshot; echo gone > /root/after-snapshot")
+	d.must("rollback", "v-rw", "before")
+	if got := d.must("exec", "v-rw", "--", "sh", "-c", "cat /data/after-snapshot; test -e /root/after-snapshot || echo root rewound"); got != "kept\nroot rewound\n" {
+		t.Errorf("after a rollback: %q", got)
 	}
 	// kill -9 of the daemon: everything comes back.
 	d.stop(syscall.SIGKILL)
