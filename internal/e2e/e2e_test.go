@@ -99,7 +99,18 @@ func newDaemonIn(t *testing.T, netnsPath string, extra ...string) *daemon {
 		for _, sb := range sbs {
 			d.nook("rm", sb.Name)
 		}
+		// And its volumes: a test that failed half way must not leave
+		// one mounted.
+		out, _ = d.nook("volume", "ls", "--json")
+		var vols api.VolumeList
+		json.Unmarshal([]byte(out.stdout), &vols)
+		for _, v := range vols.Volumes {
+			d.nook("volume", "rm", "--force", v.Name)
+		}
 		d.stop(syscall.SIGTERM)
+		if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), " "+d.data+"/volumes/") {
+			t.Errorf("a volume is left mounted under %s", d.data)
+		}
 		for _, dir := range []string{"sandboxes", "vms"} {
 			entries, _ := os.ReadDir(filepath.Join(d.data, dir))
 			for _, e := range entries {
