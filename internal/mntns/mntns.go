@@ -37,10 +37,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/nsthread"
 )
 
 // Base is the mount namespace programs start from.
@@ -54,7 +55,7 @@ type Base struct {
 // and without any namespace file mounts.
 func New(hide ...string) (*Base, error) {
 	var ns *os.File
-	err := onThread(func() error {
+	err := nsthread.Run(func() error {
 		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
 			return fmt.Errorf("unshare the mount namespace: %w", err)
 		}
@@ -174,7 +175,7 @@ func (b *Base) Start(cmd *exec.Cmd, binds ...string) error {
 		}
 		trees = append(trees, fd)
 	}
-	return onThread(func() error {
+	return nsthread.Run(func() error {
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
 			return fmt.Errorf("unshare the thread's filesystem attributes: %w", err)
 		}
@@ -191,16 +192,4 @@ func (b *Base) Start(cmd *exec.Cmd, binds ...string) error {
 		}
 		return cmd.Start()
 	})
-}
-
-// onThread runs fn on a locked OS thread that is never unlocked: the
-// runtime ends the thread with the goroutine, and with it whatever
-// namespace fn moved it to.
-func onThread(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		errc <- fn()
-	}()
-	return <-errc
 }

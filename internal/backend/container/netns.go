@@ -4,10 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/nsthread"
 )
 
 // A container's network namespace is the backend's, not runc's: a file
@@ -39,22 +40,17 @@ func ensureNetns(path string) (made bool, err error) {
 		return false, err
 	}
 	f.Close()
-	errc := make(chan error, 1)
-	go func() {
-		// This thread enters the new namespace and is never unlocked, so
-		// it ends with the goroutine instead of going back to the pool.
-		runtime.LockOSThread()
-		errc <- func() error {
-			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-				return fmt.Errorf("new network namespace: %w", err)
-			}
-			if err := unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), path, "", unix.MS_BIND, ""); err != nil {
-				return fmt.Errorf("hold network namespace at %s: %w", path, err)
-			}
-			return setLoopbackUp()
-		}()
-	}()
-	if err := <-errc; err != nil {
+	// This thread enters the new namespace and is never used again (nsthread).
+	err = nsthread.Run(func() error {
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("new network namespace: %w", err)
+		}
+		if err := unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), path, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("hold network namespace at %s: %w", path, err)
+		}
+		return setLoopbackUp()
+	})
+	if err != nil {
 		removeNetns(path)
 		return false, err
 	}

@@ -6,11 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/nsthread"
 
 	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/idclaim"
@@ -292,19 +293,13 @@ func loopbackUp(path string) error {
 		return err
 	}
 	defer ns.Close()
-	errc := make(chan error, 1)
-	go func() {
-		// The thread enters the namespace and is never unlocked: it ends
-		// with the goroutine.
-		runtime.LockOSThread()
-		errc <- func() error {
-			if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-				return fmt.Errorf("enter the sandbox's network namespace: %w", err)
-			}
-			return setLoopbackUp()
-		}()
-	}()
-	return <-errc
+	// The thread enters the namespace and is never used again (nsthread).
+	return nsthread.Run(func() error {
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("enter the sandbox's network namespace: %w", err)
+		}
+		return setLoopbackUp()
+	})
 }
 
 // idmappedLayers opens each layer as a detached idmapped mount (on-disk
