@@ -175,25 +175,7 @@ func fileErrorf(code, format string, args ...any) *AgentError {
 
 // FileInfoOf describes fi, found at p.
 func FileInfoOf(p string, fi os.FileInfo) api.FileInfo {
-	info := api.FileInfo{
-		Path: p, Name: filepath.Base(p), Size: fi.Size(),
-		Mode: fmt.Sprintf("%04o", api.ModeBits(fi.Mode())), ModTime: fi.ModTime().UTC(),
-	}
-	switch {
-	case fi.Mode().IsRegular():
-		info.Type = api.FileTypeFile
-	case fi.IsDir():
-		info.Type = api.FileTypeDir
-	case fi.Mode()&os.ModeSymlink != 0:
-		info.Type = api.FileTypeSymlink
-		info.LinkTarget, _ = os.Readlink(p)
-	default:
-		info.Type = api.FileTypeOther
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		info.UID, info.GID = int(st.Uid), int(st.Gid)
-	}
-	return info
+	return api.NewFileInfo(p, fi, func() (string, error) { return os.Readlink(p) })
 }
 
 func lstatInfo(p string) (*api.FileInfo, *AgentError) {

@@ -68,24 +68,9 @@ func isCategorized(err error) bool {
 	return false
 }
 
-// info describes name (found in root at p) without following it.
-func info(root *os.Root, p, name string, fi fs.FileInfo) api.FileInfo {
-	out := api.FileInfo{Path: p, Name: path.Base(p), Size: fi.Size(), Mode: fmt.Sprintf("%04o", api.ModeBits(fi.Mode())), ModTime: fi.ModTime().UTC()}
-	switch {
-	case fi.Mode().IsRegular():
-		out.Type = api.FileTypeFile
-	case fi.IsDir():
-		out.Type = api.FileTypeDir
-	case fi.Mode()&fs.ModeSymlink != 0:
-		out.Type = api.FileTypeSymlink
-		out.LinkTarget, _ = root.Readlink(name)
-	default:
-		out.Type = api.FileTypeOther
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		out.UID, out.GID = int(st.Uid), int(st.Gid)
-	}
-	return out
+// info describes name (found in dir at p) without following it.
+func info(dir *os.Root, p, name string, fi fs.FileInfo) api.FileInfo {
+	return api.NewFileInfo(p, fi, func() (string, error) { return dir.Readlink(name) })
 }
 
 // Stat describes p in the volume, not following a final symlink.
