@@ -88,14 +88,8 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer l.Close()
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	bw := bufio.NewWriterSize(w, 64<<10)
-	path, _ := json.Marshal(l.Root.Path)
-	bw.WriteString(`{"path":`)
-	bw.Write(path)
-	bw.WriteString(`,"entries":[`)
-	first := true
+	lw := &listingWriter{w: w, path: l.Root.Path}
+	lw.start()
 	for {
 		batch, err := l.Next()
 		if err == io.EOF {
@@ -105,18 +99,56 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 			s.abort(r, err)
 		}
 		for _, e := range batch {
-			b, _ := json.Marshal(e)
-			if !first {
-				bw.WriteByte(',')
-			}
-			first = false
-			if _, err := bw.Write(b); err != nil {
+			if err := lw.entry(e); err != nil {
 				return // the client went away
 			}
 		}
 	}
-	bw.WriteString(`],"truncated":` + strconv.FormatBool(l.Truncated) + "}\n")
-	bw.Flush()
+	lw.end(l.Truncated)
+}
+
+// listingWriter streams an api.FileList as one JSON object, entry by
+// entry as they are found: a listing is never held whole.
+type listingWriter struct {
+	w       http.ResponseWriter
+	bw      *bufio.Writer
+	path    string
+	started bool
+	n       int
+}
+
+// start writes the answer's status and head (once).
+func (l *listingWriter) start() {
+	if l.started {
+		return
+	}
+	l.started = true
+	l.w.Header().Set("Content-Type", "application/json")
+	l.w.WriteHeader(http.StatusOK)
+	l.bw = bufio.NewWriterSize(l.w, 64<<10)
+	p, _ := json.Marshal(l.path)
+	l.bw.WriteString(`{"path":`)
+	l.bw.Write(p)
+	l.bw.WriteString(`,"entries":[`)
+}
+
+// entry writes one entry (the head first if it is not written yet).
+func (l *listingWriter) entry(e api.FileInfo) error {
+	l.start()
+	if l.n > 0 {
+		l.bw.WriteByte(',')
+	}
+	l.n++
+	b, _ := json.Marshal(e)
+	_, err := l.bw.Write(b)
+	return err
+}
+
+// end writes the tail and flushes.
+func (l *listingWriter) end(truncated bool) error {
+	l.start()
+	l.bw.WriteString(`],"truncated":` + strconv.FormatBool(truncated) + "}\n")
+	return l.bw.Flush()
 }
 
 // uploadFail answers a failed upload; a client that went away mid-upload

@@ -1,14 +1,10 @@
 package server
 
 import (
-	"bufio"
-	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
 
-	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/volume"
 )
 
@@ -56,45 +52,16 @@ func (s *Server) listVolumeFiles(w http.ResponseWriter, r *http.Request) {
 			s.fail(w, r, err)
 			return
 		}
-		// Streamed as one JSON object (api.FileList), entry by entry as
-		// the walk finds them: a listing is never held whole.
-		bw := bufio.NewWriterSize(w, 64<<10)
-		started := false
-		start := func() {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusOK)
-			pb, _ := json.Marshal(top.Path)
-			bw.WriteString(`{"path":`)
-			bw.Write(pb)
-			bw.WriteString(`,"entries":[`)
-			started = true
-		}
-		n := 0
-		truncated, err := volume.List(root, p, flags[0], int(min(maxEntries, volume.MaxListEntries)), func(e api.FileInfo) error {
-			if !started {
-				start()
-			}
-			if n > 0 {
-				bw.WriteByte(',')
-			}
-			n++
-			b, _ := json.Marshal(e)
-			_, err := bw.Write(b)
-			return err
-		})
+		lw := &listingWriter{w: w, path: top.Path}
+		truncated, err := volume.List(root, p, flags[0], int(min(maxEntries, volume.MaxListEntries)), lw.entry)
 		if err != nil {
-			if !started {
+			if !lw.started {
 				s.fail(w, r, err)
 				return
 			}
 			s.abort(r, err)
 		}
-		if !started {
-			start()
-		}
-		fmt.Fprintf(bw, `],"truncated":%v}`, truncated)
-		bw.WriteByte('\n')
-		if err := bw.Flush(); err != nil {
+		if err := lw.end(truncated); err != nil {
 			s.abort(r, err)
 		}
 	})
