@@ -44,6 +44,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzFrameReader -fuzztime 20s ./api
 	$(GO) test -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 20s ./internal/agent
 	$(GO) test -run '^$$' -fuzz FuzzFileRequest -fuzztime 10s ./internal/agent
+	$(GO) test -run '^$$' -fuzz FuzzDecodeVolCall -fuzztime 10s ./internal/agent
 	$(GO) test -run '^$$' -fuzz FuzzExtract -fuzztime 30s -fuzzminimizetime 3s ./internal/agent/safetar
 	$(GO) test -run '^$$' -fuzz FuzzAgentFrameGuard -fuzztime 10s ./internal/agent
 	$(GO) test -run '^$$' -fuzz FuzzAgentReplies -fuzztime 10s ./internal/agent

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/agent/guestinit"
+	"github.com/nookhq/nook/internal/agent/guestvol"
 )
 
 func main() {
@@ -29,7 +30,8 @@ func main() {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if guestinit.IsGuest() {
+	guest := guestinit.IsGuest() // asked before Boot leaves the initramfs and its marker
+	if guest {
 		guestinit.UpAndOff()
 		// PID 1 of a vm guest, still in the initramfs: move into the root
 		// disk, then serve over virtio-serial.
@@ -51,6 +53,9 @@ func main() {
 	}
 	pid1 := os.Getpid() == 1
 	srv := agent.NewServer(log, pid1, pid1 || guestinit.IsSystemdAgent())
+	if guest || guestinit.IsSystemdAgent() {
+		srv.SetVolumes(guestvol.New()) // a vm's volumes are FUSE mounts the agent serves
+	}
 	if err := srv.Serve(context.Background(), ln); err != nil {
 		fmt.Fprintln(os.Stderr, "nook-agent:", err)
 		os.Exit(1)

@@ -44,6 +44,9 @@ type Client struct {
 	// inflight counts the streams open() returned that are not closed yet:
 	// requests in flight.
 	inflight int
+	// background counts the open streams that are no request in flight:
+	// a vm's volume stream (ServeVolumes), which Streams leaves out.
+	background int
 }
 
 // DefaultAnswerTimeout is how long the agent may take to answer a
@@ -113,7 +116,7 @@ func (c *Client) Streams() int {
 	if c.sess == nil || c.sess.IsClosed() {
 		return 0
 	}
-	return c.sess.NumStreams()
+	return max(0, c.sess.NumStreams()-c.background)
 }
 
 // AgentError is an error the agent reported (e.g. command not found).
@@ -140,7 +143,7 @@ func (e *NoAnswerError) Timeout() bool { return true }
 // Temporary reports true: the agent may answer again (net.Error).
 func (e *NoAnswerError) Temporary() bool { return true }
 
-func (c *Client) open(ctx context.Context) (net.Conn, error) {
+func (c *Client) open(ctx context.Context, background bool) (net.Conn, error) {
 	for attempt := 0; attempt < 2; attempt++ {
 		c.mu.Lock()
 		for c.hold != nil {
@@ -175,12 +178,16 @@ func (c *Client) open(ctx context.Context) (net.Conn, error) {
 		c.opening--
 		c.mu.Unlock()
 		if err == nil {
+			count := &c.inflight
+			if background {
+				count = &c.background
+			}
 			c.mu.Lock()
-			c.inflight++
+			*count++
 			c.mu.Unlock()
 			return &stream{Stream: st, sess: sess, closed: sync.OnceFunc(func() {
 				c.mu.Lock()
-				c.inflight--
+				*count--
 				c.mu.Unlock()
 			})}, nil
 		}
@@ -202,6 +209,9 @@ const (
 	// copies); it waits patientFactor answer timeouts (10 minutes by
 	// default), and only as long as the agent answers the session's pings.
 	patient
+	// background: quick, and the stream it opens is no request in flight
+	// (see Client.background).
+	background
 )
 
 const patientFactor = 20
@@ -212,7 +222,7 @@ func (c *Client) request(ctx context.Context, req Request, reply any) (net.Conn,
 }
 
 func (c *Client) requestWait(ctx context.Context, req Request, reply any, w wait) (net.Conn, *api.FrameReader, error) {
-	st, err := c.open(ctx)
+	st, err := c.open(ctx, w == background)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -51,6 +51,7 @@ type Request struct {
 	Attach    *AttachRequest    `json:"attach,omitempty"`
 	Signal    *SignalRequest    `json:"signal,omitempty"`
 	Files     *FileRequest      `json:"files,omitempty"` // the file ops (files.go)
+	Volumes   *VolumesRequest   `json:"volumes,omitempty"`
 }
 
 // AttachRequest streams a session's output from a byte offset (of its
@@ -193,6 +194,11 @@ func DecodeRequest(payload []byte) (*Request, error) {
 			return nil, fmt.Errorf("exec request without exec body")
 		}
 		return &r, r.Exec.validate()
+	case OpVolumes:
+		if r.Volumes == nil {
+			return nil, fmt.Errorf("volumes request without volumes body")
+		}
+		return &r, r.Volumes.validate()
 	case OpStat, OpList, OpRead, OpWrite, OpMkdir, OpRemove, OpMove, OpChmod, OpTarGet, OpTarPut, OpWatch:
 		if r.Files == nil {
 			return nil, fmt.Errorf("%s request without files body", r.Op)

@@ -52,6 +52,7 @@ type Server struct {
 	writeIdentity bool
 
 	sessions sessionTable
+	volumes  VolumeMounter // a vm's volumes (SetVolumes); nil elsewhere
 
 	mu sync.Mutex // guards baseEnv
 	// baseEnv is the environment every process starts with (the sandbox's
@@ -175,6 +176,8 @@ func (s *Server) handle(st net.Conn) {
 		s.processes(fw)
 	case OpStat, OpList, OpRead, OpWrite, OpMkdir, OpRemove, OpMove, OpChmod, OpTarGet, OpTarPut, OpWatch:
 		s.files(st, fr, fw, req.Op, req.Files)
+	case OpVolumes:
+		s.serveVolumes(st, fr, fw, req.Volumes)
 	case OpConfigure:
 		if err := s.configure(req.Configure); err != nil {
 			fw.fail(CodeInternal, "configure: %v", err)

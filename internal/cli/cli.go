@@ -282,7 +282,7 @@ func createCmd() *cobra.Command {
 	f.Float64Var(&req.CPUs, "cpus", 0, "CPU limit, in cores (default 2, at most the host's)")
 	f.StringVar(&req.Memory, "memory", "", "memory limit, e.g. 512M or 2G (default 2G)")
 	f.StringVar(&req.Disk, "disk", "", "writable disk size, e.g. 20G, beside the template's files (container: at least 64M, default 10G; vm: at least and by default 8G)")
-	f.StringArrayVar(&req.Volumes, "volume", nil, "mount a volume, NAME:/path or NAME:/path:ro (nook volume create NAME makes one; container sandboxes)")
+	f.StringArrayVar(&req.Volumes, "volume", nil, "mount a volume, NAME:/path or NAME:/path:ro (nook volume create NAME makes one)")
 	f.StringArrayVar(&req.Mounts, "mount", nil, "mount a directory of the daemon's host, /host/dir:/path or /host/dir:/path:ro, under one nook serve --allow-host-mounts allows")
 	f.StringVar(&req.TTL, "ttl", "", "time to live, e.g. 90m, 2h, 3d (default 1h; extend with nook ttl)")
 	f.StringVar(&req.IdlePause, "idle-pause", "", "pause it after this long without use, e.g. 10m, or off (default: the daemon's --idle-pause); any call wakes it")

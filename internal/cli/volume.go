@@ -20,8 +20,9 @@ func volumeCmd() *cobra.Command {
 		Use:   "volume",
 		Short: "Volumes: data that outlives sandboxes, mounted by several at once",
 		Long: `A volume is its own filesystem of a fixed size (writes past it fail with
-ENOSPC; the host's free space is untouched) that container sandboxes
-mount at create (nook create --volume NAME:/path[:ro]), several at once.
+ENOSPC; the host's free space is untouched) that sandboxes, containers
+and vms alike, mount at create (nook create --volume NAME:/path[:ro]),
+several at once.
 It is in no snapshot: a rollback does not rewind it, a fork mounts the
 same. It outlives every sandbox until nook volume rm.`,
 	}

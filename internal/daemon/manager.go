@@ -168,6 +168,7 @@ type Manager struct {
 	// during reconcile only): what ran then was stopped by it.
 	hostRestarted bool
 	agents        map[string]*agent.Client // by sandbox ID
+	volServes     map[string]*volServe     // by sandbox ID: vms' volume streams (vmvolumes.go)
 
 	net *sandboxNets // sandbox networks (network.go); nil when networking is off
 
@@ -272,6 +273,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		cfg: cfg, log: cfg.Log, store: st,
 		templates: template.NewStore(cfg.TemplatesDir, cfg.Log),
 		agents:    map[string]*agent.Client{},
+		volServes: map[string]*volServe{},
 		idle:      newIdleTracker(),
 		limits:    newLedger(cfg.MaxSandboxes, cfg.MaxMemory),
 	}
@@ -406,11 +408,13 @@ func (m *Manager) agentFor(sb *core.Sandbox) (*agent.Client, error) {
 		c = agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, &sbCopy) }).SetAnswerTimeout(m.cfg.AgentTimeout)
 		m.agents[sb.ID] = c
 	}
+	m.serveVolumesLocked(sb, c)
 	return c, nil
 }
 
 func (m *Manager) dropAgent(id string) {
 	m.mu.Lock()
+	m.stopVolumesLocked(id)
 	if c := m.agents[id]; c != nil {
 		c.Close()
 		delete(m.agents, id)
@@ -741,7 +745,7 @@ func (m *Manager) configureAgent(ctx context.Context, sb *core.Sandbox, wake boo
 		}
 		return fmt.Errorf("the sandbox's agent did not answer: %w%s", err, msg)
 	}
-	return nil
+	return m.volumesMounted(ctx, sb, c)
 }
 
 // clockSlack is how late a vm's clock may be set by a configure that
@@ -1275,6 +1279,9 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			if m.checkHealth(ctx, sb) {
 				m.log.Info("re-adopted sandbox", "sandbox", sb.Name, "state", sb.State)
 				m.alignPause(ctx, sb)
+				if sb.State == core.StateRunning && sb.Isolation == api.IsolationVM && len(sb.Volumes) > 0 {
+					m.agentFor(sb) // its guest's volume calls wait for the daemon to serve them again
+				}
 			}
 		case core.StateStopped:
 			m.alignStopped(ctx, sb)

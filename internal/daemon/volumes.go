@@ -29,9 +29,6 @@ func (m *Manager) parseVolumes(specs, mounts []string, isolation string) ([]core
 	if len(specs)+len(mounts) == 0 {
 		return nil, nil
 	}
-	if isolation == api.IsolationVM {
-		return nil, errdefs.Invalid("volumes are mounted in container sandboxes only, for now: a vm sandbox cannot mount one yet")
-	}
 	if len(specs)+len(mounts) > maxVolumeMounts {
 		return nil, errdefs.Invalid("at most %d volumes and mounts per sandbox", maxVolumeMounts)
 	}

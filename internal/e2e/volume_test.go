@@ -158,7 +158,6 @@ func TestVolumes(t *testing.T) {
 		{[]string{"create", "--volume", vol + ":/a", "--volume", vol + ":/a/b"}, 1, "volumes at /a and /a/b: one is in the other"},
 		{[]string{"create", "--volume", vol + ":/.nook"}, 1, "cannot be mounted in /.nook"},
 		{[]string{"create", "--volume", vol + ":/a:rx"}, 1, "give NAME:/path or NAME:/path:ro"},
-		{[]string{"create", "--isolation", "vm", "--volume", vol + ":/a"}, 1, "a vm sandbox cannot mount one yet"},
 		{[]string{"volume", "create", vol}, 1, "already exists"},
 		{[]string{"volume", "create", "Bad"}, 1, "is not valid"},
 		{[]string{"volume", "create", "tiny", "--size", "1M"}, 1, "at least 64 MiB"},
@@ -175,4 +174,84 @@ func TestVolumes(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Join(d.data, "volumes")); len(entries) > 0 {
 		t.Errorf("left in the volume store: %v", entries)
 	}
+}
+
+// A vm's volumes: the same volume mounted by a container and a vm at
+// once, both ways; owners for the guest's users; read-only refused;
+// the size limit; a pause to disk, a fork, a rollback and a kill -9 of
+// the daemon with the volume mounted; a host directory.
+func TestVolumesVM(t *testing.T) {
+	requireVM(t)
+	allowed := t.TempDir()
+	d := newDaemon(t, "--allow-host-mounts", allowed)
+	vol := "vmvol-" + strings.TrimPrefix(d.cgroup, "nook-e2e-")
+	d.must("volume", "create", vol, "--size", "64M")
+	os.WriteFile(filepath.Join(allowed, "shared.txt"), []byte("from host\n"), 0o644)
+	vmArgs := []string{"--isolation", "vm", "--cpus", "1", "--memory", "512M"}
+	d.must("create", "--name", "vv-ct", "--volume", vol+":/data")
+	d.must(append([]string{"create", "--name", "vv-vm", "--volume", vol + ":/data", "--volume", vol + ":/ro:ro", "--mount", allowed + ":/host"}, vmArgs...)...)
+
+	d.must("exec", "vv-ct", "--", "sh", "-c", "echo from-ct > /data/ct && mkdir /data/u && chown 1000:1000 /data/u")
+	if got := d.must("exec", "vv-vm", "--", "sh", "-c", "cat /data/ct /ro/ct; stat -c %u:%g /data/u"); got != "from-ct\nfrom-ct\n1000:1000\n" {
+		t.Errorf("the vm reads the container's writes: %q", got)
+	}
+	d.must("exec", "--user", "1000", "vv-vm", "--", "sh", "-c", "echo from-vm > /data/u/vm && ln -s vm /data/u/link && mkdir /data/u/d")
+	if got := d.must("exec", "vv-ct", "--", "sh", "-c", "cat /data/u/vm /data/u/link; stat -c %u:%g /data/u/vm /data/u/d"); got != "from-vm\nfrom-vm\n1000:1000\n1000:1000\n" {
+		t.Errorf("the container reads the vm's writes: %q", got)
+	}
+	if r, _ := d.nook("exec", "--user", "1000", "vv-vm", "--", "sh", "-c", "echo x > /data/ct"); r.code == 0 {
+		t.Errorf("uid 1000 in the vm wrote root's 0644 file: %+v", r)
+	}
+	if r, _ := d.nook("exec", "vv-vm", "--", "sh", "-c", "echo x > /ro/x"); r.code == 0 || !strings.Contains(r.stderr+r.stdout, "Read-only") {
+		t.Errorf("a write to a read-only volume in the vm: %+v", r)
+	}
+	if r, _ := d.nook("exec", "vv-vm", "--", "sh", "-c", "dd if=/dev/zero of=/data/big bs=1M count=100 2>&1"); r.code == 0 || !strings.Contains(r.stdout, "No space left") {
+		t.Errorf("writing past the volume's size in the vm: %+v", r)
+	}
+	d.must("exec", "vv-vm", "--", "rm", "/data/big")
+	if r, _ := d.nook("exec", "vv-vm", "--", "ln", "/etc/hostname", "/data/hl"); r.code == 0 {
+		t.Errorf("a hard link from the vm's root into the volume: %+v", r)
+	}
+	if got := d.must("exec", "vv-vm", "--", "sh", "-c", "cat /host/shared.txt; echo made > /host/made"); got != "from host\n" {
+		t.Errorf("a host directory in the vm: %q", got)
+	}
+	if fi, err := os.Stat(filepath.Join(allowed, "made")); err != nil || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("the file the vm's root made in the host directory: %v", err)
+	}
+	var sb api.Sandbox
+	if err := json.Unmarshal([]byte(d.must("inspect", "vv-vm", "--json")), &sb); err != nil || len(sb.Volumes) != 3 {
+		t.Errorf("inspect: %+v %v", sb.Volumes, err)
+	}
+
+	// A pause to disk, a fork and a rollback: the mounts come back with
+	// the vm's memory, on the same volume, which no snapshot rewinds. A
+	// process holding a file of the volume open does not hold the pause.
+	d.must("exec", "-d", "vv-vm", "--", "sh", "-c", "exec 3</data/ct; cd /data; sleep 1000")
+	d.must("pause", "vv-vm")
+	d.must("exec", "vv-ct", "--", "sh", "-c", "echo while-paused > /data/paused")
+	d.must("resume", "vv-vm")
+	if got := d.must("exec", "vv-vm", "--", "cat", "/data/paused"); got != "while-paused\n" {
+		t.Errorf("after a resume: %q", got)
+	}
+	d.must("fork", "vv-vm", "--name", "vv-fork")
+	d.must("exec", "vv-fork", "--", "sh", "-c", "echo from-fork > /data/fork")
+	if got := d.must("exec", "vv-ct", "--", "cat", "/data/fork"); got != "from-fork\n" {
+		t.Errorf("a fork's write: %q", got)
+	}
+	d.must("snapshot", "vv-vm", "--name", "before")
+	d.must("exec", "vv-vm", "--", "sh", "-c", "echo kept > /data/after; echo gone > /root/after")
+	d.must("rollback", "vv-vm", "before")
+	if got := d.must("exec", "vv-vm", "--", "sh", "-c", "cat /data/after; test -e /root/after || echo root rewound"); got != "kept\nroot rewound\n" {
+		t.Errorf("after a rollback: %q", got)
+	}
+	// kill -9 of the daemon: the vm runs on, and its volume calls are
+	// served again once the daemon is back.
+	d.stop(syscall.SIGKILL)
+	d.start()
+	d.must("exec", "vv-ct", "--", "sh", "-c", "echo after-kill > /data/kill")
+	if got := d.must("exec", "vv-vm", "--", "cat", "/data/kill"); got != "after-kill\n" {
+		t.Errorf("after a kill -9 of the daemon: %q", got)
+	}
+	d.must("rm", "vv-vm", "vv-fork", "vv-ct")
+	d.must("volume", "rm", vol)
 }

@@ -129,7 +129,7 @@ type CreateInput struct {
 	Allow []string `json:"allow,omitempty" jsonschema:"what the sandbox may reach on the network; by default nothing. Each entry is a domain (github.com), a wildcard (*.pythonhosted.org), an IPv4 CIDR, or a preset (@registries: GitHub, Debian, PyPI, npm, the Go proxy, crates.io; @internet: everything public), optionally with ports (example.com:443). Ask for only what the task needs"`
 	Deny  []string `json:"deny,omitempty" jsonschema:"domains, wildcards or CIDRs the sandbox may never reach, even if allow names them"`
 	// Optional: volumes.
-	Volumes []string `json:"volumes,omitempty" jsonschema:"volumes to mount (container sandboxes), each NAME:/path or NAME:/path:ro; volume_create makes one. Their files outlive the sandbox and are shared with every sandbox that mounts them"`
+	Volumes []string `json:"volumes,omitempty" jsonschema:"volumes to mount, each NAME:/path or NAME:/path:ro; volume_create makes one. Their files outlive the sandbox and are shared with every sandbox that mounts them"`
 }
 
 func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, any, error) {

@@ -22,6 +22,16 @@
 // an os.Root on them: no name, symlink or ".." a sandbox left there
 // leads the daemon out of the volume.
 //
+// remote.go carries out a vm's volume calls (its guest mounts each
+// volume as a FUSE file system its agent serves; the protocol is in the
+// agent package's volume.go) through the same kind of os.Root: every
+// call names a path, so nothing is kept per vm but the open roots and a
+// few directory cursors (a listing's next page). The guest is untrusted:
+// it may set any owner and mode, as a container's root may, and nothing
+// more: no device or fifo is made or opened, a path ending in a symlink
+// is not followed for a read or a write (the guest's kernel follows
+// symlinks itself), and a read-only mount refuses every change here.
+//
 // The store knows nothing of sandboxes: the daemon records which
 // sandbox mounts which volume and refuses to remove one in use.
 package volume

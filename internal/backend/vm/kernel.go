@@ -23,8 +23,9 @@ import (
 
 // guestModules are the modules the initramfs loads (with their
 // dependencies): Debian's kernel builds virtio, its block, console, net
-// and rng drivers, ext4 and the crc32c it needs as modules.
-var guestModules = []string{"virtio_mmio", "virtio_blk", "virtio_console", "virtio_net", "virtio_rng", "crc32c_generic", "ext4"}
+// and rng drivers, ext4 and the crc32c it needs, and FUSE (the vm's
+// volumes) as modules.
+var guestModules = []string{"virtio_mmio", "virtio_blk", "virtio_console", "virtio_net", "virtio_rng", "crc32c_generic", "ext4", "fuse"}
 
 // initramfsLayout changes whenever what buildInitramfs writes does, so
 // that caches of older initramfs images are not reused.

@@ -1,0 +1,163 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/volume"
+)
+
+// A vm's volumes are FUSE mounts in its guest that its agent serves by
+// calling the daemon (the agent package's volume.go): while the daemon
+// has an agent client for a running vm with volumes, a volServe keeps
+// the volume stream open, serving the calls with a volume.Remote on the
+// volumes' directories, and opens it again when it ends (the session
+// was closed, the vm was restored). dropAgent ends it with the client.
+
+type volServe struct {
+	c      *agent.Client
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	ready  chan struct{} // closed once the guest has mounted them (or err is set)
+	err    error         // why they could not be mounted
+}
+
+// serveVolumesLocked starts the volume server of sb for client c unless
+// one runs for it. m.mu is held.
+func (m *Manager) serveVolumesLocked(sb *core.Sandbox, c *agent.Client) *volServe {
+	if sb.Isolation != api.IsolationVM || len(sb.Volumes) == 0 {
+		return nil
+	}
+	if vs := m.volServes[sb.ID]; vs != nil && vs.c == c {
+		return vs
+	}
+	if vs := m.volServes[sb.ID]; vs != nil {
+		vs.cancel()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	vs := &volServe{c: c, cancel: cancel, ready: make(chan struct{})}
+	m.volServes[sb.ID] = vs
+	sbCopy := *sb
+	go m.runVolumes(ctx, &sbCopy, vs)
+	return vs
+}
+
+// stopVolumesLocked ends sandbox id's volume server. m.mu is held.
+func (m *Manager) stopVolumesLocked(id string) {
+	if vs := m.volServes[id]; vs != nil {
+		vs.cancel()
+		delete(m.volServes, id)
+	}
+}
+
+// volumesMounted waits until the guest of vm sb has mounted its volumes.
+func (m *Manager) volumesMounted(ctx context.Context, sb *core.Sandbox, c *agent.Client) error {
+	m.mu.Lock()
+	vs := m.serveVolumesLocked(sb, c)
+	m.mu.Unlock()
+	if vs == nil {
+		return nil
+	}
+	select {
+	case <-vs.ready:
+		vs.mu.Lock()
+		defer vs.mu.Unlock()
+		return vs.err
+	case <-ctx.Done():
+		return fmt.Errorf("mount the volumes of %s: %w", sb.Name, ctx.Err())
+	}
+}
+
+func (vs *volServe) mounted(err error) {
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
+	select {
+	case <-vs.ready:
+		return
+	default:
+	}
+	vs.err = err
+	close(vs.ready)
+}
+
+// runVolumes serves sb's volume stream until ctx ends or the sandbox is
+// no longer running.
+func (m *Manager) runVolumes(ctx context.Context, sb *core.Sandbox, vs *volServe) {
+	defer func() {
+		m.mu.Lock()
+		if m.volServes[sb.ID] == vs {
+			delete(m.volServes, sb.ID)
+		}
+		m.mu.Unlock()
+		vs.mounted(errors.New("the sandbox stopped before its volumes were mounted"))
+	}()
+	remote, req, err := m.openRemote(sb)
+	if err != nil {
+		m.log.Error("open the volumes of a vm", "sandbox", sb.Name, "err", err)
+		vs.mounted(err)
+		return
+	}
+	defer remote.Close()
+	backoff := 20 * time.Millisecond
+	for {
+		start := time.Now()
+		err := vs.c.ServeVolumes(ctx, req, remote, func() { vs.mounted(nil) })
+		if ctx.Err() != nil {
+			return
+		}
+		var ae *agent.AgentError
+		if errors.As(err, &ae) {
+			// The guest cannot mount them (no FUSE in its kernel): not
+			// something trying again mends.
+			m.log.Error("a vm's guest could not mount its volumes", "sandbox", sb.Name, "err", err)
+			vs.mounted(fmt.Errorf("the guest could not mount the volumes: %w", err))
+			return
+		}
+		if cur, gerr := m.store.GetSandbox(ctx, sb.Name); gerr != nil || cur.ID != sb.ID || (cur.State != core.StateRunning && cur.State != core.StateCreating) {
+			return
+		}
+		if time.Since(start) > 10*time.Second {
+			backoff = 20 * time.Millisecond
+		}
+		m.log.Debug("a vm's volume stream ended; opening it again", "sandbox", sb.Name, "err", err, "in", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+// openRemote opens the directories sb's volumes are.
+func (m *Manager) openRemote(sb *core.Sandbox) (*volume.Remote, *agent.VolumesRequest, error) {
+	req := &agent.VolumesRequest{}
+	var dirs []volume.RemoteMount
+	for _, v := range sb.Volumes {
+		var dir, name string
+		var err error
+		if v.HostPath != "" {
+			dir, err = m.HostMountAllowed(v.HostPath)
+			name = strings.ReplaceAll(v.HostPath, ",", "_")
+		} else {
+			dir, err = m.volumes.Path(v.Name)
+			name = v.Name
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		dirs = append(dirs, volume.RemoteMount{Dir: dir, ReadOnly: v.ReadOnly})
+		req.Mounts = append(req.Mounts, agent.VolumeMountSpec{Name: name, Path: v.Target, ReadOnly: v.ReadOnly})
+	}
+	r, err := volume.OpenRemote(dirs)
+	return r, req, err
+}
