@@ -104,8 +104,10 @@ const (
 	// FUSE mount's max_write and max_read).
 	VolMaxIO = 512 << 10
 	// VolMaxEntries is the most entries one readdir answers.
+	// VolMaxEntries is the most entries one readdir answers: names of
+	// 255 bytes (base64 on the wire) and all, a page fits a frame.
 	VolMaxEntries = 2048
-	volMaxHeader  = 64 << 10
+	volMaxHeader  = api.MaxFramePayload - 4
 )
 
 // VolCall is one file operation the guest asks for, on a path relative
@@ -165,6 +167,81 @@ type VolEntry struct {
 type VolStatfs struct {
 	Blocks, Bfree, Bavail, Files, Ffree uint64
 	Bsize, NameLen                      uint32
+}
+
+// Names travel as bytes (base64 in the JSON): a file name is any bytes
+// but / and NUL, and JSON strings would turn what is not UTF-8 into
+// U+FFFD, a name that is not the file's.
+
+type volCallPlain VolCall
+
+type volCallWire struct {
+	volCallPlain
+	Path   []byte `json:"path,omitempty"`
+	To     []byte `json:"to,omitempty"`
+	Target []byte `json:"target,omitempty"`
+}
+
+// MarshalJSON sends the names as bytes.
+func (c VolCall) MarshalJSON() ([]byte, error) {
+	return json.Marshal(volCallWire{volCallPlain(c), []byte(c.Path), []byte(c.To), []byte(c.Target)})
+}
+
+// UnmarshalJSON reads the names as bytes.
+func (c *VolCall) UnmarshalJSON(b []byte) error {
+	var w volCallWire
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*c = VolCall(w.volCallPlain)
+	c.Path, c.To, c.Target = string(w.Path), string(w.To), string(w.Target)
+	return nil
+}
+
+type volResultPlain VolResult
+
+type volResultWire struct {
+	volResultPlain
+	Target []byte `json:"target,omitempty"`
+}
+
+// MarshalJSON sends the symlink target as bytes.
+func (r VolResult) MarshalJSON() ([]byte, error) {
+	return json.Marshal(volResultWire{volResultPlain(r), []byte(r.Target)})
+}
+
+// UnmarshalJSON reads the symlink target as bytes.
+func (r *VolResult) UnmarshalJSON(b []byte) error {
+	var w volResultWire
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*r = VolResult(w.volResultPlain)
+	r.Target = string(w.Target)
+	return nil
+}
+
+type volEntryPlain VolEntry
+
+type volEntryWire struct {
+	volEntryPlain
+	Name []byte `json:"name"`
+}
+
+// MarshalJSON sends the name as bytes.
+func (e VolEntry) MarshalJSON() ([]byte, error) {
+	return json.Marshal(volEntryWire{volEntryPlain(e), []byte(e.Name)})
+}
+
+// UnmarshalJSON reads the name as bytes.
+func (e *VolEntry) UnmarshalJSON(b []byte) error {
+	var w volEntryWire
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*e = VolEntry(w.volEntryPlain)
+	e.Name = string(w.Name)
+	return nil
 }
 
 // encodeVol is one message: header length, JSON header, data.

@@ -155,7 +155,7 @@ func (m *Manager) openRemote(sb *core.Sandbox) (*volume.Remote, *agent.VolumesRe
 		if err != nil {
 			return nil, nil, err
 		}
-		dirs = append(dirs, volume.RemoteMount{Dir: dir, ReadOnly: v.ReadOnly})
+		dirs = append(dirs, volume.RemoteMount{Dir: dir, ReadOnly: v.ReadOnly, HostDir: v.HostPath != ""})
 		req.Mounts = append(req.Mounts, agent.VolumeMountSpec{Name: name, Path: v.Target, ReadOnly: v.ReadOnly})
 	}
 	r, err := volume.OpenRemote(dirs)

@@ -2,6 +2,7 @@ package volume
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -32,14 +33,18 @@ type Remote struct {
 type remoteMount struct {
 	root    *os.Root
 	ro      bool
+	hostDir bool
 	dev     uint64
 	cursors *cursors
 }
 
-// RemoteMount is a directory a vm mounts.
+// RemoteMount is a directory a vm mounts. HostDir: a directory of the
+// host (not a volume), where no file may become setuid or setgid: host
+// users run them.
 type RemoteMount struct {
 	Dir      string
 	ReadOnly bool
+	HostDir  bool
 }
 
 // OpenRemote opens the directories of a vm's volumes, in the order its
@@ -47,20 +52,40 @@ type RemoteMount struct {
 func OpenRemote(mounts []RemoteMount) (*Remote, error) {
 	r := &Remote{}
 	for _, m := range mounts {
-		root, err := os.OpenRoot(m.Dir)
+		rm, err := openRemoteMount(m)
 		if err != nil {
 			r.Close()
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", m.Dir, err)
 		}
-		var st unix.Stat_t
-		if err := unix.Stat(m.Dir, &st); err != nil {
-			root.Close()
-			r.Close()
-			return nil, err
-		}
-		r.mounts = append(r.mounts, remoteMount{root: root, ro: m.ReadOnly, dev: st.Dev, cursors: &cursors{}})
+		r.mounts = append(r.mounts, rm)
 	}
 	return r, nil
+}
+
+// openRemoteMount opens m.Dir through a private clone of its mount,
+// nodev and nosuid (a host directory is reached through the host's own
+// mounts, which may be neither): a device node there is never opened
+// as one. The clone is detached (no one else sees it) and goes with the
+// last file opened in it.
+func openRemoteMount(m RemoteMount) (remoteMount, error) {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, m.Dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
+	if err != nil {
+		return remoteMount{}, fmt.Errorf("clone the mount: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOSUID}); err != nil {
+		return remoteMount{}, fmt.Errorf("make the clone nodev and nosuid: %w", err)
+	}
+	root, err := os.OpenRoot(fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil {
+		return remoteMount{}, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		root.Close()
+		return remoteMount{}, err
+	}
+	return remoteMount{root: root, ro: m.ReadOnly, hostDir: m.HostDir, dev: st.Dev, cursors: &cursors{}}, nil
 }
 
 // Close closes the directories.
@@ -117,8 +142,21 @@ func errnoOf(err error) syscall.Errno {
 	return syscall.EACCES
 }
 
+// maxID is the highest owner a volume's file may have: the ids every
+// sandbox sees as they are (a container's range is 65536 ids).
+const maxID = 65535
+
 func (m *remoteMount) do(c *agent.VolCall, name string, data []byte) (*agent.VolResult, []byte, error) {
 	root := m.root
+	switch c.Op {
+	case agent.VolOpCreate, agent.VolOpMkdir, agent.VolOpSymlink, agent.VolOpSetattr:
+		if c.UID > maxID || c.GID > maxID {
+			return nil, nil, syscall.EINVAL
+		}
+		if m.hostDir && c.Op != agent.VolOpMkdir {
+			c.Mode &^= unix.S_ISUID | unix.S_ISGID
+		}
+	}
 	switch c.Op {
 	case agent.VolOpLookup:
 		return m.attrResult(root.Lstat(name))
@@ -220,15 +258,29 @@ func (m *remoteMount) do(c *agent.VolCall, name string, data []byte) (*agent.Vol
 			return nil, nil, syscall.EBUSY
 		}
 		if c.Flags&agent.VolNoReplace != 0 {
-			if _, err := root.Lstat(c.To); err == nil {
-				return nil, nil, syscall.EEXIST
-			}
+			return &agent.VolResult{}, nil, m.renameNoReplace(name, c.To)
 		}
 		return &agent.VolResult{}, nil, root.Rename(name, c.To)
 	case agent.VolOpSetattr:
 		return m.setattr(c, name)
 	}
 	return nil, nil, syscall.ENOSYS
+}
+
+// renameNoReplace renames from to to unless to exists, in one step
+// (renameat2 on the parents, opened through the root).
+func (m *remoteMount) renameNoReplace(from, to string) error {
+	fd, err := openRegularFlags(m.root, path.Dir(from), os.O_RDONLY|unix.O_DIRECTORY, true)
+	if err != nil {
+		return err
+	}
+	defer fd.Close()
+	td, err := openRegularFlags(m.root, path.Dir(to), os.O_RDONLY|unix.O_DIRECTORY, true)
+	if err != nil {
+		return err
+	}
+	defer td.Close()
+	return unix.Renameat2(int(fd.Fd()), path.Base(from), int(td.Fd()), path.Base(to), unix.RENAME_NOREPLACE)
 }
 
 // owner is who owns a new file: the caller, with the group of a setgid
@@ -425,35 +477,32 @@ func (m *remoteMount) attrResult(fi fs.FileInfo, err error) (*agent.VolResult, [
 
 // openRegularFlags opens name if it is a regular file (or, with dirs, a
 // directory): never a device, whose open alone may do something on the
-// host (a host directory a vm mounts may hold some), nor a fifo, whose
-// open could block. The guest's kernel follows the volume's symlinks
-// itself: a path that ends in one here is refused.
+// host, nor a fifo, whose open could block. The guest's kernel follows
+// the volume's symlinks itself: a path that ends in one is refused. The
+// file is first opened O_PATH (which opens nothing but a reference, and
+// with O_NOFOLLOW a symlink itself), its type checked on that, and then
+// that very file opened for real through /proc/self/fd: no name is
+// looked up twice, so nothing swapped in between is opened.
 func openRegularFlags(root *os.Root, name string, flag int, dirs ...bool) (*os.File, error) {
-	fi, err := root.Lstat(name)
+	pf, err := root.OpenFile(name, unix.O_PATH|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, err
 	}
-	if !fi.Mode().IsRegular() && !(fi.IsDir() && len(dirs) > 0 && dirs[0]) {
-		if fi.IsDir() {
-			return nil, syscall.EISDIR
-		}
-		return nil, syscall.EINVAL
-	}
-	f, err := root.OpenFile(name, flag|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
-	if err != nil {
+	defer pf.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(pf.Fd()), &st); err != nil {
 		return nil, err
 	}
-	if fi.IsDir() {
-		return f, nil
-	}
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		f.Close()
-		if fi != nil && fi.IsDir() {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFDIR:
+		if len(dirs) == 0 || !dirs[0] {
 			return nil, syscall.EISDIR
 		}
+	default:
 		return nil, syscall.EINVAL
 	}
-	return f, nil
+	return os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", pf.Fd()), flag|syscall.O_NONBLOCK, 0)
 }
 
 // fileMode is a mode's permission bits (with setuid, setgid, sticky) as an os.FileMode.

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -130,5 +132,94 @@ func TestEscapeRemoteVolume(t *testing.T) {
 	}
 	if e, res, _ := call(agent.VolCall{Op: agent.VolOpCreate, Path: "made", Mode: 0o4755, UID: 1234, GID: 99}, nil); e != 0 || res.Attr.UID != 1234 || res.Attr.Mode&0o7777 != 0o4755 {
 		t.Errorf("create: %v %+v", e, res)
+	}
+}
+
+// A guest racing names (a file swapped for a hard link to a device node
+// between the daemon's look and its open) never gets a device opened on
+// the host: the daemon opens what it looked at, never a name twice.
+func TestEscapeRemoteVolumeDeviceRace(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	if err := unix.Mknod(filepath.Join(dir, "dev"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+		t.Fatal(err)
+	}
+	r, err := OpenRemote([]RemoteMount{{Dir: dir, HostDir: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ino, err := unix.InotifyInit1(unix.IN_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ino)
+	if _, err := unix.InotifyAddWatch(ino, filepath.Join(dir, "dev"), unix.IN_OPEN); err != nil {
+		t.Fatal(err)
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // all through guest calls
+		defer wg.Done()
+		for !stop.Load() {
+			r.Handle(&agent.VolCall{Op: agent.VolOpCreate, Path: "f", Mode: 0o644}, nil)
+			r.Handle(&agent.VolCall{Op: agent.VolOpUnlink, Path: "f"}, nil)
+			r.Handle(&agent.VolCall{Op: agent.VolOpLink, Path: "f", To: "dev"}, nil)
+			r.Handle(&agent.VolCall{Op: agent.VolOpUnlink, Path: "f"}, nil)
+		}
+	}()
+	buf := make([]byte, 4096)
+	opens := 0
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+		r.Handle(&agent.VolCall{Op: agent.VolOpRead, Path: "f", Size: 10}, nil)
+		r.Handle(&agent.VolCall{Op: agent.VolOpWrite, Path: "f"}, []byte("x"))
+		r.Handle(&agent.VolCall{Op: agent.VolOpSetattr, Path: "f", Set: agent.VolSetSize}, nil)
+		r.Handle(&agent.VolCall{Op: agent.VolOpFsync, Path: "f"}, nil)
+		for {
+			n, err := unix.Read(ino, buf)
+			if err != nil || n <= 0 {
+				break
+			}
+			opens++
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	if opens > 0 {
+		t.Errorf("the daemon opened the device node %d times", opens)
+	}
+}
+
+// Owners and modes a guest may give: ids a container can see too, and
+// no setuid or setgid file in a host directory (host users run them).
+func TestRemoteVolumeOwners(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	r, err := OpenRemote([]RemoteMount{{Dir: dir, HostDir: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for _, c := range []agent.VolCall{
+		{Op: agent.VolOpCreate, Path: "big-uid", UID: 70000},
+		{Op: agent.VolOpMkdir, Path: "big-gid", GID: 1 << 31},
+	} {
+		if res, _ := r.Handle(&c, nil); syscall.Errno(res.Errno) != syscall.EINVAL {
+			t.Errorf("%+v: errno %d, want EINVAL", c, res.Errno)
+		}
+	}
+	r.Handle(&agent.VolCall{Op: agent.VolOpCreate, Path: "suid", Mode: 0o6755}, nil)
+	r.Handle(&agent.VolCall{Op: agent.VolOpCreate, Path: "plain", Mode: 0o755}, nil)
+	r.Handle(&agent.VolCall{Op: agent.VolOpSetattr, Path: "plain", Set: agent.VolSetMode, Mode: 0o4755}, nil)
+	for _, name := range []string{"suid", "plain"} {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 || fi.Mode().Perm() != 0o755 {
+			t.Errorf("%s in a host directory: %v, %v", name, fi.Mode(), err)
+		}
+	}
+	// rename without replace is one step: it never replaces.
+	r.Handle(&agent.VolCall{Op: agent.VolOpCreate, Path: "a"}, nil)
+	if res, _ := r.Handle(&agent.VolCall{Op: agent.VolOpRename, Path: "a", To: "plain", Flags: agent.VolNoReplace}, nil); syscall.Errno(res.Errno) != syscall.EEXIST {
+		t.Errorf("rename without replace onto a file: errno %d", res.Errno)
 	}
 }

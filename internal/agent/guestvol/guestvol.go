@@ -8,9 +8,14 @@
 // by their path in the volume; the host answers with the attributes of
 // the real files, inode numbers included, so hard links stay one inode.
 //
-// Caching: none of attributes or names (the entry and attribute timeouts
-// are zero), so that what another sandbox or the host writes to a volume
-// shows at once; the page cache of a file is dropped at every open.
+// Caching, as virtio-fs's default (cache=auto) and NFS's attribute
+// cache: names and attributes are kept for a second, so that a path
+// walk or a stat is not a call to the host each time (each is a round
+// trip through the vm's agent, milliseconds under TCG); a name that was
+// not there is asked again every time, so a file another sandbox or the
+// host makes shows at once, and a file's cached pages are dropped at
+// every open. What another writer changes in a file the guest looked at
+// within the second shows within the second.
 // Permission checks are the guest kernel's (default_permissions) against
 // the owners and modes the host reports; allow_other lets every user of
 // the guest in. READDIRPLUS is off: a listing is one call per page, not
@@ -65,7 +70,7 @@ func (m *Mounter) Mount(req *agent.VolumesRequest) error {
 		if err := os.MkdirAll(v.Path, 0o755); err != nil {
 			return err
 		}
-		zero := time.Duration(0)
+		zero, second := time.Duration(0), time.Second
 		// As a container's volumes: nosuid and nodev, read-only if asked
 		// (the host refuses changes to such a volume all the same).
 		flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
@@ -77,10 +82,10 @@ func (m *Mounter) Mount(req *agent.VolumesRequest) error {
 			MountOptions: fuse.MountOptions{
 				AllowOther: true, DirectMount: true, DirectMountStrict: true, DirectMountFlags: flags,
 				FsName: "nook-volume:" + v.Name, Name: "nook",
-				MaxWrite: agent.VolMaxIO, DisableReadDirPlus: true,
+				MaxWrite: agent.VolMaxIO, MaxReadAhead: agent.VolMaxIO, DisableReadDirPlus: true,
 				Options: []string{"default_permissions"},
 			},
-			EntryTimeout: &zero, AttrTimeout: &zero, NegativeTimeout: &zero,
+			EntryTimeout: &second, AttrTimeout: &second, NegativeTimeout: &zero,
 		}
 		// fs.Mount would wait for the mount's first requests, which need
 		// the volume stream this mount comes before: the server starts

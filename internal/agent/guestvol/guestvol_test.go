@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -148,12 +149,24 @@ func TestVolumeFiles(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(m, "fromhost")); err != nil || string(b) != "host" {
 		t.Fatalf("a file the host wrote reads %q, %v", b, err)
 	}
-	// Changed on the host: seen at once (no cache).
+	// Changed on the host: seen within the attribute cache's second; a
+	// name the host makes, at once.
 	if err := os.WriteFile(filepath.Join(r.back, "fromhost"), []byte("changed"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if b, _ := os.ReadFile(filepath.Join(m, "fromhost")); string(b) != "changed" {
-		t.Fatalf("after the host changed it, it reads %q", b)
+	deadline := time.Now().Add(3 * time.Second)
+	for b, _ := os.ReadFile(filepath.Join(m, "fromhost")); string(b) != "changed"; b, _ = os.ReadFile(filepath.Join(m, "fromhost")) {
+		if time.Now().After(deadline) {
+			t.Fatalf("3 s after the host changed it, it reads %q", b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := os.Stat(filepath.Join(m, "nothere")); !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(r.back, "nothere"), nil, 0o644)
+	if _, err := os.Stat(filepath.Join(m, "nothere")); err != nil {
+		t.Fatalf("a file the host made just after the guest missed it: %v", err)
 	}
 	fi, err := os.Stat(filepath.Join(r.back, "big"))
 	if err != nil || fi.Mode().Perm() != 0o640 {
@@ -242,6 +255,31 @@ func TestVolumeFiles(t *testing.T) {
 	ents, err := os.ReadDir(filepath.Join(m, "many"))
 	if err != nil || len(ents) != n {
 		t.Fatalf("listed %d entries (%v), want %d", len(ents), err, n)
+	}
+	// Pages of the longest names, and names that are not UTF-8, as the
+	// bytes they are.
+	os.Mkdir(filepath.Join(r.back, "long"), 0o755)
+	for i := range agent.VolMaxEntries + 10 {
+		name := fmt.Sprintf("%05d-%s", i, strings.Repeat("\x01", 249))
+		if err := os.WriteFile(filepath.Join(r.back, "long", name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ents, err := os.ReadDir(filepath.Join(m, "long")); err != nil || len(ents) != agent.VolMaxEntries+10 {
+		t.Fatalf("listed %d entries of 255-byte names (%v)", len(ents), err)
+	}
+	os.WriteFile(filepath.Join(r.back, "bad\xff"), []byte("latin"), 0o644)
+	if b, err := os.ReadFile(filepath.Join(m, "bad\xff")); err != nil || string(b) != "latin" {
+		t.Errorf("a name that is not UTF-8, from the host: %q %v", b, err)
+	}
+	if err := os.WriteFile(filepath.Join(m, "a\xfe"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(r.back, "a\xfe")); err != nil {
+		t.Errorf("a name that is not UTF-8, from the guest: %v", err)
+	}
+	if out, err := as(t, 0, 0, "rm -r "+m+"/long "+m+"/many"); err != nil {
+		t.Errorf("rm -r of the listings: %v: %s", err, out)
 	}
 
 	var sfs unix.Statfs_t
