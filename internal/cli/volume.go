@@ -24,7 +24,13 @@ ENOSPC; the host's free space is untouched) that sandboxes, containers
 and vms alike, mount at create (nook create --volume NAME:/path[:ro]),
 several at once.
 It is in no snapshot: a rollback does not rewind it, a fork mounts the
-same. It outlives every sandbox until nook volume rm.`,
+same. It outlives every sandbox until nook volume rm.
+
+In a vm a volume is a FUSE file system the vm's agent serves through the
+daemon: every file operation is a round trip to the host, so small-file
+work is much slower there than in a container, and a change another
+sandbox makes to a file the vm looked at in the last second shows within
+that second (a new file, at once). Owners are ids 0 to 65535 in both.`,
 	}
 	var size string
 	var createJSON bool
