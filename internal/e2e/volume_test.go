@@ -252,6 +252,12 @@ func TestVolumesVM(t *testing.T) {
 	if got := d.must("exec", "vv-vm", "--", "cat", "/data/kill"); got != "after-kill\n" {
 		t.Errorf("after a kill -9 of the daemon: %q", got)
 	}
+	// Stopped and started: a fresh boot mounts them again.
+	d.must("stop", "vv-vm")
+	d.must("start", "vv-vm")
+	if got := d.must("exec", "vv-vm", "--", "cat", "/data/kill"); got != "after-kill\n" {
+		t.Errorf("after a stop and a start: %q", got)
+	}
 	d.must("rm", "vv-vm", "vv-fork", "vv-ct")
 	d.must("volume", "rm", vol)
 }

@@ -67,6 +67,11 @@ func (m *Mounter) Mount(req *agent.VolumesRequest) error {
 		if err := ensureFuseDevice(); err != nil {
 			return err
 		}
+		// A mount an earlier agent served (systemd restarted this one)
+		// has nobody behind it: it goes, and a new one takes its place.
+		if _, err := os.Stat(v.Path); errors.Is(err, syscall.ENOTCONN) {
+			unix.Unmount(v.Path, unix.MNT_DETACH)
+		}
 		if err := os.MkdirAll(v.Path, 0o755); err != nil {
 			return err
 		}
