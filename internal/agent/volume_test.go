@@ -178,3 +178,42 @@ func FuzzDecodeVolCall(f *testing.F) {
 		}
 	})
 }
+
+// The volume stream is the guest's, not a request in flight: it keeps
+// no vm from idling (Streams) and no snapshot from quiescing.
+func TestVolumeStreamIsBackground(t *testing.T) {
+	_, c := newFakeAgent(t, func(_ int, conn net.Conn) {
+		serveStreams(conn, func(st net.Conn, req *Request) {
+			if req.Op == OpVolumes {
+				writeJSONFrame(st, Reply{})
+				api.NewFrameReader(st).Next() // holds the stream until it ends
+			}
+		})
+	})
+	mounted := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- c.ServeVolumes(context.Background(), &VolumesRequest{Mounts: []VolumeMountSpec{{Name: "v", Path: "/v"}}}, &slowHandler{}, func() { close(mounted) })
+	}()
+	select {
+	case <-mounted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no volume stream")
+	}
+	if n := c.Streams(); n != 0 {
+		t.Errorf("Streams() = %d with only the volume stream open", n)
+	}
+	release, ok := c.Quiesce()
+	if !ok {
+		t.Fatal("Quiesce refused while only the volume stream was open")
+	}
+	release()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("the volume stream ended without an error when the session closed")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Quiesce did not end the volume stream")
+	}
+}
