@@ -414,12 +414,13 @@ func (m *Manager) agentFor(sb *core.Sandbox) (*agent.Client, error) {
 
 func (m *Manager) dropAgent(id string) {
 	m.mu.Lock()
-	m.stopVolumesLocked(id)
+	vs := m.stopVolumesLocked(id)
 	if c := m.agents[id]; c != nil {
 		c.Close()
 		delete(m.agents, id)
 	}
 	m.mu.Unlock()
+	vs.wait() // a vm's volumes are closed when its client goes (a destroy leaves nothing open)
 }
 
 func newID() string {

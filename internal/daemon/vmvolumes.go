@@ -24,6 +24,7 @@ import (
 type volServe struct {
 	c      *agent.Client
 	cancel context.CancelFunc
+	done   chan struct{} // closed once runVolumes has returned and closed the volumes
 	mu     sync.Mutex
 	ready  chan struct{} // closed once the guest has mounted them (or err is set)
 	err    error         // why they could not be mounted
@@ -39,21 +40,32 @@ func (m *Manager) serveVolumesLocked(sb *core.Sandbox, c *agent.Client) *volServ
 		return vs
 	}
 	if vs := m.volServes[sb.ID]; vs != nil {
-		vs.cancel()
+		vs.cancel() // the old client's; it closes its own volumes
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	vs := &volServe{c: c, cancel: cancel, ready: make(chan struct{})}
+	vs := &volServe{c: c, cancel: cancel, ready: make(chan struct{}), done: make(chan struct{})}
 	m.volServes[sb.ID] = vs
 	sbCopy := *sb
 	go m.runVolumes(ctx, &sbCopy, vs)
 	return vs
 }
 
-// stopVolumesLocked ends sandbox id's volume server. m.mu is held.
-func (m *Manager) stopVolumesLocked(id string) {
-	if vs := m.volServes[id]; vs != nil {
+// stopVolumesLocked ends sandbox id's volume server and returns it (nil
+// if there was none): wait for it to be done, without m.mu, before
+// counting the volumes' directories closed. m.mu is held.
+func (m *Manager) stopVolumesLocked(id string) *volServe {
+	vs := m.volServes[id]
+	if vs != nil {
 		vs.cancel()
 		delete(m.volServes, id)
+	}
+	return vs
+}
+
+// wait waits until the server has closed the volumes (nil: none ran).
+func (vs *volServe) wait() {
+	if vs != nil {
+		<-vs.done
 	}
 }
 
@@ -90,6 +102,7 @@ func (vs *volServe) mounted(err error) {
 // runVolumes serves sb's volume stream until ctx ends or the sandbox is
 // no longer running.
 func (m *Manager) runVolumes(ctx context.Context, sb *core.Sandbox, vs *volServe) {
+	defer close(vs.done) // after the volumes are closed (deferred below)
 	defer func() {
 		m.mu.Lock()
 		if m.volServes[sb.ID] == vs {

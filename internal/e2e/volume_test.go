@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 	"testing"
 
 	"github.com/nookhq/nook/api"
@@ -258,6 +259,34 @@ func TestVolumesVM(t *testing.T) {
 	if got := d.must("exec", "vv-vm", "--", "cat", "/data/kill"); got != "after-kill\n" {
 		t.Errorf("after a stop and a start: %q", got)
 	}
+	// Removed by force while mounted: the sandboxes keep what they see
+	// until they go, and then nothing of it is left.
+	d.must("volume", "rm", "--force", vol)
+	for _, sb := range []string{"vv-vm", "vv-ct"} {
+		if got := d.must("exec", sb, "--", "cat", "/data/kill"); got != "after-kill\n" {
+			t.Errorf("%s after its volume was removed by force: %q", sb, got)
+		}
+	}
 	d.must("rm", "vv-vm", "vv-fork", "vv-ct")
-	d.must("volume", "rm", vol)
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), filepath.Join(d.data, "volumes")+"/") {
+		t.Errorf("mounts left under the volume store")
+	}
+	// The loop device goes with the last mount of its file system, which
+	// the kernel may finish just after.
+	left := func() (on string) {
+		loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+		for _, l := range loops {
+			if b, _ := os.ReadFile(l); strings.HasPrefix(string(b), filepath.Join(d.data, "volumes")) {
+				on = string(b)
+			}
+		}
+		return on
+	}
+	for deadline := time.Now().Add(5 * time.Second); left() != "" && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if on := left(); on != "" {
+		t.Errorf("a loop device is left on %s", on)
+	}
 }
