@@ -223,7 +223,7 @@ func serveCmd() *cobra.Command {
 	c.Flags().StringVar(&cfg.Daemon.CRIU, "criu", "", "CRIU >= 4 binary for container checkpoints (default: "+daemon.DefaultCRIU+", else criu in PATH)")
 	c.Flags().StringVar(&cfg.Daemon.KernelRoot, "kernel", "", "an unpacked Debian linux-image package for vm guests (default: fetched with apt on first use)")
 	c.Flags().StringVar(&cfg.Daemon.VMCacheDir, "vm-cache-dir", "", "guest kernels, vm template images and snapshots (default DATA-DIR/vm)")
-	c.Flags().StringArrayVar(&cfg.Daemon.AllowHostMounts, "allow-host-mounts", nil, "a directory of this host under which creates may mount directories (nook create --mount); repeatable; none: no host mounts")
+	c.Flags().StringArrayVar(&cfg.Daemon.AllowHostMounts, "allow-host-mounts", nil, "a directory of this host under which creates may mount directories (nook create --mount); repeatable; none: no host mounts. A sandbox's root is root there: allow only directories on a nosuid file system, or that no other user of this host can reach")
 	c.Flags().IntVar(&cfg.Daemon.MaxSandboxes, "max-sandboxes", 0, "most sandboxes that may exist at once, in any state; creates and forks beyond are refused (HTTP 429) (0: no limit)")
 	c.Flags().StringVar(&maxMemory, "max-memory", "0", "most memory the sandboxes holding RAM (running, or paused in RAM) may commit between them, e.g. 64G; a create, fork, start or resume from disk beyond is refused (HTTP 429) (0 or off: no limit)")
 	c.Flags().StringVar(&idlePause, "idle-pause", "off", "pause sandboxes created without --idle-pause after this long idle, e.g. 30m (off: never)")

@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/backend/container"
@@ -280,6 +282,14 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if m.volumes, err = volume.Open(cfg.VolumesDir, cfg.Log); err != nil {
 		st.Close()
 		return nil, err
+	}
+	for _, dir := range cfg.AllowHostMounts {
+		// A container's root is root in a host directory it mounts: a
+		// setuid file it leaves there is one the host's users can run.
+		var sfs unix.Statfs_t
+		if unix.Statfs(dir, &sfs) == nil && sfs.Flags&unix.ST_NOSUID == 0 {
+			cfg.Log.Warn("a directory allowed for host mounts is on a file system mounted without nosuid: a sandbox's root can leave setuid files there that the host's users can run; allow only directories on a nosuid mount, or that no other user of the host can reach", "dir", dir)
+		}
 	}
 	var hooks core.NetHooks // stays a nil interface when networking is off
 	if cfg.Net.Enabled {
