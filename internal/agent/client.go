@@ -44,6 +44,8 @@ type Client struct {
 	// inflight counts the streams open() returned that are not closed yet:
 	// requests in flight.
 	inflight int
+	// dialing is closed when the dial under way (if any) ends.
+	dialing chan struct{}
 	// background counts the open streams that are no request in flight:
 	// a vm's volume stream (ServeVolumes), which Streams leaves out.
 	background int
@@ -145,32 +147,11 @@ func (e *NoAnswerError) Temporary() bool { return true }
 
 func (c *Client) open(ctx context.Context, background bool) (net.Conn, error) {
 	for attempt := 0; attempt < 2; attempt++ {
+		sess, err := c.session(ctx)
+		if err != nil {
+			return nil, err
+		}
 		c.mu.Lock()
-		for c.hold != nil {
-			hold := c.hold
-			c.mu.Unlock()
-			select {
-			case <-hold:
-			case <-ctx.Done():
-				return nil, fmt.Errorf("connect to sandbox agent: %w", ctx.Err())
-			}
-			c.mu.Lock()
-		}
-		if c.sess == nil || c.sess.IsClosed() {
-			conn, err := c.dial(ctx)
-			if err != nil {
-				c.mu.Unlock()
-				return nil, fmt.Errorf("connect to sandbox agent: %w", err)
-			}
-			sess, err := newSession(conn, c.timeout)
-			if err != nil {
-				conn.Close()
-				c.mu.Unlock()
-				return nil, err
-			}
-			c.sess = sess
-		}
-		sess := c.sess
 		c.opening++
 		c.mu.Unlock()
 		st, err := sess.OpenStream()
@@ -197,6 +178,68 @@ func (c *Client) open(ctx context.Context, background bool) (net.Conn, error) {
 		}
 	}
 	return nil, errors.New("connect to sandbox agent: session keeps closing")
+}
+
+// session returns the live session, dialing one if there is none. The
+// dial (which, for a vm whose agent does not answer, lasts as long as
+// ctx) runs without c.mu, one at a time: other callers wait for it only
+// as long as their own ctx allows, and Streams, Quiesce and Close never
+// wait for it.
+func (c *Client) session(ctx context.Context) (*clientSession, error) {
+	c.mu.Lock()
+	for {
+		if c.hold != nil {
+			hold := c.hold
+			c.mu.Unlock()
+			select {
+			case <-hold:
+			case <-ctx.Done():
+				return nil, fmt.Errorf("connect to sandbox agent: %w", ctx.Err())
+			}
+			c.mu.Lock()
+			continue
+		}
+		if c.sess != nil && !c.sess.IsClosed() {
+			sess := c.sess
+			c.mu.Unlock()
+			return sess, nil
+		}
+		if c.dialing == nil {
+			break
+		}
+		dialing := c.dialing
+		c.mu.Unlock()
+		select {
+		case <-dialing:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("connect to sandbox agent: %w", ctx.Err())
+		}
+		c.mu.Lock()
+	}
+	dialing := make(chan struct{})
+	c.dialing = dialing
+	c.mu.Unlock()
+	conn, err := c.dial(ctx)
+	var sess *clientSession
+	if err != nil {
+		err = fmt.Errorf("connect to sandbox agent: %w", err)
+	} else if sess, err = newSession(conn, c.timeout); err != nil {
+		conn.Close()
+	}
+	c.mu.Lock()
+	c.dialing = nil
+	close(dialing)
+	if err == nil && c.hold != nil {
+		// Quiesced meanwhile: nothing may be connected until released.
+		sess.Close()
+		c.mu.Unlock()
+		return c.session(ctx)
+	}
+	if err == nil {
+		c.sess = sess
+	}
+	c.mu.Unlock()
+	return sess, err
 }
 
 // How long a request waits for its first answer.

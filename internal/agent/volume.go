@@ -39,6 +39,11 @@ const OpVolumes = "volumes"
 // not mounted yet, answers with an empty Reply, and then sends calls.
 type VolumesRequest struct {
 	Mounts []VolumeMountSpec `json:"mounts"`
+	// Restored: the vm runs from a snapshot (a rollback, a fork), so the
+	// calls it had in flight are the snapshot's, made before whatever
+	// happened to the volume since: the guest fails them (EIO) instead
+	// of sending them again. (After a pause, it sends them again.)
+	Restored bool `json:"restored,omitempty"`
 }
 
 // VolumeMountSpec is where the guest mounts a volume.

@@ -35,7 +35,7 @@ func (s *Server) serveVolumes(st net.Conn, fr *api.FrameReader, fw *frameWriter,
 	if fw.json(api.FrameJSON, Reply{}) != nil {
 		return
 	}
-	s.volumes.Link().serve(st, fr, fw)
+	s.volumes.Link().serve(st, fr, fw, req.Restored)
 }
 
 // VolLink carries the guest's volume calls to the daemon over whichever
@@ -47,7 +47,14 @@ type VolLink struct {
 	cur    *volStream
 	ready  chan struct{} // closed when cur is set
 	nextID uint64
+	// epoch counts restores; a call made in an epoch before failBefore
+	// was in flight in a snapshot the vm was restored from.
+	epoch, failBefore uint64
 }
+
+// ErrVolumeCallStale is the error of a call that was in flight when the
+// vm's snapshot was taken, found when the vm was restored from it.
+var ErrVolumeCallStale = errors.New("the vm was restored from a snapshot taken during this call")
 
 // volLinkWait is how long a call waits for a stream before it fails (EIO):
 // the daemon is gone that long.
@@ -81,12 +88,18 @@ func NewVolLink() *VolLink { return &VolLink{ready: make(chan struct{})} }
 
 // serve makes st the link's stream (ending the one before, a stale
 // session's) and reads results from it until it ends.
-func (l *VolLink) serve(st net.Conn, fr *api.FrameReader, fw *frameWriter) {
+func (l *VolLink) serve(st net.Conn, fr *api.FrameReader, fw *frameWriter, restored bool) {
 	s := &volStream{fw: fw, conn: st, pending: map[uint64]chan volAnswer{}, dead: make(chan struct{})}
 	l.mu.Lock()
+	if restored {
+		l.epoch++
+		l.failBefore = l.epoch
+	}
 	old := l.cur
 	l.cur = s
-	close(l.ready)
+	if old == nil {
+		close(l.ready) // open while there is no stream; closed while there is one
+	}
 	l.mu.Unlock()
 	if old != nil {
 		old.kill()
@@ -124,13 +137,23 @@ func (l *VolLink) serve(st net.Conn, fr *api.FrameReader, fw *frameWriter) {
 var ErrVolumeUnreachable = errors.New("the daemon serving this volume is not connected")
 
 // Call sends c (and a write's data) and waits for its result. retried
-// reports that it was sent again on a new stream: a create, a remove or a
-// rename may then have been carried out already.
+// reports that it was sent before, on a stream that ended before its
+// result came, and sent again: a create, a remove or a rename may then
+// have been carried out already. (Waiting for a stream, or finding one
+// dead before sending, is no retry.)
 func (l *VolLink) Call(ctx context.Context, c *VolCall, data []byte) (res *VolResult, out []byte, retried bool, err error) {
 	giveUp := time.NewTimer(volLinkWait)
 	defer giveUp.Stop()
-	for attempt := 0; ; attempt++ {
+	sent := false
+	l.mu.Lock()
+	epoch := l.epoch
+	l.mu.Unlock()
+	for {
 		l.mu.Lock()
+		if epoch < l.failBefore {
+			l.mu.Unlock()
+			return nil, nil, sent, ErrVolumeCallStale
+		}
 		s, ready := l.cur, l.ready
 		l.nextID++
 		id := l.nextID
@@ -140,9 +163,9 @@ func (l *VolLink) Call(ctx context.Context, c *VolCall, data []byte) (res *VolRe
 			case <-ready:
 				continue
 			case <-giveUp.C:
-				return nil, nil, attempt > 0, ErrVolumeUnreachable
+				return nil, nil, sent, ErrVolumeUnreachable
 			case <-ctx.Done():
-				return nil, nil, attempt > 0, ctx.Err()
+				return nil, nil, sent, ctx.Err()
 			}
 		}
 		ch := make(chan volAnswer, 1)
@@ -163,20 +186,29 @@ func (l *VolLink) Call(ctx context.Context, c *VolCall, data []byte) (res *VolRe
 			return nil, nil, false, err
 		}
 		if s.fw.write(api.FrameStdout, b) != nil {
+			// Maybe partly written: the daemon may have it.
+			sent = true
 			s.kill()
 			l.drop(s)
 			continue
 		}
+		retried := sent
+		sent = true
 		select {
 		case a := <-ch:
-			return a.res, a.data, attempt > 0, nil
+			return a.res, a.data, retried, nil
 		case <-s.dead:
+			select {
+			case a := <-ch: // answered just before the stream ended
+				return a.res, a.data, retried, nil
+			default:
+			}
 			l.drop(s)
 		case <-ctx.Done():
 			s.mu.Lock()
 			delete(s.pending, id)
 			s.mu.Unlock()
-			return nil, nil, attempt > 0, ctx.Err()
+			return nil, nil, retried, ctx.Err()
 		}
 	}
 }

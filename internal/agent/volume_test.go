@@ -126,7 +126,7 @@ func TestVolLinkRetries(t *testing.T) {
 	host1, guest1 := net.Pipe()
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); l.serve(guest1, api.NewFrameReader(guest1), &frameWriter{w: guest1}) }()
+	go func() { defer wg.Done(); l.serve(guest1, api.NewFrameReader(guest1), &frameWriter{w: guest1}, false) }()
 	fr := api.NewFrameReader(host1)
 	if _, p, err := fr.Next(); err != nil {
 		t.Fatal(err)
@@ -137,7 +137,7 @@ func TestVolLinkRetries(t *testing.T) {
 	wg.Wait()
 	// Second stream: it is sent again and answered.
 	host2, guest2 := net.Pipe()
-	go l.serve(guest2, api.NewFrameReader(guest2), &frameWriter{w: guest2})
+	go l.serve(guest2, api.NewFrameReader(guest2), &frameWriter{w: guest2}, false)
 	fr = api.NewFrameReader(host2)
 	_, p, err := fr.Next()
 	if err != nil {
@@ -215,5 +215,92 @@ func TestVolumeStreamIsBackground(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Quiesce did not end the volume stream")
+	}
+}
+
+// A dial that hangs (a vm whose agent does not answer, which the volume
+// loop keeps dialing) holds back no other caller beyond its own ctx.
+func TestClientDialHoldsNobody(t *testing.T) {
+	dialing := make(chan struct{}, 1)
+	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+		select {
+		case dialing <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go c.ServeVolumes(ctx, &VolumesRequest{Mounts: []VolumeMountSpec{{Name: "v", Path: "/v"}}}, &slowHandler{}, func() {})
+	select {
+	case <-dialing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no dial")
+	}
+	done := make(chan struct{})
+	go func() {
+		c.Streams()
+		release, _ := c.Quiesce()
+		release()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Streams or Quiesce waited for a dial")
+	}
+	pctx, pcancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer pcancel()
+	start := time.Now()
+	if _, err := c.Ping(pctx); err == nil {
+		t.Fatal("a ping through a dial that never ends answered")
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("a ping with a 300 ms deadline took %v behind another's dial", took)
+	}
+}
+
+// After a restore from a snapshot (a rollback, a fork), the calls that
+// were in flight fail instead of being sent again; new calls go through.
+func TestVolLinkRestoredFailsStaleCalls(t *testing.T) {
+	l := NewVolLink()
+	got := make(chan error, 1)
+	go func() {
+		_, _, _, err := l.Call(context.Background(), &VolCall{Op: VolOpUnlink, Path: "f"}, nil)
+		got <- err
+	}()
+	host1, guest1 := net.Pipe()
+	go l.serve(guest1, api.NewFrameReader(guest1), &frameWriter{w: guest1}, false)
+	if _, _, err := api.NewFrameReader(host1).Next(); err != nil { // the call, never answered
+		t.Fatal(err)
+	}
+	host2, guest2 := net.Pipe()
+	defer host2.Close()
+	go l.serve(guest2, api.NewFrameReader(guest2), &frameWriter{w: guest2}, true)
+	select {
+	case err := <-got:
+		if err != ErrVolumeCallStale {
+			t.Fatalf("the call in flight at the snapshot: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stale call was not failed")
+	}
+	host1.Close()
+	// A new call goes through on the restored stream.
+	go func() {
+		_, _, _, err := l.Call(context.Background(), &VolCall{Op: VolOpLookup}, nil)
+		got <- err
+	}()
+	fr := api.NewFrameReader(host2)
+	_, p, err := fr.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _, _ := DecodeVolCall(p)
+	b, _ := encodeVol(&VolResult{ID: c.ID}, nil)
+	api.WriteFrame(host2, api.FrameStdout, b)
+	if err := <-got; err != nil {
+		t.Fatalf("a call after the restore: %v", err)
 	}
 }

@@ -112,7 +112,7 @@ that second (a new file, at once). Owners are ids 0 to 65535 in both.`,
 			return nil
 		}),
 	}
-	rm.Flags().BoolVar(&force, "force", false, "remove it even while sandboxes mount it (they keep what they see until they are removed, and cannot start again once stopped)")
+	rm.Flags().BoolVar(&force, "force", false, "remove it even while sandboxes mount it (a container keeps what it sees until it is removed, and cannot start again once stopped; a vm keeps it until it is paused, stopped, rolled back or the daemon restarts, and then gets EIO from it)")
 	c.AddCommand(create, ls, inspect, rm, volumeCpCmd(), volumeFsCmd())
 	return c
 }

@@ -171,6 +171,7 @@ type Manager struct {
 	hostRestarted bool
 	agents        map[string]*agent.Client // by sandbox ID
 	volServes     map[string]*volServe     // by sandbox ID: vms' volume streams (vmvolumes.go)
+	volRestored   map[string]bool          // by sandbox ID: vms rolled back or forked, until their volume stream opens
 
 	net *sandboxNets // sandbox networks (network.go); nil when networking is off
 
@@ -273,11 +274,12 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg: cfg, log: cfg.Log, store: st,
-		templates: template.NewStore(cfg.TemplatesDir, cfg.Log),
-		agents:    map[string]*agent.Client{},
-		volServes: map[string]*volServe{},
-		idle:      newIdleTracker(),
-		limits:    newLedger(cfg.MaxSandboxes, cfg.MaxMemory),
+		templates:   template.NewStore(cfg.TemplatesDir, cfg.Log),
+		agents:      map[string]*agent.Client{},
+		volServes:   map[string]*volServe{},
+		volRestored: map[string]bool{},
+		idle:        newIdleTracker(),
+		limits:      newLedger(cfg.MaxSandboxes, cfg.MaxMemory),
 	}
 	if m.volumes, err = volume.Open(cfg.VolumesDir, cfg.Log); err != nil {
 		st.Close()
@@ -756,7 +758,7 @@ func (m *Manager) configureAgent(ctx context.Context, sb *core.Sandbox, wake boo
 		}
 		return fmt.Errorf("the sandbox's agent did not answer: %w%s", err, msg)
 	}
-	return m.volumesMounted(ctx, sb, c)
+	return m.volumesMounted(ctx, sb)
 }
 
 // clockSlack is how late a vm's clock may be set by a configure that

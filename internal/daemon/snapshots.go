@@ -247,6 +247,7 @@ func (m *Manager) Rollback(ctx context.Context, name, ref string) (*core.Sandbox
 	if err := m.commitSandbox(cctx, sb, room); err != nil {
 		return nil, err
 	}
+	m.markRestored(sb)
 	m.restarted(cctx, sb)
 	m.idle.touch(sb.ID)
 	m.log.Info("sandbox rolled back", "sandbox", name, "snapshot", sn.Name)
@@ -365,6 +366,7 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 		err = m.net.setup(ctx, sb, *pol)
 	}
 	if err == nil {
+		m.markRestored(sb)
 		err = m.waitAgent(ctx, sb)
 	}
 	if err == nil {

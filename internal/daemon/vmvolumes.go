@@ -11,6 +11,7 @@ import (
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
 	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/volume"
 )
 
@@ -22,12 +23,14 @@ import (
 // was closed, the vm was restored). dropAgent ends it with the client.
 
 type volServe struct {
-	c      *agent.Client
-	cancel context.CancelFunc
-	done   chan struct{} // closed once runVolumes has returned and closed the volumes
-	mu     sync.Mutex
-	ready  chan struct{} // closed once the guest has mounted them (or err is set)
-	err    error         // why they could not be mounted
+	c        *agent.Client
+	prev     *volServe // the loop it replaced, which it waits for
+	restored bool      // the vm was rolled back or forked: see agent.VolumesRequest.Restored
+	cancel   context.CancelFunc
+	done     chan struct{} // closed once runVolumes has returned and closed the volumes
+	mu       sync.Mutex
+	ready    chan struct{} // closed once the guest has mounted them (or err is set)
+	err      error         // why they could not be mounted
 }
 
 // serveVolumesLocked starts the volume server of sb for client c unless
@@ -36,14 +39,19 @@ func (m *Manager) serveVolumesLocked(sb *core.Sandbox, c *agent.Client) *volServ
 	if sb.Isolation != api.IsolationVM || len(sb.Volumes) == 0 {
 		return nil
 	}
-	if vs := m.volServes[sb.ID]; vs != nil && vs.c == c {
-		return vs
+	if m.agents[sb.ID] != c {
+		return nil // a client dropped meanwhile: the current one serves
 	}
-	if vs := m.volServes[sb.ID]; vs != nil {
-		vs.cancel() // the old client's; it closes its own volumes
+	prev := m.volServes[sb.ID]
+	if prev != nil && prev.c == c {
+		return prev
+	}
+	if prev != nil {
+		prev.cancel() // the old client's: the new loop waits for it to end
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	vs := &volServe{c: c, cancel: cancel, ready: make(chan struct{}), done: make(chan struct{})}
+	vs := &volServe{c: c, prev: prev, restored: m.volRestored[sb.ID], cancel: cancel, ready: make(chan struct{}), done: make(chan struct{})}
+	delete(m.volRestored, sb.ID)
 	m.volServes[sb.ID] = vs
 	sbCopy := *sb
 	go m.runVolumes(ctx, &sbCopy, vs)
@@ -69,13 +77,31 @@ func (vs *volServe) wait() {
 	}
 }
 
-// volumesMounted waits until the guest of vm sb has mounted its volumes.
-func (m *Manager) volumesMounted(ctx context.Context, sb *core.Sandbox, c *agent.Client) error {
+// markRestored says that vm sb now runs from a snapshot (rolled back, or
+// a fork): the next volume stream tells its guest to fail the calls that
+// were in flight in the snapshot, not send them again.
+func (m *Manager) markRestored(sb *core.Sandbox) {
+	if sb.Isolation != api.IsolationVM || len(sb.Volumes) == 0 {
+		return
+	}
 	m.mu.Lock()
-	vs := m.serveVolumesLocked(sb, c)
+	m.volRestored[sb.ID] = true
+	m.mu.Unlock()
+}
+
+// volumesMounted waits until the guest of vm sb has mounted its volumes.
+func (m *Manager) volumesMounted(ctx context.Context, sb *core.Sandbox) error {
+	if sb.Isolation != api.IsolationVM || len(sb.Volumes) == 0 {
+		return nil
+	}
+	m.mu.Lock()
+	var vs *volServe
+	if c := m.agents[sb.ID]; c != nil {
+		vs = m.serveVolumesLocked(sb, c)
+	}
 	m.mu.Unlock()
 	if vs == nil {
-		return nil
+		return fmt.Errorf("mount the volumes of %s: its agent session was dropped", sb.Name)
 	}
 	select {
 	case <-vs.ready:
@@ -111,6 +137,13 @@ func (m *Manager) runVolumes(ctx context.Context, sb *core.Sandbox, vs *volServe
 		m.mu.Unlock()
 		vs.mounted(errors.New("the sandbox stopped before its volumes were mounted"))
 	}()
+	if vs.prev != nil {
+		select {
+		case <-vs.prev.done: // its calls are over: none runs beside this loop's
+		case <-ctx.Done():
+			return
+		}
+	}
 	remote, req, err := m.openRemote(sb)
 	if err != nil {
 		m.log.Error("open the volumes of a vm", "sandbox", sb.Name, "err", err)
@@ -118,10 +151,11 @@ func (m *Manager) runVolumes(ctx context.Context, sb *core.Sandbox, vs *volServe
 		return
 	}
 	defer remote.Close()
+	req.Restored = vs.restored
 	backoff := 20 * time.Millisecond
 	for {
 		start := time.Now()
-		err := vs.c.ServeVolumes(ctx, req, remote, func() { vs.mounted(nil) })
+		err := vs.c.ServeVolumes(ctx, req, remote, func() { vs.mounted(nil); req.Restored = false })
 		if ctx.Err() != nil {
 			return
 		}
@@ -133,7 +167,10 @@ func (m *Manager) runVolumes(ctx context.Context, sb *core.Sandbox, vs *volServe
 			vs.mounted(fmt.Errorf("the guest could not mount the volumes: %w", err))
 			return
 		}
-		if cur, gerr := m.store.GetSandbox(ctx, sb.Name); gerr != nil || cur.ID != sb.ID || (cur.State != core.StateRunning && cur.State != core.StateCreating) {
+		// Only a sandbox that is gone ends the loop here: one starting,
+		// waking or being rolled back is recorded stopped or paused until
+		// it runs, and dropAgent ends the loop of one that stops.
+		if cur, gerr := m.store.GetSandbox(ctx, sb.Name); errors.Is(gerr, errdefs.ErrNotFound) || gerr == nil && (cur.ID != sb.ID || cur.State == core.StateDestroying || cur.State == core.StateFailed) {
 			return
 		}
 		if time.Since(start) > 10*time.Second {
@@ -165,10 +202,14 @@ func (m *Manager) openRemote(sb *core.Sandbox) (*volume.Remote, *agent.VolumesRe
 			dir, err = m.volumes.Path(v.Name)
 			name = v.Name
 		}
+		gone := false
 		if err != nil {
-			return nil, nil, err
+			// Removed by force (or no longer allowed) since the vm mounted
+			// it: its calls fail with EIO, the vm and its other volumes go on.
+			m.log.Warn("a vm's volume is gone: its files are unreachable in the vm", "sandbox", sb.Name, "volume", name, "err", err)
+			gone = true
 		}
-		dirs = append(dirs, volume.RemoteMount{Dir: dir, ReadOnly: v.ReadOnly, HostDir: v.HostPath != ""})
+		dirs = append(dirs, volume.RemoteMount{Dir: dir, ReadOnly: v.ReadOnly, HostDir: v.HostPath != "", Gone: gone})
 		req.Mounts = append(req.Mounts, agent.VolumeMountSpec{Name: name, Path: v.Target, ReadOnly: v.ReadOnly})
 	}
 	r, err := volume.OpenRemote(dirs)

@@ -210,7 +210,9 @@ func (m *Manager) GetVolume(ctx context.Context, name string) (api.Volume, error
 // RemoveVolume deletes a volume and its files. One that a sandbox mounts
 // is refused (remove the sandboxes first) unless force: then the
 // sandboxes that mount it keep what they see until they are removed (the
-// files go with the last of them), and cannot start again once stopped.
+// files go with the last of them), and cannot start again once stopped;
+// a vm keeps it until its volume stream is opened again (a pause, a
+// stop, a rollback, a daemon restart), and then gets EIO from it.
 func (m *Manager) RemoveVolume(ctx context.Context, name string, force bool) error {
 	m.volMu.Lock()
 	defer m.volMu.Unlock()

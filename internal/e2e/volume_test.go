@@ -267,6 +267,13 @@ func TestVolumesVM(t *testing.T) {
 			t.Errorf("%s after its volume was removed by force: %q", sb, got)
 		}
 	}
+	// Paused and resumed, the vm goes on without it: EIO from its files.
+	d.must("pause", "vv-vm")
+	d.must("resume", "vv-vm")
+	if r, _ := d.nook("exec", "vv-vm", "--", "cat", "/data/kill"); r.code == 0 || !strings.Contains(r.stderr+r.stdout, "Input/output error") {
+		t.Errorf("a removed volume in a resumed vm: %+v", r)
+	}
+	d.must("exec", "vv-vm", "--", "cat", "/host/shared.txt")
 	d.must("rm", "vv-vm", "vv-fork", "vv-ct")
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	if strings.Contains(string(mounts), filepath.Join(d.data, "volumes")+"/") {

@@ -45,6 +45,7 @@ type RemoteMount struct {
 	Dir      string
 	ReadOnly bool
 	HostDir  bool
+	Gone     bool // removed since the vm mounted it: every call fails (EIO)
 }
 
 // OpenRemote opens the directories of a vm's volumes, in the order its
@@ -52,6 +53,10 @@ type RemoteMount struct {
 func OpenRemote(mounts []RemoteMount) (*Remote, error) {
 	r := &Remote{}
 	for _, m := range mounts {
+		if m.Gone {
+			r.mounts = append(r.mounts, remoteMount{})
+			continue
+		}
 		rm, err := openRemoteMount(m)
 		if err != nil {
 			r.Close()
@@ -91,8 +96,10 @@ func openRemoteMount(m RemoteMount) (remoteMount, error) {
 // Close closes the directories.
 func (r *Remote) Close() error {
 	for _, m := range r.mounts {
-		m.cursors.close()
-		m.root.Close()
+		if m.root != nil {
+			m.cursors.close()
+			m.root.Close()
+		}
 	}
 	r.mounts = nil
 	return nil
@@ -104,6 +111,9 @@ func (r *Remote) Handle(c *agent.VolCall, data []byte) (*agent.VolResult, []byte
 		return errResult(syscall.EINVAL), nil
 	}
 	m := &r.mounts[c.Vol]
+	if m.root == nil {
+		return errResult(syscall.EIO), nil // the volume is gone
+	}
 	name := c.Path
 	if name == "" {
 		name = "."

@@ -79,15 +79,18 @@ func newRig(t *testing.T) *rig {
 	if err := os.WriteFile(filepath.Join(r.roBack, "kept"), []byte("kept"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The guest's side (the agent and its FUSE servers) runs in a process
+	// of its own, as in a vm: were it this one, a test that failed while
+	// this process waited on the mount would wait on itself for ever.
 	sock := filepath.Join(dir, "agent.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
+	guest := exec.Command(os.Args[0], "-test.run=^$")
+	guest.Env = append(os.Environ(), guestEnv+"="+sock)
+	guest.Stderr = os.Stderr
+	guest.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := guest.Start(); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	srv := agent.NewServer(slog.New(slog.DiscardHandler), false, false)
-	srv.SetVolumes(guestvol.New())
-	go srv.Serve(ctx, ln)
 	r.c = agent.NewClient(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
@@ -113,6 +116,8 @@ func newRig(t *testing.T) *rig {
 		r.c.Close()
 		<-done
 		remote.Close()
+		guest.Process.Kill()
+		guest.Wait()
 	})
 	select {
 	case <-mounted:
@@ -120,6 +125,25 @@ func newRig(t *testing.T) *rig {
 		t.Fatal("the volumes were not mounted")
 	}
 	return r
+}
+
+// guestEnv, set to a socket path, makes the test binary the guest's side:
+// an agent serving volumes (guestvol) on that socket.
+const guestEnv = "NOOK_TEST_GUESTVOL_AGENT"
+
+func TestMain(m *testing.M) {
+	if sock := os.Getenv(guestEnv); sock != "" {
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		srv := agent.NewServer(slog.New(slog.DiscardHandler), false, false)
+		srv.SetVolumes(guestvol.New())
+		srv.Serve(context.Background(), ln)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
 }
 
 // as runs a shell command as uid:gid.
