@@ -31,7 +31,8 @@ import (
 // calls name paths, not host state (a daemon restarted, or a fork's
 // daemon side, answers them alike). A call whose stream ends before its
 // result (the vm paused, the daemon restarted) is sent again on the next
-// stream.
+// stream; after a rollback or in a fork (VolumesRequest.Restored) the
+// calls the snapshot had in flight fail with EIO instead.
 const OpVolumes = "volumes"
 
 // VolumesRequest is the body of an OpVolumes request: the vm's volumes in
