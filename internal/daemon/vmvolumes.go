@@ -143,6 +143,7 @@ func (m *Manager) runVolumes(ctx context.Context, sb *core.Sandbox, vs *volServe
 		case <-ctx.Done():
 			return
 		}
+		vs.prev = nil // no chain of every loop the sandbox had
 	}
 	remote, req, err := m.openRemote(sb)
 	if err != nil {
