@@ -41,7 +41,9 @@ func (s *Server) serveVolumes(st net.Conn, fr *api.FrameReader, fw *frameWriter,
 // VolLink carries the guest's volume calls to the daemon over whichever
 // volume stream is open now. A call made while none is (the vm was just
 // restored, the daemon restarts) waits for the next one, up to
-// volLinkWait; a call whose stream ends before its result is sent again.
+// volLinkWait; a call whose stream ends before its result is sent again,
+// unless the next stream says the vm was restored from a snapshot (then
+// it fails: it was the snapshot's).
 type VolLink struct {
 	mu     sync.Mutex
 	cur    *volStream
