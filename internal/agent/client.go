@@ -188,29 +188,23 @@ func (c *Client) open(ctx context.Context, background bool) (net.Conn, error) {
 func (c *Client) session(ctx context.Context) (*clientSession, error) {
 	c.mu.Lock()
 	for {
-		if c.hold != nil {
-			hold := c.hold
-			c.mu.Unlock()
-			select {
-			case <-hold:
-			case <-ctx.Done():
-				return nil, fmt.Errorf("connect to sandbox agent: %w", ctx.Err())
-			}
-			c.mu.Lock()
-			continue
-		}
-		if c.sess != nil && !c.sess.IsClosed() {
+		var wait chan struct{}
+		switch {
+		case c.hold != nil: // quiesced: nothing connects until released
+			wait = c.hold
+		case c.sess != nil && !c.sess.IsClosed():
 			sess := c.sess
 			c.mu.Unlock()
 			return sess, nil
+		case c.dialing != nil: // another caller's dial: its session is ours
+			wait = c.dialing
 		}
-		if c.dialing == nil {
+		if wait == nil {
 			break
 		}
-		dialing := c.dialing
 		c.mu.Unlock()
 		select {
-		case <-dialing:
+		case <-wait:
 		case <-ctx.Done():
 			return nil, fmt.Errorf("connect to sandbox agent: %w", ctx.Err())
 		}

@@ -108,12 +108,7 @@ func (l *VolLink) serve(st net.Conn, fr *api.FrameReader, fw *frameWriter, resto
 	}
 	defer func() {
 		s.kill()
-		l.mu.Lock()
-		if l.cur == s {
-			l.cur = nil
-			l.ready = make(chan struct{})
-		}
-		l.mu.Unlock()
+		l.drop(s)
 	}()
 	for {
 		kind, p, err := fr.Next()

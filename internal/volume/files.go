@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent/safetar"
 	"github.com/nookhq/nook/internal/errdefs"
@@ -202,20 +204,52 @@ func OpenFile(root *os.Root, p string) (*os.File, error) {
 	return openRegular(root, name, p)
 }
 
-// openRegular opens name for reading if it is a regular file. The open
-// does not block (a fifo a sandbox put there, or swapped in after a
-// check, would wait for a writer for ever); what is not a regular file
-// is refused after the open, on the file opened.
+// openRegular opens name for reading if it is a regular file, symlinks
+// followed inside the volume (openNoDevice).
 func openRegular(root *os.Root, name, p string) (*os.File, error) {
-	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
+	f, err := openNoDevice(root, name, os.O_RDONLY, true, false)
+	switch {
+	case errors.Is(err, syscall.EINVAL), errors.Is(err, syscall.EISDIR):
+		return nil, errdefs.Invalid("%s: not a regular file", p)
+	case err != nil:
 		return nil, fileError(p, err)
 	}
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, errdefs.Invalid("%s: not a regular file", p)
-	}
 	return f, nil
+}
+
+// openNoDevice opens name if it is a regular file (or, with dirs, a
+// directory): never a device, whose open alone may do something on the
+// host, nor a fifo, whose open could block (EISDIR or EINVAL instead).
+// follow: a final symlink is followed inside the root; otherwise it is
+// refused (a vm's kernel follows the volume's symlinks itself). The file
+// is first opened O_PATH (which opens nothing but a reference), its type
+// checked on that, and then that very file opened for real through
+// /proc/self/fd: no name is looked up twice, so nothing a sandbox swaps
+// in between is opened.
+func openNoDevice(root *os.Root, name string, flag int, follow, dirs bool) (*os.File, error) {
+	pathFlag := unix.O_PATH
+	if !follow {
+		pathFlag |= unix.O_NOFOLLOW
+	}
+	pf, err := root.OpenFile(name, pathFlag, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer pf.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(pf.Fd()), &st); err != nil {
+		return nil, err
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFDIR:
+		if !dirs {
+			return nil, syscall.EISDIR
+		}
+	default:
+		return nil, syscall.EINVAL
+	}
+	return os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", pf.Fd()), flag|syscall.O_NONBLOCK, 0)
 }
 
 // Write replaces file p with r's bytes (mode 0644 for a new file), written

@@ -176,7 +176,7 @@ func (m *remoteMount) do(c *agent.VolCall, name string, data []byte) (*agent.Vol
 	case agent.VolOpReaddir:
 		return m.readdir(name, int(min(c.Off, 1<<30)), c.Size)
 	case agent.VolOpRead:
-		f, err := openRegularFlags(root, name, os.O_RDONLY)
+		f, err := openNoDevice(root, name, os.O_RDONLY, false, false)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -188,7 +188,7 @@ func (m *remoteMount) do(c *agent.VolCall, name string, data []byte) (*agent.Vol
 		}
 		return &agent.VolResult{}, buf[:n], nil
 	case agent.VolOpWrite:
-		f, err := openRegularFlags(root, name, os.O_WRONLY)
+		f, err := openNoDevice(root, name, os.O_WRONLY, false, false)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -199,7 +199,7 @@ func (m *remoteMount) do(c *agent.VolCall, name string, data []byte) (*agent.Vol
 		}
 		return &agent.VolResult{N: n}, nil, nil
 	case agent.VolOpFsync:
-		f, err := openRegularFlags(root, name, os.O_RDONLY, true)
+		f, err := openNoDevice(root, name, os.O_RDONLY, false, true)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -280,12 +280,12 @@ func (m *remoteMount) do(c *agent.VolCall, name string, data []byte) (*agent.Vol
 // renameNoReplace renames from to to unless to exists, in one step
 // (renameat2 on the parents, opened through the root).
 func (m *remoteMount) renameNoReplace(from, to string) error {
-	fd, err := openRegularFlags(m.root, path.Dir(from), os.O_RDONLY|unix.O_DIRECTORY, true)
+	fd, err := openNoDevice(m.root, path.Dir(from), os.O_RDONLY|unix.O_DIRECTORY, false, true)
 	if err != nil {
 		return err
 	}
 	defer fd.Close()
-	td, err := openRegularFlags(m.root, path.Dir(to), os.O_RDONLY|unix.O_DIRECTORY, true)
+	td, err := openNoDevice(m.root, path.Dir(to), os.O_RDONLY|unix.O_DIRECTORY, false, true)
 	if err != nil {
 		return err
 	}
@@ -309,7 +309,7 @@ func (m *remoteMount) create(c *agent.VolCall, name string) (*agent.VolResult, [
 	f, err := m.root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY|syscall.O_NOFOLLOW, 0o600)
 	created := err == nil
 	if errors.Is(err, fs.ErrExist) && c.Flags&agent.VolExcl == 0 {
-		f, err = openRegularFlags(m.root, name, os.O_WRONLY)
+		f, err = openNoDevice(m.root, name, os.O_WRONLY, false, false)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -352,7 +352,7 @@ func (m *remoteMount) setattr(c *agent.VolCall, name string) (*agent.VolResult, 
 		}
 	}
 	if c.Set&agent.VolSetSize != 0 {
-		f, err := openRegularFlags(root, name, os.O_WRONLY)
+		f, err := openNoDevice(root, name, os.O_WRONLY, false, false)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -389,7 +389,7 @@ func (m *remoteMount) readdir(name string, skip, count int) (*agent.VolResult, [
 	f := m.cursors.take(name, skip)
 	if f == nil {
 		var err error
-		if f, err = openRegularFlags(m.root, name, os.O_RDONLY, true); err != nil {
+		if f, err = openNoDevice(m.root, name, os.O_RDONLY, false, true); err != nil {
 			return nil, nil, err
 		}
 		for left := skip; left > 0; {
@@ -483,36 +483,6 @@ func (m *remoteMount) attrResult(fi fs.FileInfo, err error) (*agent.VolResult, [
 		Size: st.Size, Blocks: st.Blocks,
 		Atime: st.Atim.Nano(), Mtime: st.Mtim.Nano(), Ctime: st.Ctim.Nano(),
 	}}, nil, nil
-}
-
-// openRegularFlags opens name if it is a regular file (or, with dirs, a
-// directory): never a device, whose open alone may do something on the
-// host, nor a fifo, whose open could block. The guest's kernel follows
-// the volume's symlinks itself: a path that ends in one is refused. The
-// file is first opened O_PATH (which opens nothing but a reference, and
-// with O_NOFOLLOW a symlink itself), its type checked on that, and then
-// that very file opened for real through /proc/self/fd: no name is
-// looked up twice, so nothing swapped in between is opened.
-func openRegularFlags(root *os.Root, name string, flag int, dirs ...bool) (*os.File, error) {
-	pf, err := root.OpenFile(name, unix.O_PATH|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer pf.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(pf.Fd()), &st); err != nil {
-		return nil, err
-	}
-	switch st.Mode & unix.S_IFMT {
-	case unix.S_IFREG:
-	case unix.S_IFDIR:
-		if len(dirs) == 0 || !dirs[0] {
-			return nil, syscall.EISDIR
-		}
-	default:
-		return nil, syscall.EINVAL
-	}
-	return os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", pf.Fd()), flag|syscall.O_NONBLOCK, 0)
 }
 
 // fileMode is a mode's permission bits (with setuid, setgid, sticky) as an os.FileMode.

@@ -447,20 +447,20 @@ func removed(retried bool, e syscall.Errno) syscall.Errno {
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
-	p, ok := n.child(name)
-	if !ok {
-		return syscall.ENOENT
-	}
-	_, _, retried, e := n.call(ctx, &agent.VolCall{Op: agent.VolOpUnlink, Path: p}, nil)
-	return removed(retried, e)
+	return n.remove(ctx, agent.VolOpUnlink, name)
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	return n.remove(ctx, agent.VolOpRmdir, name)
+}
+
+// remove removes child name (op: unlink or rmdir).
+func (n *node) remove(ctx context.Context, op, name string) syscall.Errno {
 	p, ok := n.child(name)
 	if !ok {
 		return syscall.ENOENT
 	}
-	_, _, retried, e := n.call(ctx, &agent.VolCall{Op: agent.VolOpRmdir, Path: p}, nil)
+	_, _, retried, e := n.call(ctx, &agent.VolCall{Op: op, Path: p}, nil)
 	return removed(retried, e)
 }
 
