@@ -217,12 +217,16 @@ type Layer struct {
 	Size      int64
 	MediaType types.MediaType
 	Layer     v1.Layer
+	// Verified: Layer.Compressed fails a read, at its end at the latest,
+	// unless its bytes have Digest (the registry client checks what it
+	// fetches; layouts and archives are read as they are).
+	Verified bool
 }
 
 // Blob is the layer as layerstore unpacks it: read as stored, checked
 // against its digest and diff ID, keyed by its chain ID.
 func (l Layer) Blob() layerstore.Blob {
-	return layerstore.Blob{Digest: l.Digest.String(), DiffID: l.DiffID.String(), Chain: l.ChainID.String(), Open: l.Layer.Compressed}
+	return layerstore.Blob{Digest: l.Digest.String(), DiffID: l.DiffID.String(), Chain: l.ChainID.String(), Open: l.Layer.Compressed, Verified: l.Verified, Size: l.Size}
 }
 
 // Resolve finds the image ref names, for the wanted platform.
@@ -507,7 +511,7 @@ func (res *Resolved) fill(want v1.Platform) error {
 		if err != nil {
 			return errdefs.Invalid("image %s: layer %d: %v", res.Ref, i, err)
 		}
-		res.Layers = append(res.Layers, Layer{Digest: dg, DiffID: cfg.RootFS.DiffIDs[i], ChainID: chains[i], Size: size, MediaType: mt, Layer: l})
+		res.Layers = append(res.Layers, Layer{Digest: dg, DiffID: cfg.RootFS.DiffIDs[i], ChainID: chains[i], Size: size, MediaType: mt, Layer: l, Verified: res.Ref.Kind == Registry})
 	}
 	return nil
 }

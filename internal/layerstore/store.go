@@ -3,11 +3,11 @@ package layerstore
 import (
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
@@ -69,6 +70,12 @@ type Blob struct {
 	DiffID string // sha256:HEX of the uncompressed tar
 	Chain  string // sha256:HEX of it and everything below it: the key
 	Open   func() (io.ReadCloser, error)
+	// Verified says that what Open returns fails a Read, at the latest
+	// at its end, unless its bytes have Digest (a registry client's
+	// blob): they are not hashed again, and a read that fails once Size
+	// bytes came is taken for that check failing.
+	Verified bool
+	Size     int64 // of the stored bytes, if known (> 0)
 }
 
 // Path is where layer chain is, unpacked.
@@ -142,39 +149,112 @@ func (s *Store) Ensure(ctx context.Context, b Blob, lowers []string, opt Options
 }
 
 // unpackBlob reads b, checks both digests over every byte, and unpacks
-// it to dst.
+// it to dst. A goroutine of its own reads, decompresses and hashes the
+// layer a few chunks ahead of the one applying its tar: on two cores the
+// hashing and the writes to disk overlap.
 func unpackBlob(ctx context.Context, b Blob, dst string, opt Options) error {
 	rc, err := b.Open()
 	if err != nil {
 		return fmt.Errorf("layer %s: %w", b.Digest, err)
 	}
-	defer rc.Close()
-	stored := sha256.New()
-	br := bufio.NewReaderSize(io.TeeReader(rc, stored), 1<<20)
-	tarStream, closeDec, err := decompress(br)
-	if err != nil {
-		return errdefs.Invalid("layer %s: %v", b.Digest, err)
-	}
-	defer closeDec()
+	pipe := newChunkPipe(4, 1<<20)
+	// The feed owns rc: an unpack that fails returns without waiting for
+	// a read the registry does not answer; the feed ends at that read's
+	// end (its next write finds the pipe closed).
+	fed := make(chan error, 1)
+	go func() {
+		defer rc.Close()
+		err := feed(b, rc, pipe)
+		fed <- err // before the reader can see the end
+		pipe.CloseWrite(err)
+	}()
+	defer pipe.CloseRead()
 	diff := sha256.New()
-	tr := io.TeeReader(tarStream, diff)
-	if _, err := Unpack(ctx, tr, dst, opt); err != nil {
-		return fmt.Errorf("layer %s: %w", b.Digest, err)
+	tr := io.TeeReader(pipe, diff)
+	_, err = Unpack(ctx, tr, dst, opt)
+	if err == nil {
+		// The digests cover every byte: what follows the tar's end too.
+		_, err = io.Copy(io.Discard, tr)
 	}
-	// The digests cover every byte: what follows the tar's end too.
-	if _, err := io.Copy(io.Discard, tr); err != nil {
-		return fmt.Errorf("layer %s: %w", b.Digest, err)
+	var ferr error
+	if err == nil {
+		ferr = <-fed // the pipe ended: the feed is done
+	} else {
+		select {
+		case ferr = <-fed:
+		default:
+		}
 	}
-	if _, err := io.Copy(io.Discard, br); err != nil {
-		return fmt.Errorf("layer %s: %w", b.Digest, err)
+	// What the feed found (a digest that does not match, a stream that
+	// does not decompress, the registry's connection lost) says more
+	// than what an unpack of its bytes did.
+	if ferr != nil && !errors.Is(ferr, errReaderGone) {
+		return fmt.Errorf("layer %s: %w", b.Digest, ferr)
 	}
-	if got := sum(stored); got != b.Digest {
-		return errdefs.Invalid("layer %s: the bytes received have digest %s", b.Digest, got)
+	if err != nil {
+		return fmt.Errorf("layer %s: %w", b.Digest, err)
 	}
 	if got := sum(diff); got != b.DiffID {
 		return errdefs.Invalid("layer %s: its tar has digest %s, the image's config says %s", b.Digest, got, b.DiffID)
 	}
 	return nil
+}
+
+// feed decompresses b, read from rc, into w, and checks the digest of
+// every byte rc gives, unless its source checks them itself
+// (b.Verified).
+func feed(b Blob, rc io.Reader, w io.ReaderFrom) error {
+	src := &source{r: rc, verified: b.Verified, size: b.Size}
+	rc = src
+	var stored hash.Hash
+	if !b.Verified {
+		stored = sha256.New()
+		rc = io.TeeReader(rc, stored)
+	}
+	br := bufio.NewReaderSize(rc, 1<<20)
+	tarStream, closeDec, err := decompress(br)
+	if err != nil {
+		return errdefs.Invalid("%v", err)
+	}
+	defer closeDec()
+	if _, err := w.ReadFrom(tarStream); err != nil {
+		if errors.Is(err, errReaderGone) || src.err != nil && errors.Is(err, src.err) {
+			return err
+		}
+		return errdefs.Invalid("its bytes do not decompress: %v", err)
+	}
+	if _, err := io.Copy(io.Discard, br); err != nil {
+		return err
+	}
+	if stored != nil {
+		if got := sum(stored); got != b.Digest {
+			return errdefs.Invalid("the bytes received have digest %s", got)
+		}
+	}
+	return nil
+}
+
+// source reads a layer's stored bytes and keeps the error it gave. A
+// read of a verified blob (one whose source checks its digest at its
+// end) that fails once every byte came is that check failing: the
+// layer's fault (invalid), not the network's.
+type source struct {
+	r        io.Reader
+	verified bool
+	n, size  int64
+	err      error
+}
+
+func (s *source) Read(p []byte) (int, error) {
+	k, err := s.r.Read(p)
+	s.n += int64(k)
+	if err != nil && err != io.EOF {
+		if s.verified && s.size > 0 && s.n >= s.size {
+			err = errdefs.Invalid("the bytes received do not have the layer's digest: %v", err)
+		}
+		s.err = err
+	}
+	return k, err
 }
 
 func sum(h hash.Hash) string { return "sha256:" + hex.EncodeToString(h.Sum(nil)) }

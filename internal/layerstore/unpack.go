@@ -110,6 +110,7 @@ type unpacker struct {
 	st        Stats
 	charged   int64           // against MaxBytes: data, and inodeCost per entry and directory made
 	whiteouts map[string]bool // names this layer whited out (a dir made over one is opaque)
+	buf       []byte          // file data on its way to disk
 	dirTimes  []dirTime
 }
 
@@ -532,6 +533,10 @@ func copyXattrs(src, dst int) error {
 	return nil
 }
 
+// writebackFrom is the size from which a file's writeback starts as
+// soon as it is written.
+const writebackFrom = 256 << 10
+
 // writeFile creates base in pfd (it must not exist) with r's data,
 // within what MaxBytes leaves, and returns it open.
 func (u *unpacker) writeFile(pfd int, base string, r io.Reader) (*os.File, error) {
@@ -544,12 +549,21 @@ func (u *unpacker) writeFile(pfd int, base string, r io.Reader) (*os.File, error
 	if u.opt.MaxBytes > 0 {
 		limit = u.opt.MaxBytes - u.charged
 	}
-	n, err := copyLimited(f, r, limit)
+	if u.buf == nil {
+		u.buf = make([]byte, 1<<20)
+	}
+	n, err := copyLimited(f, r, limit, u.buf)
 	u.st.Bytes += n
 	u.charged += n
 	if err != nil {
 		f.Close()
 		return nil, err
+	}
+	if n >= writebackFrom {
+		// Start the file's writeback now, beside the rest of the unpack,
+		// so that the store's sync before the layer is renamed into
+		// place finds little left to write. Only a hint.
+		unix.SyncFileRange(fd, 0, 0, unix.SYNC_FILE_RANGE_WRITE)
 	}
 	return f, nil
 }
@@ -726,13 +740,14 @@ func ts(t, fallback time.Time) unix.Timespec {
 	return unix.NsecToTimespec(t.UnixNano())
 }
 
-// copyLimited copies r to w, failing with ErrTooLarge past limit bytes
-// (limit < 0: no bound).
-func copyLimited(w io.Writer, r io.Reader, limit int64) (int64, error) {
+// copyLimited copies r to w through buf, failing with ErrTooLarge past
+// limit bytes (limit < 0: no bound).
+func copyLimited(w io.Writer, r io.Reader, limit int64, buf []byte) (int64, error) {
+	w = struct{ io.Writer }{w} // buf's size, not a ReadFrom's 32 KiB
 	if limit < 0 {
-		return io.Copy(w, r)
+		return io.CopyBuffer(w, r, buf)
 	}
-	n, err := io.Copy(w, io.LimitReader(r, limit+1))
+	n, err := io.CopyBuffer(w, io.LimitReader(r, limit+1), buf)
 	if n > limit {
 		return n, ErrTooLarge
 	}

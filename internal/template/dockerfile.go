@@ -630,19 +630,17 @@ func (b *dockerBuild) pull(ctx context.Context, ref string, line int) ([]stepLay
 		b.warnf(line, "%s", w)
 	}
 	var out []stepLayer
-	for i, l := range res.Layers {
-		var lowers []string
-		for j := len(out) - 1; j >= 0; j-- {
-			lowers = append(lowers, out[j].dir)
-		}
-		dir, made, err := ensureLayer(ctx, b.ls, l, lowers, DefaultMaxLayerBytes, fmt.Sprintf("  layer %d/%d %s", i+1, len(res.Layers), short(l.Digest.String())), b.progress, pullReporter(b.opt.OnPull, i, len(res.Layers), l))
-		if err != nil {
-			return nil, api.ImageConfig{}, atLine(line, "FROM %s: layer %d of %d: %w", ref, i+1, len(res.Layers), err)
-		}
+	dirs, err := pullLayers(ctx, b.ls, res, DefaultMaxLayerBytes, "  ", b.progress, b.opt.OnPull, func(i int, l image.Layer, made bool, _ time.Duration) {
 		if made {
 			fmt.Fprintf(b.progress, "  layer %d/%d %s: %d MB pulled and unpacked\n", i+1, len(res.Layers), short(l.Digest.String()), l.Size>>20)
 		}
-		out = append(out, stepLayer{dir: dir, metaLayer: metaLayer{TemplateLayer: api.TemplateLayer{Digest: l.Digest.String(), DiffID: l.DiffID.String(), Size: l.Size}, Chain: l.ChainID.String()}})
+		out = append(out, stepLayer{metaLayer: metaLayer{TemplateLayer: api.TemplateLayer{Digest: l.Digest.String(), DiffID: l.DiffID.String(), Size: l.Size}, Chain: l.ChainID.String()}})
+	})
+	if err != nil {
+		return nil, api.ImageConfig{}, atLine(line, "FROM %s: %w", ref, err)
+	}
+	for i := range out {
+		out[i].dir = dirs[i]
 	}
 	return out, *cfg, nil
 }

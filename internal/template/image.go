@@ -181,34 +181,24 @@ func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref
 	if maxLayer == 0 {
 		maxLayer = DefaultMaxLayerBytes
 	}
-	var dirs []string
 	m := &meta{Name: name, Source: SourceImage, Image: from, Digest: res.Digest.String(), Platform: res.Platform.String()}
 	if res.Canonical != "" {
 		m.Canonical = res.Canonical
 	}
-	for i, l := range res.Layers {
-		lowers := make([]string, 0, len(dirs))
-		for j := len(dirs) - 1; j >= 0; j-- {
-			lowers = append(lowers, dirs[j])
-		}
-		lstart := time.Now()
-		dir, made, err := ensureLayer(ctx, ls, l, lowers, maxLayer, fmt.Sprintf("layer %d/%d %s", i+1, len(res.Layers), short(l.Digest.String())), progress, pullReporter(opt.OnPull, i, len(res.Layers), l))
-		if err != nil {
-			return api.Template{}, fmt.Errorf("image %s: layer %d of %d (%s): %w", from, i+1, len(res.Layers), l.Digest, err)
-		}
-		ev := api.BuildLayerEvent{Index: i, Count: len(res.Layers), Digest: l.Digest.String(), Size: l.Size, Cached: !made, Seconds: time.Since(lstart).Seconds()}
+	dirs, err := pullLayers(ctx, ls, res, maxLayer, "", progress, opt.OnPull, func(i int, l image.Layer, made bool, took time.Duration) {
 		if made {
-			secs := time.Since(lstart).Seconds()
 			fmt.Fprintf(progress, "layer %d/%d %s: %.1f MB pulled and unpacked in %s (%.1f MB/s)\n", i+1, len(res.Layers), short(l.Digest.String()),
-				float64(l.Size)/1e6, time.Since(lstart).Round(time.Millisecond), float64(l.Size)/1e6/max(secs, 1e-3))
+				float64(l.Size)/1e6, took.Round(time.Millisecond), float64(l.Size)/1e6/max(took.Seconds(), 1e-3))
 		} else {
 			fmt.Fprintf(progress, "layer %d/%d %s: cached\n", i+1, len(res.Layers), short(l.Digest.String()))
 		}
 		if opt.OnLayer != nil {
-			opt.OnLayer(ev)
+			opt.OnLayer(api.BuildLayerEvent{Index: i, Count: len(res.Layers), Digest: l.Digest.String(), Size: l.Size, Cached: !made, Seconds: took.Seconds()})
 		}
-		dirs = append(dirs, dir)
 		m.Layers = append(m.Layers, metaLayer{TemplateLayer: api.TemplateLayer{Digest: l.Digest.String(), DiffID: l.DiffID.String(), Size: l.Size}, Chain: l.ChainID.String()})
+	})
+	if err != nil {
+		return api.Template{}, fmt.Errorf("image %s: %w", from, err)
 	}
 	m.Config, m.Service = cfg, svc
 
@@ -228,6 +218,46 @@ func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref
 	return m.template(), nil
 }
 
+// pullLayers makes each layer of res in ls, bottom first, and returns
+// their directories; done is told of each once it is there. While a
+// layer unpacks, the next one not in the store yet comes from the
+// registry (up to prefetchAhead bytes of it): the network and the disk
+// work at once.
+func pullLayers(ctx context.Context, ls *layerstore.Store, res *image.Resolved, maxBytes int64, indent string, progress io.Writer, onPull func(api.BuildPullEvent), done func(i int, l image.Layer, made bool, took time.Duration)) ([]string, error) {
+	var dirs []string
+	var next layerstore.Blob
+	stopNext := func() {}
+	defer func() { stopNext() }()
+	for i, l := range res.Layers {
+		lowers := make([]string, 0, len(dirs))
+		for j := len(dirs) - 1; j >= 0; j-- {
+			lowers = append(lowers, dirs[j])
+		}
+		blob, stop := l.Blob(), func() {}
+		if next.Open != nil {
+			blob, stop = next, stopNext
+			next, stopNext = layerstore.Blob{}, func() {}
+		}
+		if i+1 < len(res.Layers) && !ls.Has(res.Layers[i+1].ChainID.String()) {
+			next, stopNext = layerstore.Prefetch(res.Layers[i+1].Blob(), prefetchAhead)
+		}
+		start := time.Now()
+		label := fmt.Sprintf("%slayer %d/%d %s", indent, i+1, len(res.Layers), short(l.Digest.String()))
+		dir, made, err := ensureLayer(ctx, ls, blob, l, lowers, maxBytes, label, progress, pullReporter(onPull, i, len(res.Layers), l))
+		stop()
+		if err != nil {
+			return nil, fmt.Errorf("layer %d of %d (%s): %w", i+1, len(res.Layers), l.Digest, err)
+		}
+		done(i, l, made, time.Since(start))
+		dirs = append(dirs, dir)
+	}
+	return dirs, nil
+}
+
+// prefetchAhead is how much of the next layer is read from the registry
+// while one unpacks.
+const prefetchAhead = 32 << 20
+
 // progressEvery is how often a layer still being pulled says how far it
 // is in a line of progress; pullEvery how often it tells onPull.
 var progressEvery, pullEvery = 5 * time.Second, 250 * time.Millisecond
@@ -236,9 +266,8 @@ var progressEvery, pullEvery = 5 * time.Second, 250 * time.Millisecond
 // how many bytes have come and how fast, or that none has: a pull that
 // stalls says what it waits for. onPull (if not nil) is told the bytes
 // come so far every pullEvery while they change.
-func ensureLayer(ctx context.Context, ls *layerstore.Store, l image.Layer, lowers []string, maxBytes int64, label string, progress io.Writer, onPull func(int64)) (string, bool, error) {
+func ensureLayer(ctx context.Context, ls *layerstore.Store, blob layerstore.Blob, l image.Layer, lowers []string, maxBytes int64, label string, progress io.Writer, onPull func(int64)) (string, bool, error) {
 	var n atomic.Int64
-	blob := l.Blob()
 	open := blob.Open
 	blob.Open = func() (io.ReadCloser, error) {
 		rc, err := open()

@@ -340,7 +340,7 @@ func TestBuildImage(t *testing.T) {
 // no template (or build directory) is left.
 func TestBuildImageBadInput(t *testing.T) {
 	requireRoot(t)
-	corrupt := false
+	corrupt, flipAt := false, -1
 	host := serveRegistry(t, func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if corrupt && r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/sha256:") {
@@ -349,7 +349,11 @@ func TestBuildImageBadInput(t *testing.T) {
 				body := rec.Body.Bytes()
 				if len(body) > 4096 { // the layer, not the config
 					body = bytes.Clone(body)
-					body[len(body)/2] ^= 0xff
+					if flipAt >= 0 {
+						body[flipAt] ^= 0xff
+					} else {
+						body[len(body)/2] ^= 0xff
+					}
 				}
 				for k, v := range rec.Header() {
 					w.Header()[k] = v
@@ -394,8 +398,18 @@ func TestBuildImageBadInput(t *testing.T) {
 	corrupt = true
 	_, err := s.BuildImage(ctx, "corrupt", host+"/corrupt:1", ImageOptions{}, nil)
 	corrupt = false
-	if err == nil || !strings.Contains(err.Error(), "layer 1 of 1") {
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "layer 1 of 1") || !strings.Contains(err.Error(), "decompress") && !strings.Contains(err.Error(), "digest") {
 		t.Errorf("corrupt layer: %v", err)
+	}
+	noTemplate("corrupt")
+	// A byte of gzip's header time changed: the stream still reads, its
+	// tar is the same, only the bytes' digest (which the registry client
+	// checks at their end) tells.
+	corrupt, flipAt = true, 5
+	_, err = s.BuildImage(ctx, "corrupt", host+"/corrupt:1", ImageOptions{}, nil)
+	corrupt, flipAt = false, -1
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "digest") {
+		t.Errorf("a layer whose bytes are not its digest's: %v", err)
 	}
 	noTemplate("corrupt")
 }
