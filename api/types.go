@@ -61,6 +61,7 @@ type Sandbox struct {
 	DiskBytes      int64             `json:"disk_bytes,omitempty"` // 0: not limited
 	PidsLimit      int64             `json:"pids_limit"`
 	Env            map[string]string `json:"env,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
 	CreatedAt      time.Time         `json:"created_at"`
 	ExpiresAt      time.Time         `json:"expires_at"`
 	// IdlePause is how long the sandbox may be idle before it pauses
@@ -120,6 +121,9 @@ type CreateSandboxRequest struct {
 	Disk      string            `json:"disk,omitempty"`
 	TTL       string            `json:"ttl,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
+	// Labels are key=value pairs kept with the sandbox (E2B's metadata):
+	// at most 64, keys of at most 128 bytes, values of at most 1024.
+	Labels map[string]string `json:"labels,omitempty"`
 	// IdlePause pauses the sandbox after this long without activity, e.g.
 	// "10m"; "off" (or "0") never; empty: the daemon's default.
 	IdlePause string `json:"idle_pause,omitempty"`
@@ -379,6 +383,10 @@ type CreateTokenRequest struct {
 	// TTL is how long the token works, e.g. 12h, 30d (default 30d), or
 	// "never".
 	TTL string `json:"ttl,omitempty"`
+	// E2B makes the secret an E2B API key (e2b_ and 64 hex digits), which
+	// E2B's SDKs accept unchanged (nook serve --e2b-listen); it works on
+	// nook's own API too.
+	E2B bool `json:"e2b,omitempty"`
 }
 
 // Token scopes.

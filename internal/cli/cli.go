@@ -237,14 +237,24 @@ func serveCmd() *cobra.Command {
 
 func createCmd() *cobra.Command {
 	var req api.CreateSandboxRequest
-	var env []string
+	var env, labels []string
 	var asJSON bool
 	c := &cobra.Command{
-		Use:   "create [--name NAME] [--template T] [--isolation container|vm] [--cpus N] [--memory 2G] [--disk 10G] [--ttl 1h] [--idle-pause 10m] [--on-expire destroy|pause|stop] [--init systemd|agent] [--env K=V]... [--net allowlist|none] [--allow RULE]... [--deny RULE]...",
+		Use:   "create [--name NAME] [--template T] [--isolation container|vm] [--cpus N] [--memory 2G] [--disk 10G] [--ttl 1h] [--idle-pause 10m] [--on-expire destroy|pause|stop] [--init systemd|agent] [--env K=V]... [--label K=V]... [--net allowlist|none] [--allow RULE]... [--deny RULE]...",
 		Short: "Create a sandbox and print its name",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
+			if len(labels) > 0 {
+				req.Labels = map[string]string{}
+				for _, kv := range labels {
+					k, v, ok := strings.Cut(kv, "=")
+					if !ok {
+						return fmt.Errorf("--label %q: write it as KEY=VALUE", kv)
+					}
+					req.Labels[k] = v
+				}
+			}
 			if req.Env, err = core.ParseEnvList(env); err != nil {
 				return &usageError{err}
 			}
@@ -289,6 +299,7 @@ func createCmd() *cobra.Command {
 	f.StringVar(&req.OnExpire, "on-expire", "", "what the TTL does when it runs out: destroy (default), pause or stop (kept until a new TTL is set)")
 	f.StringVar(&req.Init, "init", "", "PID 1: systemd (vm sandboxes whose template has it, e.g. dev: services, timers, journald) or agent (fastest start); default: systemd where the template has it")
 	f.StringArrayVar(&env, "env", nil, "environment variable K=V for every process (repeatable)")
+	f.StringArrayVar(&labels, "label", nil, "a label K=V kept with the sandbox, shown by inspect (repeatable)")
 	f.StringVar(&req.Net, "net", "", "network mode: allowlist (default: only what --allow names) or none (nothing leaves the sandbox)")
 	f.StringArrayVar(&req.Allow, "allow", nil, "allow egress to a domain, *.wildcard, CIDR or @preset, optionally :PORTS, e.g. github.com:443, @registries (repeatable)")
 	f.StringArrayVar(&req.Deny, "deny", nil, "deny egress to a domain, *.wildcard or CIDR, even if allowed (repeatable)")
@@ -894,7 +905,7 @@ func tokenCmd() *cobra.Command {
 	c := &cobra.Command{Use: "token", Short: "Manage API tokens for the TCP listener (on the host, over the unix socket)"}
 	var req api.CreateTokenRequest
 	create := &cobra.Command{
-		Use:   "create [--name NAME] [--scope admin|read-only|sandbox:NAME] [--ttl 30d|never]",
+		Use:   "create [--name NAME] [--scope admin|read-only|sandbox:NAME] [--ttl 30d|never] [--e2b]",
 		Short: "Create a token and print it (shown only once)",
 		Long: `Create a token for the TCP listener and print it (shown only once).
 
@@ -903,7 +914,8 @@ list and look (inspect, files, output, watch) but not run or change
 anything; sandbox:NAME may use and destroy only that sandbox (not create,
 fork, widen its network, expose ports or extend its TTL), and stops working
 if the sandbox is destroyed and the name reused. Tokens expire after --ttl
-(default 30d); "never" makes one that does not.`,
+(default 30d); "never" makes one that does not. --e2b makes the secret an
+E2B API key (e2b_ and hex), for E2B's SDKs against nook serve --e2b-listen.`,
 		Args: cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
 			t, err := cl.CreateToken(cmd.Context(), req)
@@ -917,6 +929,7 @@ if the sandbox is destroyed and the name reused. Tokens expire after --ttl
 	create.Flags().StringVar(&req.Name, "name", "", "a label for the token")
 	create.Flags().StringVar(&req.Scope, "scope", "admin", "what the token may do: admin, read-only or sandbox:NAME")
 	create.Flags().StringVar(&req.TTL, "ttl", "30d", "how long the token works, e.g. 12h, 30d, or never")
+	create.Flags().BoolVar(&req.E2B, "e2b", false, "make the secret an E2B API key (e2b_ and hex digits) that E2B's SDKs accept")
 	c.AddCommand(create, &cobra.Command{
 		Use:   "ls",
 		Short: "List tokens",

@@ -82,6 +82,9 @@ type Sandbox struct {
 	// Volumes are the volumes it mounts, fixed at create (a fork mounts
 	// the same).
 	Volumes []VolumeMount
+	// Labels are the caller's key=value pairs, fixed at create (a fork
+	// has its parent's); E2B's metadata.
+	Labels map[string]string
 }
 
 // VolumeMount is a volume a sandbox mounts (Name's files), or a
@@ -100,7 +103,7 @@ func (sb *Sandbox) API() api.Sandbox {
 		State: string(sb.State), Reason: sb.Reason, CPUs: sb.CPUs,
 		MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes, PidsLimit: sb.PidsLimit,
 		Env: sb.Env, CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
-		OnExpire: sb.OnExpire, Expired: sb.Expired, Init: api.InitAgent,
+		OnExpire: sb.OnExpire, Expired: sb.Expired, Init: api.InitAgent, Labels: sb.Labels,
 	}
 	if v.OnExpire == "" {
 		v.OnExpire = OnExpireDestroy

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nookhq/nook/internal/errdefs"
 )
@@ -49,6 +51,44 @@ func ValidateEnv(env map[string]string) error {
 		}
 	}
 	return nil
+}
+
+// Bounds of a sandbox's labels.
+const (
+	MaxLabels          = 64
+	MaxLabelKeyBytes   = 128
+	MaxLabelValueBytes = 1024
+)
+
+// ValidateLabels checks a sandbox's labels: at most MaxLabels, keys
+// non-empty UTF-8 text of at most MaxLabelKeyBytes, values UTF-8 text of
+// at most MaxLabelValueBytes, neither with a NUL or other control
+// character.
+func ValidateLabels(labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return errdefs.Invalid("%d labels: a sandbox has at most %d", len(labels), MaxLabels)
+	}
+	for k, v := range labels {
+		if k == "" || len(k) > MaxLabelKeyBytes || !labelText(k) {
+			return errdefs.Invalid("label key %q is not valid: give 1 to %d bytes of text without control characters", clip(k), MaxLabelKeyBytes)
+		}
+		if len(v) > MaxLabelValueBytes || !labelText(v) {
+			return errdefs.Invalid("label %s: its value is not valid: give at most %d bytes of text without control characters", clip(k), MaxLabelValueBytes)
+		}
+	}
+	return nil
+}
+
+func labelText(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
 }
 
 // ParseEnvList turns ["K=V", ...] into a map, as --env flags give it.

@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -147,5 +148,21 @@ func TestFormatDuration(t *testing.T) {
 				t.Errorf("ParseDuration(FormatDuration(%v)) = %v, %v", d, back, err)
 			}
 		}
+	}
+}
+
+func TestValidateLabels(t *testing.T) {
+	long := strings.Repeat("k", MaxLabelKeyBytes+1)
+	many := map[string]string{}
+	for i := range MaxLabels + 1 {
+		many[fmt.Sprint(i)] = ""
+	}
+	for _, bad := range []map[string]string{{"": "v"}, {long: "v"}, {"k": strings.Repeat("v", MaxLabelValueBytes+1)}, {"a\nb": "v"}, {"k": "\x00"}, {"k": "\xff"}, many} {
+		if err := ValidateLabels(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("labels %q: %v", bad, err)
+		}
+	}
+	if err := ValidateLabels(map[string]string{"user id": "42", "ünï": "a=b c", "empty": ""}); err != nil {
+		t.Error(err)
 	}
 }

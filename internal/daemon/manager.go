@@ -533,6 +533,9 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 			return nil, errdefs.Invalid("disk %s is more than %s has free (%s)", req.Disk, m.cfg.DataDir, core.FormatBytes(int64(fs.Bavail)*fs.Bsize))
 		}
 	}
+	if err := core.ValidateLabels(req.Labels); err != nil {
+		return nil, err
+	}
 	if err := core.ValidateEnv(req.Env); err != nil {
 		return nil, err
 	}
@@ -602,7 +605,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 		ID: newID(), Name: req.Name, Template: tpl.Name, TemplateID: tpl.ID, Isolation: req.Isolation,
 		State: core.StateCreating, CPUs: cpus, MemoryBytes: mem, DiskBytes: disk, PidsLimit: 4096,
 		Env: req.Env, CreatedAt: now, ExpiresAt: now.Add(ttl), IdlePause: idlePause, OnExpire: onExpire,
-		Volumes: vols,
+		Volumes: vols, Labels: req.Labels,
 	}
 	if sb.Env == nil {
 		sb.Env = map[string]string{}

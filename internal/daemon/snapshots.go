@@ -341,6 +341,7 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 		State: core.StateCreating, CPUs: src.CPUs, MemoryBytes: src.MemoryBytes, DiskBytes: src.DiskBytes, PidsLimit: src.PidsLimit,
 		Env: src.Env, CreatedAt: now, ExpiresAt: now.Add(src.ExpiresAt.Sub(src.CreatedAt)), IdlePause: src.IdlePause, OnExpire: src.OnExpire,
 		Volumes: src.Volumes, // a fork mounts the same volumes (they are in no snapshot)
+		Labels:  src.Labels,
 	}
 	if sb.ExpiresAt.Before(now.Add(time.Minute)) {
 		sb.ExpiresAt = now.Add(time.Hour)

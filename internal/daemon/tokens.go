@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"time"
@@ -120,6 +121,9 @@ func (m *Manager) CreateToken(ctx context.Context, req api.CreateTokenRequest) (
 	b := make([]byte, 32)
 	rand.Read(b)
 	secret := "nook_" + base64.RawURLEncoding.EncodeToString(b)
+	if req.E2B {
+		secret = "e2b_" + hex.EncodeToString(b)
+	}
 	sum := sha256.Sum256([]byte(secret))
 	t := store.Token{ID: newID()[:12], Name: req.Name, Hash: sum[:], CreatedAt: now, Scope: scope.String(), SandboxID: scope.SandboxID, ExpiresAt: expires}
 	if err := m.store.InsertToken(ctx, t); err != nil {

@@ -107,6 +107,8 @@ var migrations = []string{
 	ALTER TABLE tokens ADD COLUMN expires_at INTEGER NOT NULL DEFAULT 0;`,
 	// 6: the volumes a sandbox mounts (JSON, [] when none).
 	`ALTER TABLE sandboxes ADD COLUMN volumes TEXT NOT NULL DEFAULT '[]';`,
+	// 7: a sandbox's labels (JSON, {} when none; E2B's metadata).
+	`ALTER TABLE sandboxes ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';`,
 }
 
 // Store is the daemon's database.
@@ -187,7 +189,7 @@ func (s *Store) migrate(ctx context.Context) error {
 	return nil
 }
 
-const sandboxCols = `id, name, template, template_id, isolation, state, reason, cpus, memory_bytes, disk_bytes, pids_limit, env, created_at, expires_at, backend_state, idle_pause, on_expire, expired, volumes`
+const sandboxCols = `id, name, template, template_id, isolation, state, reason, cpus, memory_bytes, disk_bytes, pids_limit, env, created_at, expires_at, backend_state, idle_pause, on_expire, expired, volumes, labels`
 
 // InsertSandbox records a new sandbox. A taken name is an ErrAlreadyExists.
 func (s *Store) InsertSandbox(ctx context.Context, sb *core.Sandbox) error {
@@ -202,10 +204,16 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *core.Sandbox) error {
 	if sb.Volumes == nil {
 		vols = []byte("[]")
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	labels := []byte("{}")
+	if len(sb.Labels) > 0 {
+		if labels, err = json.Marshal(sb.Labels); err != nil {
+			return err
+		}
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Name, sb.Template, sb.TemplateID, sb.Isolation, string(sb.State), sb.Reason, sb.CPUs,
 		sb.MemoryBytes, sb.DiskBytes, sb.PidsLimit, string(env), sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.BackendState,
-		int64(sb.IdlePause), onExpire(sb), sb.Expired, string(vols))
+		int64(sb.IdlePause), onExpire(sb), sb.Expired, string(vols), string(labels))
 	if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed: sandboxes.name") {
 		return ErrNameTaken(sb.Name)
 	}
@@ -300,12 +308,17 @@ func (s *Store) query(ctx context.Context, where string, args ...any) ([]*core.S
 	var out []*core.Sandbox
 	for rows.Next() {
 		var sb core.Sandbox
-		var state, env, vols string
+		var state, env, vols, labels string
 		var created, expires, idle int64
 		if err := rows.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.TemplateID, &sb.Isolation, &state, &sb.Reason, &sb.CPUs,
 			&sb.MemoryBytes, &sb.DiskBytes, &sb.PidsLimit, &env, &created, &expires, &sb.BackendState,
-			&idle, &sb.OnExpire, &sb.Expired, &vols); err != nil {
+			&idle, &sb.OnExpire, &sb.Expired, &vols, &labels); err != nil {
 			return nil, err
+		}
+		if labels != "{}" {
+			if err := json.Unmarshal([]byte(labels), &sb.Labels); err != nil {
+				return nil, fmt.Errorf("sandbox %s: its labels: %w", sb.Name, err)
+			}
 		}
 		if err := json.Unmarshal([]byte(vols), &sb.Volumes); err != nil {
 			return nil, fmt.Errorf("sandbox %s: its volumes: %w", sb.Name, err)

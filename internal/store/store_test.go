@@ -27,6 +27,7 @@ func TestSandboxesPersistAcrossReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	sb := sample("id1", "one")
+	sb.Labels = map[string]string{"team": "a", "ünïcode key": "x=y"}
 	if err := s.InsertSandbox(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,8 @@ func TestSandboxesPersistAcrossReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.State != core.StateRunning || !got.ExpiresAt.Equal(sb.ExpiresAt) || got.Env["A"] != "b" || string(got.BackendState) != `{"pid":1}` || got.CPUs != 1.5 {
+	if got.State != core.StateRunning || !got.ExpiresAt.Equal(sb.ExpiresAt) || got.Env["A"] != "b" || string(got.BackendState) != `{"pid":1}` || got.CPUs != 1.5 ||
+		len(got.Labels) != 2 || got.Labels["ünïcode key"] != "x=y" {
 		t.Fatalf("round trip: %+v", got)
 	}
 	exp, err := s.Expired(ctx, sb.ExpiresAt.Add(time.Second))
