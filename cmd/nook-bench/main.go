@@ -26,6 +26,7 @@ func main() {
 	flag.BoolVar(&cfg.OnlyNet, "only-net", false, "measure only sandbox networking")
 	flag.BoolVar(&cfg.OnlyImage, "only-image", false, "measure only templates from images (a local registry)")
 	flag.BoolVar(&cfg.OnlyVolume, "only-volume", false, "measure only volumes (beside the sandbox's own root)")
+	flag.BoolVar(&cfg.OnlyE2B, "only-e2b", false, "measure only E2B's JS SDK against nook (beside nook's Go SDK doing the same)")
 	flag.BoolVar(&cfg.OnlySnapshots, "only-snapshots", false, "measure only snapshots, rollbacks and forks (containers and vms) and vm pause/resume")
 	flag.IntVar(&cfg.SnapshotRounds, "snapshot-rounds", 20, "vm pause/resume rounds (forks: half as many)")
 	flag.IntVar(&cfg.PausedVMs, "paused-vms", 100, "paused vms whose CPU and RSS are measured")

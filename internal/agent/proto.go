@@ -124,6 +124,10 @@ type ExecRequest struct {
 	// Background starts a session that outlives the stream: the reply
 	// carries its PID and the stream ends; attach to read its output.
 	Background bool `json:"background,omitempty"`
+	// Follow, with Background, keeps the stream after the reply: it
+	// follows the session as an attach with input from its first byte
+	// would, and its end detaches (the session goes on).
+	Follow bool `json:"follow,omitempty"`
 	// TTY runs the process on a terminal of Rows x Cols. A TTY session
 	// is attached by this stream; with Background it survives the
 	// stream, otherwise it is killed when the stream ends.

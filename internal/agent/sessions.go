@@ -306,7 +306,13 @@ func (s *Server) startSession(fr *api.FrameReader, fw *frameWriter, req *ExecReq
 		s.sessions.finish(pid)
 	}()
 
-	if err := fw.json(api.FrameJSON, Reply{PID: pid}); err != nil || req.Background {
+	if err := fw.json(api.FrameJSON, Reply{PID: pid}); err != nil {
+		return
+	}
+	if req.Background {
+		if req.Follow {
+			s.follow(fr, fw, ss, 0, true, nil)
+		}
 		return
 	}
 	// A foreground terminal: this stream is its client.

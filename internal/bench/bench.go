@@ -51,6 +51,10 @@ type Config struct {
 	CgroupParent string
 	Out          io.Writer
 	coldVM       bool // vm sandboxes boot instead of restoring the template snapshot
+	// e2bListen is the daemon's --e2b-listen ("": none).
+	e2bListen string
+	// OnlyE2B measures only E2B's SDK against nook's.
+	OnlyE2B bool
 	// containerPause is the daemon's --container-pause ("freeze" unless a
 	// benchmark asks for checkpoints).
 	containerPause string
@@ -115,6 +119,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.OnlyVolume {
 		return runVolume(ctx, cfg, root)
+	}
+	if cfg.OnlyE2B {
+		return runE2B(ctx, cfg, root)
 	}
 	if cfg.OnlySnapshots {
 		fmt.Fprintln(cfg.Out, "baseline: bare runc run of the same rootfs, 10 times...")
@@ -210,6 +217,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := runVolume(ctx, cfg, root); err != nil {
 		return fmt.Errorf("volume benchmarks: %w", err)
 	}
+	fmt.Fprintln(cfg.Out)
+	if err := runE2B(ctx, cfg, root); err != nil {
+		return fmt.Errorf("E2B SDK benchmarks: %w", err)
+	}
 	if cfg.DensityN > 0 {
 		fmt.Fprintln(cfg.Out)
 		if _, err := RunDensity(ctx, cfg, cfg.DensityN); err != nil {
@@ -276,7 +287,7 @@ func serve(ctx context.Context, cfg Config, root string, pool int) (*sdk.Client,
 	errc := make(chan error, 1)
 	go func() {
 		errc <- server.Serve(sctx, server.Config{
-			Socket: sock, Ready: func() { close(ready) },
+			Socket: sock, Ready: func() { close(ready) }, E2BListen: cfg.e2bListen,
 			Daemon: daemon.Config{DataDir: filepath.Join(root, "data"), RunDir: filepath.Join(root, "run"), TemplatesDir: cfg.TemplatesDir,
 				VMCacheDir: cfg.VMCacheDir, AgentBinary: cfg.AgentBinary, CgroupParent: "nook-bench", WarmPool: pool, Log: log,
 				VMColdBoot: cfg.coldVM, ContainerPause: cmp.Or(cfg.containerPause, "freeze")},

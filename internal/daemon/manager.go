@@ -1034,32 +1034,9 @@ func (m *Manager) SetTTL(ctx context.Context, name, ttl string) (*core.Sandbox, 
 // FrameExit and closes it; closing early kills the command. A background
 // command returns a Process with only its PID set.
 func (m *Manager) Exec(ctx context.Context, name string, req api.ExecRequest) (*agent.Process, error) {
-	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
-		return nil, errdefs.Invalid("no command given: pass the command after --, e.g. nook exec NAME -- echo hi")
-	}
-	if err := core.ValidateEnv(req.Env); err != nil {
-		return nil, err
-	}
-	var timeout time.Duration
-	if req.Timeout != "" {
-		var err error
-		if timeout, err = core.ParseDuration(req.Timeout); err != nil {
-			return nil, fmt.Errorf("timeout: %w", err)
-		}
-	}
-	sb, c, err := m.runningAgent(ctx, name)
+	sb, c, areq, err := m.execRequest(ctx, name, req)
 	if err != nil {
 		return nil, err
-	}
-	areq := &agent.ExecRequest{Argv: req.Cmd, Env: req.Env, Cwd: req.Cwd, User: req.User, TimeoutMS: timeout.Milliseconds(),
-		Background: req.Background, Stdin: req.Stdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols}
-	if cfg := m.imageConfig(sb); cfg != nil { // an image's USER and WORKDIR, unless the call names its own
-		if areq.User == "" {
-			areq.User = cfg.User
-		}
-		if areq.Cwd == "" {
-			areq.Cwd = cfg.WorkingDir
-		}
 	}
 	if req.Background {
 		pid, err := c.Start(ctx, areq)
@@ -1073,6 +1050,57 @@ func (m *Manager) Exec(ctx context.Context, name string, req api.ExecRequest) (*
 		return nil, m.agentError(ctx, sb, err)
 	}
 	return p, nil
+}
+
+// ExecFollow starts a command in the background and follows it on the
+// returned Process, as an attach with input from its first byte would:
+// read it to its FrameExit; closing it detaches, and the command runs
+// on (Processes, Attach and Signal reach it by its PID).
+func (m *Manager) ExecFollow(ctx context.Context, name string, req api.ExecRequest) (*agent.Process, error) {
+	req.Background = true
+	sb, c, areq, err := m.execRequest(ctx, name, req)
+	if err != nil {
+		return nil, err
+	}
+	areq.Follow = true
+	p, err := c.Exec(ctx, areq)
+	if err != nil {
+		return nil, m.agentError(ctx, sb, err)
+	}
+	return p, nil
+}
+
+// execRequest checks an exec and makes the agent's request of it, with
+// the image's USER and WORKDIR unless the call names its own.
+func (m *Manager) execRequest(ctx context.Context, name string, req api.ExecRequest) (*core.Sandbox, *agent.Client, *agent.ExecRequest, error) {
+	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
+		return nil, nil, nil, errdefs.Invalid("no command given: pass the command after --, e.g. nook exec NAME -- echo hi")
+	}
+	if err := core.ValidateEnv(req.Env); err != nil {
+		return nil, nil, nil, err
+	}
+	var timeout time.Duration
+	if req.Timeout != "" {
+		var err error
+		if timeout, err = core.ParseDuration(req.Timeout); err != nil {
+			return nil, nil, nil, fmt.Errorf("timeout: %w", err)
+		}
+	}
+	sb, c, err := m.runningAgent(ctx, name)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	areq := &agent.ExecRequest{Argv: req.Cmd, Env: req.Env, Cwd: req.Cwd, User: req.User, TimeoutMS: timeout.Milliseconds(),
+		Background: req.Background, Stdin: req.Stdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols}
+	if cfg := m.imageConfig(sb); cfg != nil {
+		if areq.User == "" {
+			areq.User = cfg.User
+		}
+		if areq.Cwd == "" {
+			areq.Cwd = cfg.WorkingDir
+		}
+	}
+	return sb, c, areq, nil
 }
 
 // runningAgent returns a running sandbox and the client of its agent, or

@@ -14,6 +14,9 @@ func errNoNetworking() error {
 	return errdefs.Precondition("this nook daemon runs without sandbox networking (serve --network=false): sandboxes have loopback only")
 }
 
+// Networking reports whether sandboxes have networks (and policies).
+func (m *Manager) Networking() bool { return m.net != nil }
+
 // createPolicy validates a create request's network policy before anything
 // is made.
 func (m *Manager) createPolicy(req api.CreateSandboxRequest) (policy.Policy, error) {

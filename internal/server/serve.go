@@ -14,7 +14,14 @@ import (
 	"time"
 
 	"github.com/nookhq/nook/internal/daemon"
+	"github.com/nookhq/nook/internal/e2b"
 )
+
+func closeAll(ls []net.Listener) {
+	for _, l := range ls {
+		l.Close()
+	}
+}
 
 // DefaultSocket is where the daemon listens and the CLI looks by default.
 const DefaultSocket = "/run/nook/nook.sock"
@@ -31,6 +38,9 @@ type Config struct {
 	// InsecureHTTP serves plain HTTP on the TCP listener (behind a TLS
 	// proxy on the same host only).
 	InsecureHTTP bool
+	// E2BListen, if set, is a TCP address serving E2B's API and envd's
+	// (internal/e2b), plain HTTP, as E2B's SDKs speak it.
+	E2BListen string
 	// MaxConns caps the TCP listener's open connections (default
 	// DefaultMaxConns); IdleTimeout closes idle keep-alive connections
 	// (default DefaultIdleTimeout).
@@ -125,6 +135,23 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		servers = append(servers, newHTTPServer(srv.Handler(true), cfg.IdleTimeout, log))
 		listeners = append(listeners, tl)
+	}
+	if cfg.E2BListen != "" {
+		edge, err := e2b.New(m, log, dataDir)
+		if err != nil {
+			closeAll(listeners)
+			return err
+		}
+		el, err := net.Listen("tcp", cfg.E2BListen)
+		if err != nil {
+			closeAll(listeners)
+			return fmt.Errorf("--e2b-listen: %w", err)
+		}
+		if host, _, _ := net.SplitHostPort(el.Addr().String()); !net.ParseIP(host).IsLoopback() {
+			log.Warn("the E2B listener serves plain HTTP beyond this host: API keys and sandbox access tokens cross the network readable; put a TLS proxy in front", "address", el.Addr().String())
+		}
+		servers = append(servers, newHTTPServer(edge, cfg.IdleTimeout, log))
+		listeners = append(listeners, el)
 	}
 	errc := make(chan error, len(servers))
 	for i := range servers {

@@ -1,0 +1,96 @@
+package e2b
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/daemon"
+	"github.com/nookhq/nook/internal/errdefs"
+)
+
+// Sandbox traffic: what the SDKs send to envd, the daemon inside an E2B
+// sandbox. nook has no envd: the edge answers envd's API itself, over the
+// Manager (the sandbox's agent). A request names its sandbox by the
+// E2b-Sandbox-Id header (with E2B_SANDBOX_URL set every sandbox shares
+// the edge's address) and carries the sandbox's access token.
+
+type sandboxKey struct{}
+
+// target is the sandbox an envd request is for, and the user it names.
+type target struct {
+	sb   *core.Sandbox
+	user string
+}
+
+func targetOf(ctx context.Context) target {
+	t, _ := ctx.Value(sandboxKey{}).(target)
+	return t
+}
+
+// notRunning is E2B's answer for a sandbox that is not there or not
+// running (paused, killed): 502, which the SDKs read as "not running"
+// (isRunning is false; a call fails with a timeout error).
+func notRunning(w http.ResponseWriter, id, why string) {
+	writeJSON(w, http.StatusBadGateway, struct {
+		SandboxID string `json:"sandboxId"`
+		Message   string `json:"message"`
+		Code      int    `json:"code"`
+	}{id, why, http.StatusBadGateway})
+}
+
+func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request) {
+	id, port := r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
+	if id == "" || port == "" {
+		writeError(w, http.StatusBadRequest, "a sandbox request needs both E2b-Sandbox-Id and E2b-Sandbox-Port")
+		return
+	}
+	if port != EnvdPort {
+		writeError(w, http.StatusNotImplemented, fmt.Sprintf("port %s: nook's E2B edge serves only envd's port (%s) so far", port, EnvdPort))
+		return
+	}
+	sb, err := s.m.Get(r.Context(), id)
+	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalidArgument) {
+		notRunning(w, id, "The sandbox was not found")
+		return
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	// /health answers without a token, and for a sandbox that is not
+	// running without waking it (the SDK's isRunning).
+	if r.URL.Path == "/health" {
+		if sb.State != core.StateRunning {
+			notRunning(w, id, "The sandbox is "+string(sb.State))
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	if !s.tokenOK(sb, r.Header.Get("X-Access-Token")) {
+		writeError(w, http.StatusUnauthorized, "the access token is missing or wrong for sandbox "+id)
+		return
+	}
+	if sb.State != core.StateRunning {
+		notRunning(w, id, "The sandbox is "+string(sb.State))
+		return
+	}
+	// Only connect (the control API) wakes a paused sandbox: envd's calls
+	// never do, even if it was paused since the check above.
+	ctx := context.WithValue(daemon.LookOnly(r.Context()), sandboxKey{}, target{sb: sb, user: userOf(r)})
+	s.envd.ServeHTTP(w, r.WithContext(ctx))
+}
+
+func (s *Server) tokenOK(sb *core.Sandbox, tok string) bool {
+	return tok != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(s.accessToken(sb.ID))) == 1
+}
+
+// health is envd's /health for a running sandbox (serveSandbox answers
+// the others).
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNoContent)
+}
