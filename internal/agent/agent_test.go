@@ -500,3 +500,54 @@ func TestQuiesce(t *testing.T) {
 		t.Fatal("ping still waits after the release")
 	}
 }
+
+// A background exec with Follow streams the session on the same stream,
+// takes input there, and its close detaches: the session runs on and
+// keeps its output for an attach.
+func TestBackgroundFollow(t *testing.T) {
+	c := startAgent(t)
+	ctx := context.Background()
+	p, err := c.Exec(ctx, &ExecRequest{Argv: []string{"sh", "-c", "read x; echo got $x; read y; echo then $y"}, Background: true, Follow: true, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.PID <= 0 {
+		t.Fatalf("pid %d", p.PID)
+	}
+	if _, err := p.Write([]byte("one\n")); err != nil {
+		t.Fatal(err)
+	}
+	k, b, err := p.Next()
+	if err != nil || k != api.FrameStdout || string(b) != "got one\n" {
+		t.Fatalf("first output: %d %q %v", k, b, err)
+	}
+	p.Close() // detach: the session waits for its second line
+	procs, err := c.Processes(ctx)
+	if err != nil || len(procs) != 1 || !procs[0].Running {
+		t.Fatalf("after the follower left: %+v %v", procs, err)
+	}
+	in, err := c.Attach(ctx, &AttachRequest{PID: p.PID, Input: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	if _, err := in.Write([]byte("two\n")); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	for {
+		k, b, err := in.Next()
+		if err != nil {
+			t.Fatalf("attach: %v", err)
+		}
+		if k == api.FrameStdout {
+			out.Write(b)
+		}
+		if k == api.FrameExit {
+			break
+		}
+	}
+	if out.String() != "got one\nthen two\n" {
+		t.Fatalf("the session's output: %q", out.String())
+	}
+}
