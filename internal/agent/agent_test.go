@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -549,5 +550,45 @@ func TestBackgroundFollow(t *testing.T) {
 	}
 	if out.String() != "got one\nthen two\n" {
 		t.Fatalf("the session's output: %q", out.String())
+	}
+}
+
+// Dial carries a TCP connection to a port on the sandbox's loopback both
+// ways, half-closes included; a port nobody listens on is not found.
+func TestDial(t *testing.T) {
+	c := startAgent(t)
+	ctx := context.Background()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		conn, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		b, _ := io.ReadAll(conn) // to the client's half-close
+		conn.Write(append([]byte("echo: "), b...))
+	}()
+	port := l.Addr().(*net.TCPAddr).Port
+	conn, err := c.Dial(ctx, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.Write([]byte("hello"))
+	conn.Close() // a yamux close is a half-close: the answer still comes
+	got, err := io.ReadAll(conn)
+	if err != nil || string(got) != "echo: hello" {
+		t.Fatalf("through the dial: %q %v", got, err)
+	}
+	l2, _ := net.Listen("tcp", "127.0.0.1:0")
+	closed := l2.Addr().(*net.TCPAddr).Port
+	l2.Close()
+	var ae *AgentError
+	if _, err := c.Dial(ctx, closed); !errors.As(err, &ae) || ae.Code != CodeNotFound {
+		t.Fatalf("dial of a closed port: %v", err)
 	}
 }

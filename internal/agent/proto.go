@@ -41,6 +41,9 @@ const (
 	OpAttach    = "attach"
 	OpProcesses = "processes"
 	OpSignal    = "signal"
+	// OpDial connects to a TCP port on the sandbox's loopback; after the
+	// reply the stream carries the connection's bytes both ways.
+	OpDial = "dial"
 )
 
 // Request is the first frame of every stream.
@@ -52,6 +55,12 @@ type Request struct {
 	Signal    *SignalRequest    `json:"signal,omitempty"`
 	Files     *FileRequest      `json:"files,omitempty"` // the file ops (files.go)
 	Volumes   *VolumesRequest   `json:"volumes,omitempty"`
+	Dial      *DialRequest      `json:"dial,omitempty"`
+}
+
+// DialRequest names the port of an OpDial.
+type DialRequest struct {
+	Port int `json:"port"`
 }
 
 // AttachRequest streams a session's output from a byte offset (of its
@@ -198,6 +207,11 @@ func DecodeRequest(payload []byte) (*Request, error) {
 			return nil, fmt.Errorf("exec request without exec body")
 		}
 		return &r, r.Exec.validate()
+	case OpDial:
+		if r.Dial == nil || r.Dial.Port < 1 || r.Dial.Port > 65535 {
+			return nil, fmt.Errorf("dial needs a port from 1 to 65535")
+		}
+		return &r, nil
 	case OpVolumes:
 		if r.Volumes == nil {
 			return nil, fmt.Errorf("volumes request without volumes body")

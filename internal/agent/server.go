@@ -178,6 +178,8 @@ func (s *Server) handle(st net.Conn) {
 		s.files(st, fr, fw, req.Op, req.Files)
 	case OpVolumes:
 		s.serveVolumes(st, fr, fw, req.Volumes)
+	case OpDial:
+		s.dial(st, fw, req.Dial)
 	case OpConfigure:
 		if err := s.configure(req.Configure); err != nil {
 			fw.fail(CodeInternal, "configure: %v", err)

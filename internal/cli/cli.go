@@ -209,6 +209,7 @@ func serveCmd() *cobra.Command {
 	c.Flags().StringVar(&cfg.TLSCert, "tls-cert", "", "the TCP listener's TLS certificate, a PEM `FILE` (default: a self-signed one made on first start in DATA-DIR/tls; its fingerprint is logged and shown by nook info, and clients pin it with NOOK_TLS_FINGERPRINT)")
 	c.Flags().StringVar(&cfg.TLSKey, "tls-key", "", "the private key of --tls-cert, a PEM `FILE`")
 	c.Flags().StringVar(&cfg.E2BListen, "e2b-listen", "", "also serve E2B's API and its sandboxes' envd API on this TCP `ADDR` (e.g. 127.0.0.1:3000), plain HTTP, for programs written for E2B's SDKs: set E2B_API_URL and E2B_SANDBOX_URL to http://ADDR and E2B_API_KEY to a token (nook token create --e2b). Off by default")
+	c.Flags().StringVar(&cfg.E2BDomain, "e2b-domain", "", "the `DOMAIN` E2B sandboxes' host names end in: the SDKs' getHost(port) gives PORT-ID.DOMAIN, which --e2b-listen routes to that port in the sandbox (default localhost:PORT of --e2b-listen, which curl and browsers resolve to this host)")
 	c.Flags().BoolVar(&cfg.InsecureHTTP, "insecure-http", false, "serve plain HTTP on --listen instead of HTTPS: tokens cross the network readable. Only behind a TLS-terminating proxy on the same host")
 	c.Flags().IntVar(&cfg.MaxConns, "max-conns", server.DefaultMaxConns, "most connections the TCP listener holds open at once; more wait until one closes")
 	c.Flags().DurationVar(&cfg.IdleTimeout, "idle-timeout", server.DefaultIdleTimeout, "close API connections idle this long between requests (streams in progress are not idle)")

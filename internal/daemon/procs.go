@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"net"
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
@@ -60,4 +61,22 @@ func (m *Manager) Signal(ctx context.Context, name string, pid int, sig string) 
 		return m.agentError(ctx, sb, err)
 	}
 	return nil
+}
+
+// DialPort connects to a TCP port on a sandbox's loopback through its
+// agent (a server in the sandbox listening on any address takes it): for
+// the edges that proxy to sandbox ports without a sandbox network.
+func (m *Manager) DialPort(ctx context.Context, name string, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, errdefs.Invalid("port %d is not a TCP port", port)
+	}
+	sb, c, err := m.runningAgent(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := c.Dial(ctx, port)
+	if err != nil {
+		return nil, m.agentError(ctx, sb, err)
+	}
+	return conn, nil
 }

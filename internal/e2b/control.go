@@ -143,8 +143,12 @@ type lifecycle struct {
 }
 
 func (s *Server) view(sb *core.Sandbox) sandboxView {
-	return sandboxView{SandboxID: sb.Name, TemplateID: sb.Template, ClientID: clientID, EnvdVersion: EnvdVersion,
+	v := sandboxView{SandboxID: sb.Name, TemplateID: sb.Template, ClientID: clientID, EnvdVersion: EnvdVersion,
 		EnvdAccessToken: s.accessToken(sb.ID)}
+	if s.domain != "" {
+		v.Domain = &s.domain
+	}
+	return v
 }
 
 // state is a sandbox's E2B state: running or paused ("" for one E2B

@@ -5,7 +5,11 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
 
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/daemon"
@@ -48,10 +52,6 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "a sandbox request needs both E2b-Sandbox-Id and E2b-Sandbox-Port")
 		return
 	}
-	if port != EnvdPort {
-		writeError(w, http.StatusNotImplemented, fmt.Sprintf("port %s: nook's E2B edge serves only envd's port (%s) so far", port, EnvdPort))
-		return
-	}
 	sb, err := s.m.Get(r.Context(), id)
 	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalidArgument) {
 		notRunning(w, id, "The sandbox was not found")
@@ -59,6 +59,19 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		s.fail(w, r, err)
+		return
+	}
+	if port != EnvdPort {
+		n, err := strconv.Atoi(port)
+		if err != nil || n < 1 || n > 65535 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("E2b-Sandbox-Port %q is not a TCP port", port))
+			return
+		}
+		if sb.State != core.StateRunning {
+			notRunning(w, id, "The sandbox is "+string(sb.State))
+			return
+		}
+		s.proxyPort(w, r, sb, n)
 		return
 	}
 	// /health answers without a token, and for a sandbox that is not
@@ -93,4 +106,55 @@ func (s *Server) tokenOK(sb *core.Sandbox, tok string) bool {
 // the others).
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// proxyPort passes a request (HTTP, a WebSocket, a stream of server-sent
+// events) to a port inside the sandbox, through its agent: what E2B
+// users reach with getHost(port). Like E2B's, these URLs need no token.
+func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, sb *core.Sandbox, port int) {
+	ctx := daemon.LookOnly(r.Context())
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			pr.Out.Host = pr.In.Host
+			for _, h := range []string{"E2b-Sandbox-Id", "E2b-Sandbox-Port", "X-Access-Token"} {
+				pr.Out.Header.Del(h)
+			}
+			pr.SetXForwarded()
+		},
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return s.m.DialPort(ctx, sb.Name, port)
+			},
+			DisableKeepAlives: true,
+		},
+		FlushInterval: -1, // server-sent events as they come
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			writeJSON(w, http.StatusBadGateway, struct {
+				SandboxID string `json:"sandboxId"`
+				Message   string `json:"message"`
+				Port      int    `json:"port"`
+				Code      int    `json:"code"`
+			}{sb.Name, "The sandbox is running but port is not open: " + err.Error(), port, http.StatusBadGateway})
+		},
+	}
+	rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// hostRoute reads a sandbox host name, PORT-ID.DOMAIN (what the SDKs'
+// getHost builds), into the sandbox and port it names.
+func hostRoute(host string) (id, port string, ok bool) {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	label, rest, dotted := strings.Cut(host, ".")
+	if !dotted || rest == "" {
+		return "", "", false
+	}
+	port, id, ok = strings.Cut(label, "-")
+	if !ok || id == "" || port == "" || strings.Trim(port, "0123456789") != "" {
+		return "", "", false
+	}
+	return id, port, true
 }

@@ -40,18 +40,22 @@ type Server struct {
 	m     *daemon.Manager
 	log   *slog.Logger
 	key   []byte // signs envd access tokens and file URLs; <data>/e2b.key
+	// domain ends sandbox host names (PORT-ID.DOMAIN).
+	domain string
 	api   *http.ServeMux
 	envd  *http.ServeMux
 	procs *procTable
 }
 
 // New returns the E2B edge of m, keeping its signing key in dataDir.
-func New(m *daemon.Manager, log *slog.Logger, dataDir string) (*Server, error) {
+// domain is what sandboxes' host names end in (the SDKs' getHost(port)
+// is PORT-ID.DOMAIN), e.g. localhost:3000.
+func New(m *daemon.Manager, log *slog.Logger, dataDir, domain string) (*Server, error) {
 	key, err := loadKey(filepath.Join(dataDir, "e2b.key"))
 	if err != nil {
 		return nil, fmt.Errorf("e2b: %w", err)
 	}
-	s := &Server{m: m, log: log, key: key, procs: newProcTable()}
+	s := &Server{m: m, log: log, key: key, domain: domain, procs: newProcTable()}
 	s.api = s.controlMux()
 	s.envd = http.NewServeMux()
 	// A message is at most 16 MiB (an input of stdin, a listing's
@@ -95,6 +99,12 @@ func (s *Server) accessToken(sandboxID string) string {
 // is envd traffic for that sandbox, anything else the control API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get("E2b-Sandbox-Id") != "" || r.Header.Get("E2b-Sandbox-Port") != "" {
+		s.serveSandbox(w, r)
+		return
+	}
+	if id, port, ok := hostRoute(r.Host); ok {
+		r.Header.Set("E2b-Sandbox-Id", id)
+		r.Header.Set("E2b-Sandbox-Port", port)
 		s.serveSandbox(w, r)
 		return
 	}

@@ -41,6 +41,9 @@ type Config struct {
 	// E2BListen, if set, is a TCP address serving E2B's API and envd's
 	// (internal/e2b), plain HTTP, as E2B's SDKs speak it.
 	E2BListen string
+	// E2BDomain is what E2B sandboxes' host names end in (PORT-ID.DOMAIN,
+	// the SDKs' getHost); default localhost:PORT of E2BListen.
+	E2BDomain string
 	// MaxConns caps the TCP listener's open connections (default
 	// DefaultMaxConns); IdleTimeout closes idle keep-alive connections
 	// (default DefaultIdleTimeout).
@@ -137,15 +140,21 @@ func Serve(ctx context.Context, cfg Config) error {
 		listeners = append(listeners, tl)
 	}
 	if cfg.E2BListen != "" {
-		edge, err := e2b.New(m, log, dataDir)
-		if err != nil {
-			closeAll(listeners)
-			return err
-		}
 		el, err := net.Listen("tcp", cfg.E2BListen)
 		if err != nil {
 			closeAll(listeners)
 			return fmt.Errorf("--e2b-listen: %w", err)
+		}
+		domain := cfg.E2BDomain
+		if domain == "" {
+			_, port, _ := net.SplitHostPort(el.Addr().String())
+			domain = "localhost:" + port
+		}
+		edge, err := e2b.New(m, log, dataDir, domain)
+		if err != nil {
+			el.Close()
+			closeAll(listeners)
+			return err
 		}
 		if host, _, _ := net.SplitHostPort(el.Addr().String()); !net.ParseIP(host).IsLoopback() {
 			log.Warn("the E2B listener serves plain HTTP beyond this host: API keys and sandbox access tokens cross the network readable; put a TLS proxy in front", "address", el.Addr().String())
