@@ -64,3 +64,20 @@ if command -v npm >/dev/null 2>&1 && [ "$(cat "$dir/.version" 2>/dev/null)" != "
 	(cd "$dir" && npm install --silent --no-audit --no-fund --no-save "@modelcontextprotocol/inspector@$INSPECTOR_VERSION" >/dev/null 2>&1) &&
 		echo "$INSPECTOR_VERSION" > "$dir/.version" || { echo "could not install the MCP Inspector from npm" >&2; exit 1; }
 fi
+# E2B's JS SDK (its npm package, pinned by internal/e2e/testdata/e2b's
+# package-lock.json) for the E2B end-to-end test. npm ci runs only when the
+# lock file differs from the one last installed.
+src="$(dirname "$0")/../internal/e2e/testdata/e2b"
+dir="$(dirname "$0")/../.cache/e2b-sdk"
+if command -v npm >/dev/null 2>&1 && { ! cmp -s "$src/package-lock.json" "$dir/.installed-lock.json" || [ ! -d "$dir/node_modules/e2b" ]; }; then
+	echo "installing E2B's SDK (npm ci from internal/e2e/testdata/e2b) into .cache/e2b-sdk" >&2
+	mkdir -p "$dir"
+	rm -f "$dir/.installed-lock.json"
+	cp "$src/package.json" "$src/package-lock.json" "$dir/"
+	if ! out="$(cd "$dir" && npm ci --silent --no-audit --no-fund 2>&1)"; then
+		echo "$out" >&2
+		echo "could not install E2B's SDK from npm (npm ci in .cache/e2b-sdk failed)" >&2
+		exit 1
+	fi
+	cp "$src/package-lock.json" "$dir/.installed-lock.json"
+fi

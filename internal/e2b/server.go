@@ -37,14 +37,14 @@ const clientID = "6532622b"
 
 // Server is the E2B edge of one Manager.
 type Server struct {
-	m     *daemon.Manager
-	log   *slog.Logger
-	key   []byte // signs envd access tokens and file URLs; <data>/e2b.key
+	m   *daemon.Manager
+	log *slog.Logger
+	key []byte // signs envd access tokens and file URLs; <data>/e2b.key
 	// domain ends sandbox host names (PORT-ID.DOMAIN).
 	domain string
-	api   *http.ServeMux
-	envd  *http.ServeMux
-	procs *procTable
+	api    *http.ServeMux
+	envd   *http.ServeMux
+	procs  *procTable
 }
 
 // New returns the E2B edge of m, keeping its signing key in dataDir.
