@@ -216,7 +216,8 @@ type Template struct {
 	CreatedAt time.Time `json:"created_at"`
 	SizeBytes int64     `json:"size_bytes"`
 	Packages  []string  `json:"packages,omitempty"`
-	InUseBy   int       `json:"in_use_by"` // sandboxes using it
+	Hooks     []string  `json:"hooks,omitempty"` // a recipe's commands run on the root it made
+	InUseBy   int       `json:"in_use_by"`       // sandboxes using it
 	// Source is what the build came from: "recipe" (nook's own, built
 	// with mmdebstrap), "image" or "dockerfile" (Image is then the
 	// Dockerfile's path in its context).

@@ -51,6 +51,10 @@ type FileRequest struct {
 	Length     int64   `json:"length,omitempty"`      // read: how many bytes; 0: to the end
 	MaxEntries int     `json:"max_entries,omitempty"` // list: 0: DefaultListEntries
 	Owners     bool    `json:"owners,omitempty"`      // tar_put: give entries (and dir, from a "." entry) the owners the archive names
+	// User (write, mkdir) owns what the op creates, parent directories
+	// included: a user name or uid of the sandbox, optionally :group.
+	// "": root. A file written over keeps its owner.
+	User string `json:"user,omitempty"`
 }
 
 // FileReply answers a file op (and is each batch of a list).
@@ -127,6 +131,45 @@ func (r *FileRequest) validate(op string) error {
 	}
 	if r.MaxEntries < 0 || r.MaxEntries > MaxListEntries {
 		return fmt.Errorf("max entries must be between 0 and %d", MaxListEntries)
+	}
+	if len(r.User) > 256 || strings.ContainsAny(r.User, "\x00/\n") {
+		return fmt.Errorf("user %q is not a user name or uid", r.User)
+	}
+	return nil
+}
+
+// owner is who owns what a write or mkdir creates: nil for root.
+func owner(r *FileRequest) (*identity, *AgentError) {
+	if r.User == "" {
+		return nil, nil
+	}
+	id, err := lookupUser(r.User)
+	if err != nil {
+		return nil, fileErrorf(CodeInvalidArgument, "%v", err)
+	}
+	return id, nil
+}
+
+// mkdirAllOwned is os.MkdirAll(dir, 0755) that gives the directories it
+// makes to id (nil: root's, as MkdirAll leaves them).
+func mkdirAllOwned(dir string, id *identity) error {
+	var made []string
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Lstat(d); err == nil || d == filepath.Dir(d) {
+			break
+		}
+		made = append(made, d)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if id == nil {
+		return nil
+	}
+	for _, d := range made {
+		if err := os.Lchown(d, int(id.cred.Uid), int(id.cred.Gid)); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -326,7 +369,7 @@ func createError(p string, err error) *AgentError {
 }
 
 // ensureDir checks that dir is a directory, creating it (and its parents) if asked.
-func ensureDir(dir string, create bool) *AgentError {
+func ensureDir(dir string, create bool, id *identity) *AgentError {
 	fi, err := os.Stat(dir)
 	switch {
 	case err == nil && fi.IsDir():
@@ -334,7 +377,7 @@ func ensureDir(dir string, create bool) *AgentError {
 	case err == nil:
 		return fileErrorf(CodeInvalidArgument, "%s: not a directory", dir)
 	case errors.Is(err, fs.ErrNotExist) && create:
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := mkdirAllOwned(dir, id); err != nil {
 			return fileError(dir, err)
 		}
 		return nil
@@ -363,7 +406,12 @@ func (s *Server) fileWrite(fr *api.FrameReader, fw *frameWriter, p string, r *Fi
 		fw.failWith(fileError(p, err))
 		return
 	}
-	if aerr := ensureDir(filepath.Dir(target), r.Parents); aerr != nil {
+	id, aerr := owner(r)
+	if aerr != nil {
+		fw.failWith(aerr)
+		return
+	}
+	if aerr := ensureDir(filepath.Dir(target), r.Parents, id); aerr != nil {
 		fw.failWith(aerr)
 		return
 	}
@@ -395,6 +443,11 @@ func (s *Server) fileWrite(fr *api.FrameReader, fw *frameWriter, p string, r *Fi
 	if existing != nil {
 		if st, ok := existing.Sys().(*syscall.Stat_t); ok {
 			_ = tmp.Chown(int(st.Uid), int(st.Gid)) // an overwrite keeps the owner
+		}
+	} else if id != nil {
+		if err := tmp.Chown(int(id.cred.Uid), int(id.cred.Gid)); err != nil {
+			fw.failWith(fileError(p, err))
+			return
 		}
 	}
 	if err := fw.json(api.FrameJSON, FileReply{}); err != nil {
@@ -449,13 +502,19 @@ func fileMkdir(p string, r *FileRequest) (*api.FileInfo, *AgentError) {
 	case err == nil:
 		return nil, fileErrorf(CodeAlreadyExists, "%s: a file of that name exists", p)
 	}
+	id, aerr := owner(r)
+	if aerr != nil {
+		return nil, aerr
+	}
 	if r.Parents {
-		err = os.MkdirAll(p, 0o755)
+		err = mkdirAllOwned(p, id)
 	} else {
 		if aerr := checkWritable(filepath.Dir(p)); aerr != nil {
 			return nil, aerr
 		}
-		err = os.Mkdir(p, mode)
+		if err = os.Mkdir(p, mode); err == nil && id != nil {
+			err = os.Lchown(p, int(id.cred.Uid), int(id.cred.Gid))
+		}
 	}
 	if err != nil {
 		if _, perr := os.Stat(filepath.Dir(p)); errors.Is(perr, fs.ErrNotExist) {
@@ -501,7 +560,7 @@ func fileMove(src, dst string, overwrite bool) (*api.FileInfo, *AgentError) {
 	if _, err := os.Lstat(src); err != nil {
 		return nil, fileError(src, err)
 	}
-	if aerr := ensureDir(filepath.Dir(dst), false); aerr != nil {
+	if aerr := ensureDir(filepath.Dir(dst), false, nil); aerr != nil {
 		return nil, aerr
 	}
 	err := rename(src, dst, overwrite)
@@ -838,7 +897,7 @@ func (u *uploadReader) Read(p []byte) (int, error) {
 }
 
 func (s *Server) tarPut(fr *api.FrameReader, fw *frameWriter, dir string, parents, owners bool) {
-	if aerr := ensureDir(dir, parents); aerr != nil {
+	if aerr := ensureDir(dir, parents, nil); aerr != nil {
 		fw.failWith(aerr)
 		return
 	}

@@ -592,3 +592,44 @@ func FuzzFileRequest(f *testing.F) {
 		}
 	})
 }
+
+// A write or mkdir with a user gives what it creates, parents included,
+// to that user; a file written over keeps its owner; an unknown user is
+// refused before anything is made.
+func TestFilesOwner(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("chown needs root")
+	}
+	c := startAgent(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	p := filepath.Join(dir, "a", "b", "f.txt")
+	writeString(t, c, &FileRequest{Path: p, Parents: true, User: "65534"}, "x")
+	for _, q := range []string{filepath.Join(dir, "a"), filepath.Join(dir, "a", "b"), p} {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(q, &st); err != nil || st.Uid != 65534 {
+			t.Fatalf("%s: uid %d %v", q, st.Uid, err)
+		}
+	}
+	var st syscall.Stat_t
+	if syscall.Lstat(dir, &st); st.Uid != 0 {
+		t.Fatalf("the directory that was there changed owner: %d", st.Uid)
+	}
+	os.Chown(p, 0, 0)
+	writeString(t, c, &FileRequest{Path: p, User: "65534"}, "y")
+	if syscall.Lstat(p, &st); st.Uid != 0 {
+		t.Fatalf("a file written over took the user: %d", st.Uid)
+	}
+	if _, err := c.Mkdir(ctx, &FileRequest{Path: filepath.Join(dir, "m", "n"), Parents: true, User: "65534:65534"}); err != nil {
+		t.Fatal(err)
+	}
+	if syscall.Lstat(filepath.Join(dir, "m"), &st); st.Uid != 65534 || st.Gid != 65534 {
+		t.Fatalf("mkdir parents: %d:%d", st.Uid, st.Gid)
+	}
+	if _, err := c.WriteFile(ctx, &FileRequest{Path: filepath.Join(dir, "x", "y"), Parents: true, User: "no-such-user-here"}, strings.NewReader("z")); agentCode(err) != CodeInvalidArgument {
+		t.Fatalf("unknown user: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "x")); !os.IsNotExist(err) {
+		t.Fatalf("an unknown user's write made its parent: %v", err)
+	}
+}

@@ -100,22 +100,25 @@ func (m *Manager) ReadFile(ctx context.Context, name, path string, offset, lengt
 // WriteFile replaces or creates a file with what r holds, atomically: a
 // reader in the sandbox sees the old file or the new one. mode nil keeps
 // an existing file's mode (0644 for a new one); parents creates missing
-// directories.
-func (m *Manager) WriteFile(ctx context.Context, name, path string, mode *uint32, parents bool, r io.Reader) (*api.FileInfo, error) {
+// directories. owner (a user of the sandbox, "" for root) owns a new
+// file and the directories made for it; a file written over keeps its
+// owner.
+func (m *Manager) WriteFile(ctx context.Context, name, path, owner string, mode *uint32, parents bool, r io.Reader) (*api.FileInfo, error) {
 	sb, c, err := m.fileAgent(ctx, name, path)
 	if err != nil {
 		return nil, err
 	}
-	info, err := c.WriteFile(ctx, &agent.FileRequest{Path: path, Mode: mode, Parents: parents}, r)
+	info, err := c.WriteFile(ctx, &agent.FileRequest{Path: path, Mode: mode, Parents: parents, User: owner}, r)
 	if err != nil {
 		return nil, m.uploadError(ctx, sb, err)
 	}
 	return info, nil
 }
 
-// Mkdir creates a directory.
-func (m *Manager) Mkdir(ctx context.Context, name string, req api.MkdirRequest) (*api.FileInfo, error) {
-	areq := &agent.FileRequest{Path: req.Path, Parents: req.Parents}
+// Mkdir creates a directory (owned by owner, a user of the sandbox, ""
+// for root, as are the parents it makes).
+func (m *Manager) Mkdir(ctx context.Context, name, owner string, req api.MkdirRequest) (*api.FileInfo, error) {
+	areq := &agent.FileRequest{Path: req.Path, Parents: req.Parents, User: owner}
 	if req.Mode != "" {
 		mode, err := ParseMode(req.Mode)
 		if err != nil {

@@ -1575,6 +1575,15 @@ func (m *Manager) Templates(ctx context.Context) (api.TemplateList, error) {
 
 // imageConfig is the image config of the template build a sandbox was
 // made from, or nil (a recipe's build, or one that is gone).
+// DefaultUser is who a sandbox's commands run as when a call names no
+// one: its template's user ("" for root).
+func (m *Manager) DefaultUser(sb *core.Sandbox) string {
+	if cfg := m.imageConfig(sb); cfg != nil {
+		return cfg.User
+	}
+	return ""
+}
+
 func (m *Manager) imageConfig(sb *core.Sandbox) *api.ImageConfig {
 	if sb.TemplateID == "" {
 		return nil

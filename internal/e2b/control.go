@@ -47,6 +47,7 @@ func (s *Server) controlMux() *http.ServeMux {
 	h("POST /sandboxes/{id}/pause", true, s.pause)
 	h("GET /sandboxes/{id}/metrics", false, s.metrics)
 	h("GET /templates", false, s.templates)
+	h("GET /templates/aliases/{alias}", false, s.templateAlias)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		io.WriteString(w, "Health check successful")
@@ -143,7 +144,7 @@ type lifecycle struct {
 }
 
 func (s *Server) view(sb *core.Sandbox) sandboxView {
-	v := sandboxView{SandboxID: sb.Name, TemplateID: sb.Template, ClientID: clientID, EnvdVersion: EnvdVersion,
+	v := sandboxView{SandboxID: sb.Name, TemplateID: templateName(sb), ClientID: clientID, EnvdVersion: EnvdVersion,
 		EnvdAccessToken: s.accessToken(sb.ID)}
 	if s.domain != "" {
 		v.Domain = &s.domain
@@ -164,7 +165,7 @@ func state(sb *core.Sandbox) string {
 }
 
 func (s *Server) listed(sb *core.Sandbox, detail bool) listedSandbox {
-	l := listedSandbox{SandboxID: sb.Name, TemplateID: sb.Template, ClientID: clientID, CPUCount: max(1, int(sb.CPUs+0.5)),
+	l := listedSandbox{SandboxID: sb.Name, TemplateID: templateName(sb), ClientID: clientID, CPUCount: max(1, int(sb.CPUs+0.5)),
 		MemoryMB: sb.MemoryBytes >> 20, DiskSizeMB: sb.DiskBytes >> 20, StartedAt: sb.CreatedAt.UTC(), EndAt: sb.ExpiresAt.UTC(),
 		EnvdVersion: EnvdVersion, State: state(sb), Metadata: sb.Labels}
 	if detail {
@@ -246,9 +247,26 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, _ daemon.Scope) 
 	writeJSON(w, http.StatusCreated, s.view(sb))
 }
 
-// templateOf maps an E2B template name to nook's.
+// e2bBase is the nook template E2B's base template is: Debian with
+// E2B's default user.
+const e2bBase = "e2b"
+
+// templateOf maps an E2B template name to nook's: E2B's base is nook's
+// e2b recipe (its user, whom commands run as), any other name the nook
+// template of that name.
 func templateOf(id string) string {
+	if id == "base" {
+		return e2bBase
+	}
 	return id
+}
+
+// templateName is the E2B name of a sandbox's template.
+func templateName(sb *core.Sandbox) string {
+	if sb.Template == e2bBase {
+		return "base"
+	}
+	return sb.Template
 }
 
 // connect resumes a paused sandbox (201) or answers a running one (200),
@@ -405,9 +423,42 @@ func (s *Server) templates(w http.ResponseWriter, r *http.Request, _ daemon.Scop
 	}
 	out := []tpl{}
 	for _, t := range list.Templates {
-		out = append(out, tpl{TemplateID: t.Name, BuildID: t.ID, Aliases: []string{t.Name}, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt})
+		name := t.Name
+		if name == e2bBase {
+			name = "base"
+		} else if name == "base" {
+			continue // E2B's base is nook's e2b
+		}
+		out = append(out, tpl{TemplateID: name, BuildID: t.ID, Aliases: []string{name}, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt})
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// templateAlias answers whether a template name is one a create can use
+// (the SDKs' Template.exists): built, or one nook builds on first use.
+func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request, _ daemon.Scope) {
+	alias := r.PathValue("alias")
+	name := templateOf(alias)
+	list, err := s.m.Templates(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	known := false
+	for _, t := range list.Templates {
+		known = known || t.Name == name
+	}
+	for _, b := range list.Buildable {
+		known = known || b.Name == name
+	}
+	if !known {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("template %q not found", alias))
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		TemplateID string `json:"templateID"`
+		Public     bool   `json:"public"`
+	}{alias, true})
 }
 
 // listV1 is the first list API: the running sandboxes, all at once.
@@ -467,7 +518,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
 	asc := q.Get("order") == "asc"
 	var picked []*core.Sandbox
 	for _, sb := range all {
-		if st := state(sb); st != "" && states[st] && matches(sb, filter) && (q.Get("template") == "" || q.Get("template") == sb.Template) {
+		if st := state(sb); st != "" && states[st] && matches(sb, filter) && (q.Get("template") == "" || templateOf(q.Get("template")) == sb.Template) {
 			picked = append(picked, sb)
 		}
 	}

@@ -24,7 +24,8 @@ import (
 
 type sandboxKey struct{}
 
-// target is the sandbox an envd request is for, and the user it names.
+// target is the sandbox an envd request is for, and the user it acts as:
+// the one it names, else the sandbox's default ("" for root).
 type target struct {
 	sb   *core.Sandbox
 	user string
@@ -94,7 +95,11 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	// Only connect (the control API) wakes a paused sandbox: envd's calls
 	// never do, even if it was paused since the check above.
-	ctx := context.WithValue(daemon.LookOnly(r.Context()), sandboxKey{}, target{sb: sb, user: userOf(r)})
+	user := userOf(r)
+	if user == "" {
+		user = s.m.DefaultUser(sb)
+	}
+	ctx := context.WithValue(daemon.LookOnly(r.Context()), sandboxKey{}, target{sb: sb, user: user})
 	s.envd.ServeHTTP(w, r.WithContext(ctx))
 }
 

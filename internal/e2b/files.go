@@ -162,7 +162,7 @@ func (s *Server) uploadFile(w http.ResponseWriter, r *http.Request) {
 		var p string
 		var f uploadedFile
 		if p, err = resolvePath(user, q.Get("path")); err == nil {
-			f, err = s.writeUpload(r.Context(), t, p, body)
+			f, err = s.writeUpload(r.Context(), t, user, p, body)
 			files = []uploadedFile{f}
 		}
 	case strings.HasPrefix(ct, "multipart/") && params["boundary"] != "":
@@ -211,7 +211,7 @@ func (s *Server) uploadParts(ctx context.Context, t target, user string, q url.V
 				return nil, errdefs.Invalid("you cannot upload multiple files to the same path %s in one request: only the first was written", p)
 			}
 		}
-		f, err := s.writeUpload(ctx, t, p, part)
+		f, err := s.writeUpload(ctx, t, user, p, part)
 		part.Close()
 		if err != nil {
 			return nil, err
@@ -242,11 +242,11 @@ func uploadFileName(disposition string) (string, error) {
 	return name, nil
 }
 
-// writeUpload writes one uploaded file to p, making its parents. nook's
-// WriteFile cannot set an owner: a new file is root's (an overwritten one
-// keeps its owner), where envd gives it to the requesting user.
-func (s *Server) writeUpload(ctx context.Context, t target, p string, r io.Reader) (uploadedFile, error) {
-	if _, err := s.m.WriteFile(ctx, t.sb.Name, p, nil, true, r); err != nil {
+// writeUpload writes one uploaded file to p, making its parents, both
+// owned by user as envd gives them (an overwritten file keeps its
+// owner).
+func (s *Server) writeUpload(ctx context.Context, t target, user, p string, r io.Reader) (uploadedFile, error) {
+	if _, err := s.m.WriteFile(ctx, t.sb.Name, p, user, nil, true, r); err != nil {
 		return uploadedFile{}, err
 	}
 	return uploadedFile{Path: p, Name: path.Base(p), Type: "file"}, nil
@@ -334,7 +334,7 @@ func (s *Server) serveSigned(w http.ResponseWriter, r *http.Request) {
 		notRunning(w, sb.Name, "The sandbox is "+string(sb.State))
 		return
 	}
-	r = r.WithContext(context.WithValue(daemon.LookOnly(r.Context()), sandboxKey{}, target{sb: sb}))
+	r = r.WithContext(context.WithValue(daemon.LookOnly(r.Context()), sandboxKey{}, target{sb: sb, user: s.m.DefaultUser(sb)}))
 	if op == "read" {
 		s.downloadFile(w, r)
 	} else {

@@ -131,10 +131,10 @@ func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fs
 	if err != nil {
 		return nil, err
 	}
-	info, err := f.s.m.Mkdir(ctx, t.sb.Name, api.MkdirRequest{Path: p})
+	info, err := f.s.m.Mkdir(ctx, t.sb.Name, t.user, api.MkdirRequest{Path: p})
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound): // a parent is missing
-		info, err = f.s.m.Mkdir(ctx, t.sb.Name, api.MkdirRequest{Path: p, Parents: true})
+		info, err = f.s.m.Mkdir(ctx, t.sb.Name, t.user, api.MkdirRequest{Path: p, Parents: true})
 	case errors.Is(err, errdefs.ErrAlreadyExists):
 		if st, serr := f.s.m.StatFile(ctx, t.sb.Name, p); serr == nil && st.Type != api.FileTypeDir {
 			return nil, errdefs.Invalid("path already exists but it is not a directory: %s", p)
@@ -163,7 +163,7 @@ func (f *filesystemService) Move(ctx context.Context, req *connect.Request[fspb.
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// The source is missing, or the destination's parent: make the
 		// parent and try again.
-		if _, merr := f.s.m.Mkdir(ctx, t.sb.Name, api.MkdirRequest{Path: path.Dir(dst), Parents: true}); merr == nil {
+		if _, merr := f.s.m.Mkdir(ctx, t.sb.Name, t.user, api.MkdirRequest{Path: path.Dir(dst), Parents: true}); merr == nil {
 			info, err = f.s.m.MoveFile(ctx, t.sb.Name, mv)
 		}
 	}

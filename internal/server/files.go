@@ -228,7 +228,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		}
 		mode = &m
 	}
-	info, err := s.m.WriteFile(r.Context(), r.PathValue("name"), r.URL.Query().Get("path"), mode, flags[0], r.Body)
+	info, err := s.m.WriteFile(r.Context(), r.PathValue("name"), r.URL.Query().Get("path"), "", mode, flags[0], r.Body)
 	if err != nil {
 		s.uploadFail(w, r, err)
 		return
@@ -242,7 +242,7 @@ func (s *Server) mkdirFile(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	info, err := s.m.Mkdir(r.Context(), r.PathValue("name"), req)
+	info, err := s.m.Mkdir(r.Context(), r.PathValue("name"), "", req)
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -33,6 +33,12 @@ type Recipe struct {
 	Description string
 	Suite       string
 	Packages    []string
+	// Hooks are shell commands mmdebstrap runs once the packages are
+	// in ("$1" is the root being made): its --customize-hook.
+	Hooks []string
+	// Config is what its sandboxes' commands default to (User,
+	// WorkingDir), as an image's config is.
+	Config *api.ImageConfig
 }
 
 // basePackages are what the base template adds to Debian's minbase.
@@ -47,6 +53,16 @@ var Recipes = []Recipe{{
 	Description: "Debian 12 (bookworm) minbase with curl, git, python3 and the tools an agent reaches for first",
 	Suite:       "bookworm",
 	Packages:    basePackages,
+}, {
+	Name:        "e2b",
+	Description: "base plus Node.js, with E2B's default user: user (uid 1000, home /home/user, passwordless sudo), whom commands run as; E2B's SDKs get it for E2B's base template",
+	Suite:       "bookworm",
+	Packages:    append(slices.Clone(basePackages), "nodejs"),
+	Hooks: []string{
+		`chroot "$1" useradd --create-home --uid 1000 --user-group --shell /bin/bash user`,
+		`echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > "$1/etc/sudoers.d/user" && chmod 0440 "$1/etc/sudoers.d/user"`,
+	},
+	Config: &api.ImageConfig{User: "user", WorkingDir: "/home/user"},
 }, {
 	Name:        "dev",
 	Description: "base plus systemd, build-essential and Docker (docker.io): a vm sandbox boots systemd, so services run and docker run works",
@@ -128,6 +144,7 @@ type meta struct {
 	CreatedAt time.Time `json:"created_at"`
 	SizeBytes int64     `json:"size_bytes"`
 	Packages  []string  `json:"packages"`
+	Hooks     []string  `json:"hooks,omitempty"` // a recipe's
 	// Source is SourceRecipe (also when absent: builds from before
 	// images) or SourceImage.
 	Source    string               `json:"source,omitempty"`
@@ -157,7 +174,7 @@ const (
 )
 
 func (m *meta) template() api.Template {
-	t := api.Template{Name: m.Name, ID: m.ID, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Packages: m.Packages,
+	t := api.Template{Name: m.Name, ID: m.ID, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Packages: m.Packages, Hooks: m.Hooks,
 		Source: m.Source, Image: m.Image, Digest: m.Digest, Canonical: m.Canonical, Platform: m.Platform, Config: m.Config, Service: m.Service}
 	if t.Source == "" {
 		t.Source = SourceRecipe
@@ -399,10 +416,10 @@ func (s *Store) EnsureBuilt(ctx context.Context, name string, progress io.Writer
 }
 
 // stale reports whether a build of a built-in template has other packages
-// than its recipe now names.
+// (or hooks) than its recipe now names.
 func stale(t api.Template) bool {
 	r, ok := recipe(t.Name)
-	return ok && (t.Source == SourceRecipe || t.Source == "") && !slices.Equal(r.Packages, t.Packages)
+	return ok && (t.Source == SourceRecipe || t.Source == "") && (!slices.Equal(r.Packages, t.Packages) || !slices.Equal(r.Hooks, t.Hooks))
 }
 
 // once runs fn under the template's cross-process lock, sharing one run
@@ -492,8 +509,11 @@ func (s *Store) build(ctx context.Context, r Recipe, progress io.Writer) (api.Te
 	}
 	start := time.Now()
 	fmt.Fprintf(progress, "building template %s (%s) with mmdebstrap; this takes a minute\n", r.Name, r.Description)
-	cmd := exec.CommandContext(ctx, "mmdebstrap", "--variant=minbase", "--include="+strings.Join(r.Packages, ","),
-		r.Suite, filepath.Join(tmp, "rootfs"))
+	args := []string{"--variant=minbase", "--include=" + strings.Join(r.Packages, ",")}
+	for _, h := range r.Hooks {
+		args = append(args, "--customize-hook="+h)
+	}
+	cmd := exec.CommandContext(ctx, "mmdebstrap", append(args, r.Suite, filepath.Join(tmp, "rootfs"))...)
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	copied := make(chan struct{})
@@ -512,7 +532,7 @@ func (s *Store) build(ctx context.Context, r Recipe, progress io.Writer) (api.Te
 		return api.Template{}, fmt.Errorf("mmdebstrap failed building template %s: %w (see the output above)", r.Name, err)
 	}
 	size, _ := dirSize(filepath.Join(tmp, "rootfs"))
-	m := &meta{Name: r.Name, ID: r.Name + "/" + buildID, SizeBytes: size, Packages: r.Packages, Source: SourceRecipe}
+	m := &meta{Name: r.Name, ID: r.Name + "/" + buildID, SizeBytes: size, Packages: r.Packages, Hooks: r.Hooks, Source: SourceRecipe, Config: r.Config}
 	if err := s.commit(tmp, final, m); err != nil {
 		return api.Template{}, err
 	}
