@@ -64,6 +64,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzUnpack -fuzztime 30s -fuzzminimizetime 3s ./internal/layerstore
 	$(GO) test -run '^$$' -fuzz FuzzListening -fuzztime 10s ./internal/daemon
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 10s ./internal/dockerignore
+	$(GO) test -run '^$$' -fuzz FuzzConnectEnvelope -fuzztime 20s ./internal/e2b
+	$(GO) test -run '^$$' -fuzz FuzzUploadFileName -fuzztime 10s ./internal/e2b
+	$(GO) test -run '^$$' -fuzz FuzzParseNames -fuzztime 10s ./internal/e2b
 
 bench: deps build
 	$(GO) run ./cmd/nook-bench

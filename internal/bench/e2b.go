@@ -29,8 +29,8 @@ const e2bRounds, e2bExecs = 8, 50
 // .cache/e2b-sdk) against the daemon's E2B edge, beside nook's Go SDK
 // doing the same on the same daemon: create -> first output of `echo
 // hi` (a warm pool of 2, refilled between rounds), and a command's round
-// trip (E2B runs each command as `bash -l -c CMD`: the Go SDK runs the
-// same).
+// trip. Both create from the template E2B's base is (nook's e2b recipe),
+// and run each command as E2B does, `bash -l -c CMD` as its user.
 func runE2B(ctx context.Context, cfg Config, root string) error {
 	wd, _ := os.Getwd()
 	module := filepath.Join(wd, ".cache", "e2b-sdk", "node_modules", "e2b", "dist", "index.mjs")
@@ -66,7 +66,7 @@ func runE2B(ctx context.Context, cfg Config, root string) error {
 		time.Sleep(time.Second) // the pool refills
 		name := fmt.Sprintf("bench-e2b-%d", i)
 		start := time.Now()
-		if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: name}); err != nil {
+		if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: name, Template: "e2b"}); err != nil {
 			return err
 		}
 		fw := &firstWrite{start: start}

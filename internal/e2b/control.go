@@ -71,7 +71,7 @@ func (s *Server) authorize(write bool, f func(http.ResponseWriter, *http.Request
 		}
 		ti, err := s.m.Authenticate(r.Context(), key)
 		if err != nil {
-			writeError(w, http.StatusUnauthorized, "Invalid API key: "+err.Error())
+			writeError(w, http.StatusUnauthorized, "Invalid API key")
 			return
 		}
 		sc := ti.Scope
@@ -102,10 +102,21 @@ type newSandbox struct {
 	Secure              *bool             `json:"secure"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Network             *struct {
-		AllowOut []string `json:"allowOut"`
-		DenyOut  []string `json:"denyOut"`
+		AllowOut           []string `json:"allowOut"`
+		DenyOut            []string `json:"denyOut"`
+		AllowPublicTraffic *bool    `json:"allowPublicTraffic"`
 	} `json:"network"`
 }
+
+// publicLabel marks a sandbox whose ports anyone who reaches the edge
+// may use, as E2B's are unless a create says allowPublicTraffic false:
+// set by E2B creates only, so sandboxes made through nook's own API are
+// reached only with their traffic token. Labels under reservedPrefix
+// are the edge's, never shown as metadata.
+const (
+	reservedPrefix = "nook.e2b/"
+	publicLabel    = reservedPrefix + "public-traffic"
+)
 
 // sandboxView is E2B's Sandbox (create and connect answers).
 type sandboxView struct {
@@ -149,7 +160,25 @@ func (s *Server) view(sb *core.Sandbox) sandboxView {
 	if s.domain != "" {
 		v.Domain = &s.domain
 	}
+	if sb.Labels[publicLabel] != "true" {
+		tok := s.trafficToken(sb.ID)
+		v.TrafficAccessToken = &tok
+	}
 	return v
+}
+
+// metadata is a sandbox's labels less the edge's own.
+func metadata(sb *core.Sandbox) map[string]string {
+	var out map[string]string
+	for k, v := range sb.Labels {
+		if !strings.HasPrefix(k, reservedPrefix) {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // state is a sandbox's E2B state: running or paused ("" for one E2B
@@ -164,12 +193,17 @@ func state(sb *core.Sandbox) string {
 	return ""
 }
 
-func (s *Server) listed(sb *core.Sandbox, detail bool) listedSandbox {
+// listed is a sandbox as a list shows it; detail adds what GET shows,
+// and the access token for a scope that may act on it (never a read-only
+// one: the token runs commands).
+func (s *Server) listed(sb *core.Sandbox, detail bool, sc daemon.Scope) listedSandbox {
 	l := listedSandbox{SandboxID: sb.Name, TemplateID: templateName(sb), ClientID: clientID, CPUCount: max(1, int(sb.CPUs+0.5)),
 		MemoryMB: sb.MemoryBytes >> 20, DiskSizeMB: sb.DiskBytes >> 20, StartedAt: sb.CreatedAt.UTC(), EndAt: sb.ExpiresAt.UTC(),
-		EnvdVersion: EnvdVersion, State: state(sb), Metadata: sb.Labels}
+		EnvdVersion: EnvdVersion, State: state(sb), Metadata: metadata(sb)}
 	if detail {
-		l.EnvdAccessToken = s.accessToken(sb.ID)
+		if sc.Kind != api.ScopeReadOnly {
+			l.EnvdAccessToken = s.accessToken(sb.ID)
+		}
 		onTimeout := "kill"
 		if sb.OnExpire == core.OnExpirePause {
 			onTimeout = "pause"
@@ -223,7 +257,18 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, _ daemon.Scope) 
 		writeError(w, http.StatusBadRequest, "timeout must be positive")
 		return
 	}
-	cr := api.CreateSandboxRequest{Name: newName(), Template: templateOf(req.TemplateID), TTL: ttlOf(timeout), Env: req.EnvVars, Labels: req.Metadata}
+	labels := map[string]string{}
+	for k, v := range req.Metadata {
+		if strings.HasPrefix(k, reservedPrefix) {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("metadata key %q: keys starting %s are nook's", k, reservedPrefix))
+			return
+		}
+		labels[k] = v
+	}
+	if req.Network == nil || req.Network.AllowPublicTraffic == nil || *req.Network.AllowPublicTraffic {
+		labels[publicLabel] = "true"
+	}
+	cr := api.CreateSandboxRequest{Name: newName(), Template: templateOf(req.TemplateID), TTL: ttlOf(timeout), Env: req.EnvVars, Labels: labels}
 	if req.AutoPause {
 		cr.OnExpire = core.OnExpirePause
 	}
@@ -271,7 +316,7 @@ func templateName(sb *core.Sandbox) string {
 
 // connect resumes a paused sandbox (201) or answers a running one (200),
 // and extends its lifetime to the timeout given if that is later.
-func (s *Server) connect(w http.ResponseWriter, r *http.Request, _ daemon.Scope) {
+func (s *Server) connect(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
 	var req struct {
 		Timeout *int `json:"timeout"`
 	}
@@ -300,20 +345,22 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, _ daemon.Scope)
 	if req.Timeout != nil {
 		timeout = *req.Timeout
 	}
-	if sb, err = s.extend(r.Context(), sb, timeout); err != nil {
-		s.fail(w, r, err)
-		return
+	if sc.Kind != daemon.ScopeSandbox { // a sandbox's own key resumes it, never lengthens its life
+		if sb, err = s.extend(r.Context(), sb, timeout); err != nil {
+			s.fail(w, r, err)
+			return
+		}
 	}
 	writeJSON(w, status, s.view(sb))
 }
 
-func (s *Server) get(w http.ResponseWriter, r *http.Request, _ daemon.Scope) {
+func (s *Server) get(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
 	sb, err := s.m.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.listed(sb, true))
+	writeJSON(w, http.StatusOK, s.listed(sb, true, sc))
 }
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request, _ daemon.Scope) {
@@ -330,7 +377,20 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request, _ daemon.Scope) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, _ daemon.Scope) {
+// mayExtend says whether a scope may lengthen a sandbox's life: not a
+// sandbox's own key (nook's API keeps TTLs an admin's).
+func mayExtend(w http.ResponseWriter, sc daemon.Scope) bool {
+	if sc.Kind == daemon.ScopeSandbox {
+		writeError(w, http.StatusForbidden, "this API key is for sandbox "+sc.Sandbox+" alone: it cannot change its lifetime")
+		return false
+	}
+	return true
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
+	if !mayExtend(w, sc) {
+		return
+	}
 	var req struct {
 		Timeout *int `json:"timeout"`
 	}
@@ -351,7 +411,10 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, _ daemon.Sco
 
 // refresh extends a sandbox's life by duration seconds (at most an
 // hour), never shortening it.
-func (s *Server) refresh(w http.ResponseWriter, r *http.Request, _ daemon.Scope) {
+func (s *Server) refresh(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
+	if !mayExtend(w, sc) {
+		return
+	}
 	var req struct {
 		Duration int `json:"duration"`
 	}
@@ -476,7 +539,7 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request, sc daemon.Scope)
 	out := []listedSandbox{}
 	for _, sb := range all {
 		if sb.State == core.StateRunning && matches(sb, filter) {
-			out = append(out, s.listed(sb, false))
+			out = append(out, s.listed(sb, false, sc))
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -551,7 +614,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
 	}
 	out := make([]listedSandbox, 0, len(page))
 	for _, sb := range page {
-		out = append(out, s.listed(sb, false))
+		out = append(out, s.listed(sb, false, sc))
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,4 +124,58 @@ func FuzzConnectEnvelope(f *testing.F) {
 			t.Fatal("no answer")
 		}
 	})
+}
+
+// A sandbox's passwd and group files name its owners; lines that are not
+// NAME:x:ID are skipped, the first name of an id wins.
+func TestParseNames(t *testing.T) {
+	got := parseNames(strings.NewReader("root:x:0:0:root:/root:/bin/bash\n# comment\nbroken\nuser:x:1000:1000::/home/user:/bin/bash\nalias:x:1000:1000\nneg:x:-1:0\n:x:5:5\n"))
+	if len(got) != 2 || got[0] != "root" || got[1000] != "user" {
+		t.Errorf("names: %v", got)
+	}
+	n := &idNames{users: got}
+	if n.user(1000) != "user" || n.user(7) != "7" || n.group(0) != "root" {
+		t.Errorf("lookups: %q %q %q", n.user(1000), n.user(7), n.group(0))
+	}
+	var none *idNames
+	if none.user(0) != "root" || none.group(42) != "42" {
+		t.Error("nil names")
+	}
+}
+
+// Whatever a sandbox's /etc/passwd holds, reading it ends and gives ids
+// that are not negative.
+func FuzzParseNames(f *testing.F) {
+	f.Add([]byte("root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n"))
+	f.Add([]byte(strings.Repeat("a", 70000) + ":x:1:1\nb:x:2:2\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for id := range parseNames(bytes.NewReader(b)) {
+			if id < 0 {
+				t.Fatalf("negative id %d", id)
+			}
+		}
+	})
+}
+
+// Only the edge's own domain routes a host name to a sandbox's port.
+func TestHostRoute(t *testing.T) {
+	for _, c := range []struct {
+		host, domain, id, port string
+		ok                     bool
+	}{
+		{"8000-e2b-abc.localhost:3000", "localhost:3000", "e2b-abc", "8000", true},
+		{"8000-e2b-abc.LOCALHOST", "localhost:3000", "e2b-abc", "8000", true},
+		{"8000-e2b-abc.attacker.example", "localhost:3000", "", "", false},
+		{"8000-e2b-abc.localhost.attacker.example", "localhost", "", "", false},
+		{"127.0.0.1:3000", "localhost:3000", "", "", false},
+		{"localhost:3000", "localhost:3000", "", "", false},
+		{"x8000-e2b.localhost", "localhost", "", "", false},
+		{"8000-.localhost", "localhost", "", "", false},
+		{"8000-a.localhost", "", "", "", false},
+	} {
+		id, port, ok := hostRoute(c.host, c.domain)
+		if ok != c.ok || id != c.id || port != c.port {
+			t.Errorf("hostRoute(%q, %q) = %q %q %v", c.host, c.domain, id, port, ok)
+		}
+	}
 }

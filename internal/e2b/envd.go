@@ -68,6 +68,13 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("E2b-Sandbox-Port %q is not a TCP port", port))
 			return
 		}
+		// A port is anyone's who reaches the edge if its sandbox was
+		// made by an E2B create with public traffic (E2B's default);
+		// otherwise the request carries its traffic token.
+		if sb.Labels[publicLabel] != "true" && !tokenEqual(r.Header.Get("E2b-Traffic-Access-Token"), s.trafficToken(sb.ID)) {
+			writeError(w, http.StatusForbidden, "sandbox "+id+"'s ports are not public: send its traffic access token (E2b-Traffic-Access-Token)")
+			return
+		}
 		if sb.State != core.StateRunning {
 			notRunning(w, id, "The sandbox is "+string(sb.State))
 			return
@@ -75,9 +82,14 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request) {
 		s.proxyPort(w, r, sb, n)
 		return
 	}
-	// /health answers without a token, and for a sandbox that is not
-	// running without waking it (the SDK's isRunning).
+	// /health says whether a sandbox runs, without waking it (the SDK's
+	// isRunning); without its token it answers as for a sandbox that is
+	// not there, so that it tells nobody else which names exist.
 	if r.URL.Path == "/health" {
+		if !s.tokenOK(sb, r.Header.Get("X-Access-Token")) {
+			notRunning(w, id, "The sandbox was not found")
+			return
+		}
 		if sb.State != core.StateRunning {
 			notRunning(w, id, "The sandbox is "+string(sb.State))
 			return
@@ -104,7 +116,11 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) tokenOK(sb *core.Sandbox, tok string) bool {
-	return tok != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(s.accessToken(sb.ID))) == 1
+	return tokenEqual(tok, s.accessToken(sb.ID))
+}
+
+func tokenEqual(got, want string) bool {
+	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }
 
 // health is envd's /health for a running sandbox (serveSandbox answers
@@ -133,6 +149,8 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, sb *core.Sand
 				return s.m.DialPort(ctx, sb.Name, port)
 			},
 			DisableKeepAlives: true,
+			// The answer's headers come from the sandbox: bounded.
+			MaxResponseHeaderBytes: 256 << 10,
 		},
 		FlushInterval: -1, // server-sent events as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -141,20 +159,25 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, sb *core.Sand
 				Message   string `json:"message"`
 				Port      int    `json:"port"`
 				Code      int    `json:"code"`
-			}{sb.Name, "The sandbox is running but port is not open: " + err.Error(), port, http.StatusBadGateway})
+			}{sb.Name, "The sandbox is running but port is not open", port, http.StatusBadGateway})
 		},
 	}
 	rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
 // hostRoute reads a sandbox host name, PORT-ID.DOMAIN (what the SDKs'
-// getHost builds), into the sandbox and port it names.
-func hostRoute(host string) (id, port string, ok bool) {
+// getHost builds), into the sandbox and port it names. Only the edge's
+// own domain routes: a name of another domain that resolves here (DNS
+// rebinding from a web page) reaches no sandbox.
+func hostRoute(host, domain string) (id, port string, ok bool) {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
+	if d, _, err := net.SplitHostPort(domain); err == nil {
+		domain = d
+	}
 	label, rest, dotted := strings.Cut(host, ".")
-	if !dotted || rest == "" {
+	if !dotted || rest == "" || domain == "" || !strings.EqualFold(rest, domain) {
 		return "", "", false
 	}
 	port, id, ok = strings.Cut(label, "-")

@@ -40,8 +40,9 @@ type filesystemService struct {
 
 // Limits of the polled watchers (CreateWatcher).
 const (
-	maxWatcherEvents = 10000     // events kept between two GetWatcherEvents
-	watcherIdle      = time.Hour // a watcher not polled for this long is removed
+	maxWatcherEvents = 1000             // events kept between two GetWatcherEvents
+	watcherIdle      = 10 * time.Minute // a watcher not polled for this long is removed
+	maxWatchers      = 16               // polled watchers a sandbox may have at once
 )
 
 // resolvePath is p as an absolute, clean path in the sandbox: envd reads
@@ -75,12 +76,12 @@ func at(ctx context.Context, p string) (target, string, error) {
 // bits alone and permissions Go's rendering of the whole mode, as envd
 // has them. Owners are numeric (nook's FileInfo has no names) but for
 // root, and metadata is empty: nook keeps no xattrs.
-func entryOf(info *api.FileInfo) *fspb.EntryInfo {
+func entryOf(info *api.FileInfo, names *idNames) *fspb.EntryInfo {
 	bits, _ := strconv.ParseUint(info.Mode, 8, 32)
 	mode := api.FileModeOf(uint32(bits))
 	e := &fspb.EntryInfo{
 		Name: path.Base(info.Path), Path: info.Path, Size: info.Size,
-		Mode: uint32(mode.Perm()), Owner: idName(info.UID), Group: idName(info.GID),
+		Mode: uint32(mode.Perm()), Owner: names.user(info.UID), Group: names.group(info.GID),
 	}
 	switch info.Type {
 	case api.FileTypeFile:
@@ -104,13 +105,6 @@ func entryOf(info *api.FileInfo) *fspb.EntryInfo {
 	return e
 }
 
-func idName(id int) string {
-	if id == 0 {
-		return "root"
-	}
-	return strconv.Itoa(id)
-}
-
 func (f *filesystemService) Stat(ctx context.Context, req *connect.Request[fspb.StatRequest]) (*connect.Response[fspb.StatResponse], error) {
 	t, p, err := at(ctx, req.Msg.GetPath())
 	if err != nil {
@@ -120,7 +114,7 @@ func (f *filesystemService) Stat(ctx context.Context, req *connect.Request[fspb.
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&fspb.StatResponse{Entry: entryOf(info)}), nil
+	return connect.NewResponse(&fspb.StatResponse{Entry: entryOf(info, f.s.names(ctx, t))}), nil
 }
 
 // MakeDir makes a directory and its missing parents. An existing
@@ -144,7 +138,7 @@ func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fs
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&fspb.MakeDirResponse{Entry: entryOf(info)}), nil
+	return connect.NewResponse(&fspb.MakeDirResponse{Entry: entryOf(info, f.s.names(ctx, t))}), nil
 }
 
 // Move renames like rename(2), replacing a file at the destination, and
@@ -170,7 +164,7 @@ func (f *filesystemService) Move(ctx context.Context, req *connect.Request[fspb.
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&fspb.MoveResponse{Entry: entryOf(info)}), nil
+	return connect.NewResponse(&fspb.MoveResponse{Entry: entryOf(info, f.s.names(ctx, t))}), nil
 }
 
 // ListDir lists a directory's entries depth levels down (0 and 1: its
@@ -191,6 +185,7 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[fs
 		return nil, errdefs.Invalid("path is not a directory: %s", p)
 	}
 	res := &fspb.ListDirResponse{}
+	names := f.s.names(ctx, t)
 	for {
 		batch, err := l.Next()
 		if err == io.EOF {
@@ -201,7 +196,7 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[fs
 		}
 		for i := range batch {
 			if depth == 1 || depthBelow(p, batch[i].Path) <= depth {
-				res.Entries = append(res.Entries, entryOf(&batch[i]))
+				res.Entries = append(res.Entries, entryOf(&batch[i], names))
 			}
 		}
 	}
@@ -273,7 +268,7 @@ func (f *filesystemService) eventOf(ctx context.Context, t target, dir string, e
 	e := &fspb.FilesystemEvent{Name: name, Type: typ}
 	if entry && typ != fspb.EventType_EVENT_TYPE_REMOVE && typ != fspb.EventType_EVENT_TYPE_RENAME {
 		if info, err := f.s.m.StatFile(ctx, t.sb.Name, ev.Path); err == nil {
-			e.Entry = entryOf(info)
+			e.Entry = entryOf(info, f.s.names(ctx, t))
 		}
 	}
 	return e, nil
@@ -417,6 +412,17 @@ func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	}
 	// The watch outlives the request: it ends on RemoveWatcher, when
 	// nobody polls it, or with the sandbox.
+	f.mu.Lock()
+	n := 0
+	for _, pw := range f.watchers {
+		if pw.sandboxID == t.sb.ID {
+			n++
+		}
+	}
+	f.mu.Unlock()
+	if n >= maxWatchers {
+		return nil, errdefs.Exhausted("sandbox %s has %d watchers already: remove one first", t.sb.Name, n)
+	}
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	w, err := f.watch(wctx, t, dir, req.Msg.GetRecursive())
 	if err != nil {

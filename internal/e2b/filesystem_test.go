@@ -76,7 +76,7 @@ func TestEntryOf(t *testing.T) {
 		{api.FileInfo{Path: "/a/m", Type: api.FileTypeSymlink, Mode: "0777", LinkTarget: "/etc/x"}, fspb.FileType_FILE_TYPE_SYMLINK, 0o777, "Lrwxrwxrwx", "root", "/etc/x"},
 		{api.FileInfo{Path: "/run/s.sock", Type: api.FileTypeOther, Mode: "0600"}, fspb.FileType_FILE_TYPE_UNSPECIFIED, 0o600, "?rw-------", "root", ""},
 	} {
-		e := entryOf(&c.info)
+		e := entryOf(&c.info, nil)
 		if e.GetType() != c.typ || e.GetMode() != c.mode || e.GetPermissions() != c.perm || e.GetOwner() != c.owner || e.GetGroup() != c.owner || e.GetSymlinkTarget() != c.link {
 			t.Errorf("%s: got %v", c.info.Path, e)
 		}

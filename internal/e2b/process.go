@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
@@ -61,6 +62,53 @@ func (t *procTable) get(sandboxID string, pid int) *procEntry {
 	return t.procs[sandboxID][pid]
 }
 
+// room makes sure the table can keep another process of t's sandbox:
+// past maxSandboxes, sandboxes that are gone are dropped; past maxProcs,
+// the sandbox's processes that ended are; still past it, the start is
+// refused.
+func (t *procTable) room(ctx context.Context, s *Server, tg target) error {
+	t.mu.Lock()
+	many, full := len(t.procs) >= maxSandboxes, len(t.procs[tg.sb.ID]) >= maxProcs
+	t.mu.Unlock()
+	if many {
+		if all, err := s.m.List(ctx); err == nil {
+			live := map[string]bool{}
+			for _, sb := range all {
+				live[sb.ID] = true
+			}
+			t.mu.Lock()
+			for id := range t.procs {
+				if !live[id] {
+					delete(t.procs, id)
+				}
+			}
+			t.mu.Unlock()
+		}
+	}
+	if !full {
+		return nil
+	}
+	ps, err := s.m.Processes(ctx, tg.sb.Name)
+	if err != nil {
+		return err
+	}
+	running := map[int]bool{}
+	for _, p := range ps {
+		running[p.PID] = p.Running
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for pid := range t.procs[tg.sb.ID] {
+		if !running[pid] {
+			delete(t.procs[tg.sb.ID], pid)
+		}
+	}
+	if len(t.procs[tg.sb.ID]) >= maxProcs {
+		return errdefs.Exhausted("sandbox %s runs %d processes started through E2B's API: end some first", tg.sb.Name, maxProcs)
+	}
+	return nil
+}
+
 // byTag is the PID of the process with tag, or 0.
 func (t *procTable) byTag(sandboxID, tag string) int {
 	t.mu.Lock()
@@ -73,26 +121,20 @@ func (t *procTable) byTag(sandboxID, tag string) int {
 	return 0
 }
 
-// forget drops a sandbox's processes (it was killed), closing their
-// input handles.
+// forget drops a sandbox's processes (it was killed). An input handle
+// is its owner's to close (a start's stream, or input's reader, which
+// ends with the process): never closed here, where another stream may
+// still be reading it.
 func (t *procTable) forget(sandbox string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, e := range t.procs[sandbox] {
-		if e.in != nil {
-			e.in.Close()
-		}
-	}
 	delete(t.procs, sandbox)
 }
 
-// drop forgets one process.
+// drop forgets one process (it exited).
 func (t *procTable) drop(sandboxID string, pid int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if e := t.procs[sandboxID][pid]; e != nil && e.in != nil {
-		e.in.Close()
-	}
 	delete(t.procs[sandboxID], pid)
 }
 
@@ -115,11 +157,25 @@ func keepaliveEvery(h http.Header) time.Duration {
 	return time.Duration(min(max(n, 1), 300)) * time.Second
 }
 
+// Bounds on what the edge keeps of a process.
+const (
+	maxTag        = 256      // bytes of a process's tag
+	maxKeptConfig = 64 << 10 // bytes of its config kept for List (larger: nook's argv alone)
+	maxProcs      = 4096     // processes kept per sandbox
+	maxSandboxes  = 1024     // sandboxes with processes kept, before those gone are dropped
+)
+
 func (p *processService) Start(ctx context.Context, req *connect.Request[process.StartRequest], stream *connect.ServerStream[process.StartResponse]) error {
 	t := targetOf(ctx)
 	cfg := req.Msg.GetProcess()
 	if cfg.GetCmd() == "" {
 		return errdefs.Invalid("process.cmd is empty")
+	}
+	if len(req.Msg.GetTag()) > maxTag {
+		return errdefs.Invalid("a tag is at most %d bytes", maxTag)
+	}
+	if err := p.s.procs.room(ctx, p.s, t); err != nil {
+		return err
 	}
 	er := api.ExecRequest{Cmd: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), Env: cfg.GetEnvs(), Cwd: cfg.GetCwd(), User: t.user,
 		Background: true, Stdin: req.Msg.GetStdin()}
@@ -139,7 +195,10 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 		return err
 	}
 	pid := out.PID
-	e := &procEntry{tag: req.Msg.GetTag(), cfg: cfg}
+	e := &procEntry{tag: req.Msg.GetTag()}
+	if proto.Size(cfg) <= maxKeptConfig {
+		e.cfg = cfg
+	}
 	p.s.procs.put(t.sb.ID, pid, e)
 	p.s.procs.mu.Lock()
 	if e.in == nil {

@@ -45,6 +45,8 @@ type Server struct {
 	api    *http.ServeMux
 	envd   *http.ServeMux
 	procs  *procTable
+	// nameCache keeps sandboxes' uid and gid names (names.go).
+	nameCache nameCache
 }
 
 // New returns the E2B edge of m, keeping its signing key in dataDir.
@@ -95,6 +97,14 @@ func (s *Server) accessToken(sandboxID string) string {
 	return hex.EncodeToString(h.Sum(nil))[:40]
 }
 
+// trafficToken is what a request to a port of a sandbox without public
+// traffic carries (E2b-Traffic-Access-Token), E2B's trafficAccessToken.
+func (s *Server) trafficToken(sandboxID string) string {
+	h := hmac.New(sha256.New, s.key)
+	h.Write([]byte("traffic-access-token\x00" + sandboxID))
+	return hex.EncodeToString(h.Sum(nil))[:40]
+}
+
 // ServeHTTP routes a request: one that names a sandbox (E2b-Sandbox-Id)
 // is envd traffic for that sandbox, anything else the control API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -102,7 +112,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.serveSandbox(w, r)
 		return
 	}
-	if id, port, ok := hostRoute(r.Host); ok {
+	if id, port, ok := hostRoute(r.Host, s.domain); ok {
 		r.Header.Set("E2b-Sandbox-Id", id)
 		r.Header.Set("E2b-Sandbox-Port", port)
 		s.serveSandbox(w, r)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"golang.org/x/net/netutil"
 
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/e2b"
@@ -160,7 +163,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			log.Warn("the E2B listener serves plain HTTP beyond this host: API keys and sandbox access tokens cross the network readable; put a TLS proxy in front", "address", el.Addr().String())
 		}
 		servers = append(servers, newHTTPServer(edge, cfg.IdleTimeout, log))
-		listeners = append(listeners, el)
+		listeners = append(listeners, netutil.LimitListener(el, cmp.Or(cfg.MaxConns, DefaultMaxConns)))
 	}
 	errc := make(chan error, len(servers))
 	for i := range servers {
