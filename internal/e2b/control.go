@@ -116,6 +116,10 @@ type newSandbox struct {
 const (
 	reservedPrefix = "nook.e2b/"
 	publicLabel    = reservedPrefix + "public-traffic"
+	// isolationKey in a create's metadata chooses the sandbox's
+	// isolation: container (the default) or vm. It stays in the
+	// metadata.
+	isolationKey = "nook.isolation"
 )
 
 // sandboxView is E2B's Sandbox (create and connect answers).
@@ -258,6 +262,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, _ daemon.Scope) 
 		return
 	}
 	labels := map[string]string{}
+	isolation := req.Metadata[isolationKey]
 	for k, v := range req.Metadata {
 		if strings.HasPrefix(k, reservedPrefix) {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("metadata key %q: keys starting %s are nook's", k, reservedPrefix))
@@ -268,7 +273,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, _ daemon.Scope) 
 	if req.Network == nil || req.Network.AllowPublicTraffic == nil || *req.Network.AllowPublicTraffic {
 		labels[publicLabel] = "true"
 	}
-	cr := api.CreateSandboxRequest{Name: newName(), Template: templateOf(req.TemplateID), TTL: ttlOf(timeout), Env: req.EnvVars, Labels: labels}
+	cr := api.CreateSandboxRequest{Name: newName(), Template: templateOf(req.TemplateID), TTL: ttlOf(timeout), Env: req.EnvVars, Labels: labels,
+		Isolation: isolation}
 	if req.AutoPause {
 		cr.OnExpire = core.OnExpirePause
 	}

@@ -32,7 +32,18 @@ import (
 // and the refusals (a wrong API key, a wrong envd access token, an
 // unknown sandbox, malformed Connect frames), each case in its own
 // sandbox.
-func TestE2BSDK(t *testing.T) {
+func TestE2BSDK(t *testing.T) { runE2BSuite(t, "all") }
+
+// The same SDK drives a vm sandbox (chosen by the nook.isolation
+// metadata): commands, files and a port, through the vm's agent.
+func TestE2BSDKVM(t *testing.T) {
+	requireVM(t)
+	runE2BSuite(t, "vm")
+}
+
+// runE2BSuite runs testdata/e2b/suite.mjs's cases of a set (all, or vm)
+// against a daemon of its own.
+func runE2BSuite(t *testing.T, set string) {
 	root := testutil.ModuleRoot(t)
 	sdk := filepath.Join(root, ".cache", "e2b-sdk")
 	suite := filepath.Join(root, "internal", "e2e", "testdata", "e2b", "suite.mjs")
@@ -84,7 +95,7 @@ func TestE2BSDK(t *testing.T) {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	cmd.Env = append(cmd.Env, "E2B_API_URL=http://"+addr, "E2B_SANDBOX_URL=http://"+addr, "E2B_API_KEY="+key, "E2B_SDK_DIR="+sdk)
+	cmd.Env = append(cmd.Env, "E2B_API_URL=http://"+addr, "E2B_SANDBOX_URL=http://"+addr, "E2B_API_KEY="+key, "E2B_SDK_DIR="+sdk, "E2B_SUITE="+set)
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)

@@ -156,6 +156,24 @@ function frames(buf) {
 
 // --- commands ---
 
+// E2B_SUITE=vm: one case, in a vm sandbox.
+if (process.env.E2B_SUITE === 'vm') {
+  await check('vm: commands, files and a port in a vm sandbox', async () => {
+    const sbx = await Sandbox.create(template, { metadata: { 'nook.isolation': 'vm' }, timeoutMs: 600_000, requestTimeoutMs: 300_000 })
+    try {
+      const r = await sbx.commands.run('id -un; echo hi', { timeoutMs: 120_000 })
+      assert.equal(r.stdout, 'user\nhi\n')
+      await sbx.files.write('v.txt', 'vm file')
+      assert.equal(await sbx.files.read('/home/user/v.txt'), 'vm file')
+      await sbx.commands.run('cd /tmp && echo vmserved > i.html && python3 -m http.server 8000', { background: true })
+      const get = () => fetch(`${sandboxUrl}/i.html`, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8000' } })
+      await until(async () => (await get()).status === 200, 60_000, 'the server in the vm answers through the edge')
+      assert.equal((await (await get()).text()).trim(), 'vmserved')
+    } finally {
+      await sbx.kill()
+    }
+  })
+} else {
 await check('commands.run: stdout and exit code 0', () =>
   withSandbox({}, async (sbx) => {
     const r = await sbx.commands.run('echo hi')
@@ -517,6 +535,8 @@ await check('ports: getHost(port) names the sandbox, and E2b-Sandbox-Port reache
     assert.equal(paused.status, 502, 'a paused sandbox is not woken by its ports')
     assert.equal(await sbx.isRunning(), false)
   }))
+
+}
 
 const failed = results.filter((ok) => !ok).length
 console.log(`1..${results.length}`)
