@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nookhq/nook/api"
@@ -15,11 +17,16 @@ import (
 const dialTimeout = 5 * time.Second
 
 // dial serves OpDial: a TCP connection to a port on the sandbox's
-// loopback (a server listening on any address takes it), whose bytes the
+// loopback (127.0.0.1, else ::1) (a server listening on any address takes it), whose bytes the
 // stream then carries both ways until both sides are done. It reaches
 // nothing the sandbox itself could not.
 func (s *Server) dial(st net.Conn, fw *frameWriter, req *DialRequest) {
 	conn, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(req.Port)), dialTimeout)
+	if errors.Is(err, syscall.ECONNREFUSED) { // a server on localhost may be IPv6's alone
+		if c6, err6 := net.DialTimeout("tcp", net.JoinHostPort("::1", strconv.Itoa(req.Port)), dialTimeout); err6 == nil {
+			conn, err = c6, nil
+		}
+	}
 	if err != nil {
 		fw.fail(CodeNotFound, "nothing answers on port %d in the sandbox: %v", req.Port, err)
 		return

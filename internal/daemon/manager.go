@@ -1573,8 +1573,6 @@ func (m *Manager) Templates(ctx context.Context) (api.TemplateList, error) {
 	return api.TemplateList{Templates: ts, Buildable: template.BuildableList()}, nil
 }
 
-// imageConfig is the image config of the template build a sandbox was
-// made from, or nil (a recipe's build, or one that is gone).
 // DefaultUser is who a sandbox's commands run as when a call names no
 // one: its template's user ("" for root).
 func (m *Manager) DefaultUser(sb *core.Sandbox) string {
@@ -1584,6 +1582,9 @@ func (m *Manager) DefaultUser(sb *core.Sandbox) string {
 	return ""
 }
 
+// imageConfig is the exec defaults of the template build a sandbox was
+// made from (an image's config, or a recipe's), or nil (none, or a build
+// that is gone).
 func (m *Manager) imageConfig(sb *core.Sandbox) *api.ImageConfig {
 	if sb.TemplateID == "" {
 		return nil

@@ -3,9 +3,11 @@ package daemon
 import (
 	"context"
 	"net"
+	"time"
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/errdefs"
 )
 
@@ -79,4 +81,18 @@ func (m *Manager) DialPort(ctx context.Context, name string, port int) (net.Conn
 		return nil, m.agentError(ctx, sb, err)
 	}
 	return conn, nil
+}
+
+// Usage is what a sandbox uses now: the CPU time its processes used so
+// far and the memory its cgroup holds.
+func (m *Manager) Usage(ctx context.Context, name string) (cpu time.Duration, mem int64, err error) {
+	sb, err := m.Get(ctx, name)
+	if err != nil {
+		return 0, 0, err
+	}
+	cpu, err = cgroups.CPUUsage(m.cfg.CgroupParent, sb.ID)
+	if err != nil {
+		return 0, 0, err
+	}
+	return cpu, cgroups.MemoryUsage(m.cfg.CgroupParent, sb.ID), nil
 }

@@ -47,6 +47,10 @@ func (s *Server) controlMux() *http.ServeMux {
 	h("POST /sandboxes/{id}/pause", true, s.pause)
 	h("GET /sandboxes/{id}/metrics", false, s.metrics)
 	h("GET /templates", false, s.templates)
+	h("POST /sandboxes/{id}/snapshots", true, s.createSnapshot)
+	h("GET /snapshots", false, s.listSnapshots)
+	h("DELETE /templates/{id}", true, s.deleteTemplate)
+	h("POST /sandboxes/{id}/fork", true, s.fork)
 	h("GET /templates/aliases/{alias}", false, s.templateAlias)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
@@ -261,6 +265,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, _ daemon.Scope) 
 		writeError(w, http.StatusBadRequest, "timeout must be positive")
 		return
 	}
+	if len(req.Metadata) >= core.MaxLabels {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%d metadata keys: a sandbox has at most %d", len(req.Metadata), core.MaxLabels-1))
+		return
+	}
 	labels := map[string]string{}
 	isolation := req.Metadata[isolationKey]
 	for k, v := range req.Metadata {
@@ -272,6 +280,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, _ daemon.Scope) 
 	}
 	if req.Network == nil || req.Network.AllowPublicTraffic == nil || *req.Network.AllowPublicTraffic {
 		labels[publicLabel] = "true"
+	}
+	if sandbox, snapshot, ok := parseSnapshotID(req.TemplateID); ok {
+		s.createFromSnapshot(w, r, sandbox, snapshot, timeout)
+		return
 	}
 	cr := api.CreateSandboxRequest{Name: newName(), Template: templateOf(req.TemplateID), TTL: ttlOf(timeout), Env: req.EnvVars, Labels: labels,
 		Isolation: isolation}
@@ -466,16 +478,6 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, _ daemon.Scope) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// metrics answers no samples: nook keeps no per-sandbox time series yet
-// (the SDK's getMetrics returns an empty list).
-func (s *Server) metrics(w http.ResponseWriter, r *http.Request, _ daemon.Scope) {
-	if _, err := s.m.Get(r.Context(), r.PathValue("id")); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, []struct{}{})
-}
-
 func (s *Server) templates(w http.ResponseWriter, r *http.Request, _ daemon.Scope) {
 	list, err := s.m.Templates(r.Context())
 	if err != nil {
@@ -598,17 +600,23 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
 		}
 		return a.ID < b.ID
 	})
+	// A page token is where the last page ended in this order (its last
+	// sandbox's start time and ID), not that sandbox: the next page goes
+	// on from there even if that sandbox has gone since.
 	start := 0
 	if tok := q.Get("nextToken"); tok != "" {
-		after, err := base64.RawURLEncoding.DecodeString(tok)
-		if err != nil {
+		raw, err := base64.RawURLEncoding.DecodeString(tok)
+		at, id, ok := strings.Cut(string(raw), "/")
+		nanos, perr := strconv.ParseInt(at, 10, 64)
+		if err != nil || !ok || perr != nil {
 			writeError(w, http.StatusBadRequest, "nextToken is not one this API gave")
 			return
 		}
 		start = len(picked)
 		for i, sb := range picked {
-			if sb.ID == string(after) {
-				start = i + 1
+			c := sb.CreatedAt.UnixNano()
+			if (asc && c > nanos) || (!asc && c < nanos) || (c == nanos && sb.ID > id) {
+				start = i
 				break
 			}
 		}
@@ -616,7 +624,8 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
 	page := picked[start:]
 	if len(page) > limit {
 		page = page[:limit]
-		w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString([]byte(page[len(page)-1].ID)))
+		last := page[len(page)-1]
+		w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(last.CreatedAt.UnixNano(), 10)+"/"+last.ID)))
 	}
 	out := make([]listedSandbox, 0, len(page))
 	for _, sb := range page {

@@ -28,8 +28,7 @@ import (
 )
 
 // filesystemService is envd's Filesystem service over the Manager's file
-// API. Files and directories it makes are root's: nook's file API has no
-// owner to give them.
+// API. What it makes belongs to the request's user, as envd's does.
 type filesystemService struct {
 	filesystemconnect.UnimplementedFilesystemHandler
 	s *Server
@@ -436,6 +435,17 @@ func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	f.mu.Lock()
 	if f.watchers == nil {
 		f.watchers = map[string]*pollWatcher{}
+	}
+	n = 0
+	for _, other := range f.watchers {
+		if other.sandboxID == t.sb.ID {
+			n++
+		}
+	}
+	if n >= maxWatchers { // others were made meanwhile
+		f.mu.Unlock()
+		pw.stop()
+		return nil, errdefs.Exhausted("sandbox %s has %d watchers already: remove one first", t.sb.Name, n)
 	}
 	f.watchers[id] = pw
 	pw.idle = time.AfterFunc(watcherIdle, func() { f.removeWatcher(id) })

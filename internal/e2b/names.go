@@ -63,6 +63,9 @@ func (s *Server) names(ctx context.Context, t target) *idNames {
 		return n
 	}
 	n = &idNames{users: s.readNames(ctx, t, "/etc/passwd"), groups: s.readNames(ctx, t, "/etc/group"), at: time.Now()}
+	if n.users == nil && n.groups == nil {
+		return nil // not kept: the next call reads again
+	}
 	s.nameCache.mu.Lock()
 	if s.nameCache.m == nil {
 		s.nameCache.m = map[string]*idNames{}

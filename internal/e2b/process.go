@@ -159,10 +159,10 @@ func keepaliveEvery(h http.Header) time.Duration {
 
 // Bounds on what the edge keeps of a process.
 const (
-	maxTag        = 256      // bytes of a process's tag
-	maxKeptConfig = 64 << 10 // bytes of its config kept for List (larger: nook's argv alone)
-	maxProcs      = 4096     // processes kept per sandbox
-	maxSandboxes  = 1024     // sandboxes with processes kept, before those gone are dropped
+	maxTag        = 256     // bytes of a process's tag
+	maxKeptConfig = 4 << 10 // bytes of its config kept for List (larger: nook's argv alone)
+	maxProcs      = 4096    // processes kept per sandbox
+	maxSandboxes  = 1024    // sandboxes with processes kept, before those gone are dropped
 )
 
 func (p *processService) Start(ctx context.Context, req *connect.Request[process.StartRequest], stream *connect.ServerStream[process.StartResponse]) error {
@@ -235,6 +235,7 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 type startStream struct {
 	mu       sync.Mutex
 	p        *agent.Process
+	closed   bool
 	reattach func() (*agent.Process, error)
 	begun    bool // a frame came (or the fallback was taken)
 }
@@ -256,7 +257,11 @@ func (s *startStream) Next() (byte, []byte, error) {
 	}
 	s.mu.Lock()
 	s.p = np
+	closed := s.closed
 	s.mu.Unlock()
+	if closed { // its caller is gone already
+		np.Close()
+	}
 	return np.Next()
 }
 
@@ -264,6 +269,7 @@ func (s *startStream) Next() (byte, []byte, error) {
 func (s *startStream) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.closed = true
 	s.p.Close()
 }
 
@@ -469,10 +475,10 @@ func (s *Server) input(ctx context.Context, t target, pid int) (*agent.Process, 
 		e = &procEntry{}
 		s.procs.procs[t.sb.ID][pid] = e
 	}
-	if e.in != nil { // another call made one meanwhile
+	if cur := e.in; cur != nil { // another call made one meanwhile
 		s.procs.mu.Unlock()
 		in.Close()
-		return e.in, nil
+		return cur, nil
 	}
 	e.in = in
 	s.procs.mu.Unlock()
@@ -491,6 +497,28 @@ func (s *Server) input(ctx context.Context, t target, pid int) (*agent.Process, 
 		in.Close()
 	}()
 	return in, nil
+}
+
+// withInput runs op on the process's input handle; if that handle went
+// away meanwhile (the start stream that held it ended), once more on a
+// new one.
+func (s *Server) withInput(ctx context.Context, t target, pid int, op func(*agent.Process) error) error {
+	var err error
+	for range 2 {
+		var in *agent.Process
+		if in, err = s.input(ctx, t, pid); err != nil {
+			return err
+		}
+		if err = op(in); err == nil {
+			return nil
+		}
+		s.procs.mu.Lock()
+		if e := s.procs.procs[t.sb.ID][pid]; e != nil && e.in == in {
+			e.in = nil // broken: the next call makes another
+		}
+		s.procs.mu.Unlock()
+	}
+	return errdefs.Unavailable("process %d: its input: %v", pid, err)
 }
 
 func (p *processService) List(ctx context.Context, req *connect.Request[process.ListRequest]) (*connect.Response[process.ListResponse], error) {
@@ -532,12 +560,8 @@ func (p *processService) SendInput(ctx context.Context, req *connect.Request[pro
 	case *process.ProcessInput_Pty:
 		data = v.Pty
 	}
-	in, err := p.s.input(ctx, t, pid)
-	if err != nil {
+	if err := p.s.withInput(ctx, t, pid, func(in *agent.Process) error { _, err := in.Write(data); return err }); err != nil {
 		return nil, err
-	}
-	if _, err := in.Write(data); err != nil {
-		return nil, errdefs.Unavailable("process %d: stdin: %v", pid, err)
 	}
 	return connect.NewResponse(&process.SendInputResponse{}), nil
 }
@@ -548,12 +572,8 @@ func (p *processService) CloseStdin(ctx context.Context, req *connect.Request[pr
 	if err != nil {
 		return nil, err
 	}
-	in, err := p.s.input(ctx, t, pid)
-	if err != nil {
+	if err := p.s.withInput(ctx, t, pid, func(in *agent.Process) error { return in.CloseStdin() }); err != nil {
 		return nil, err
-	}
-	if err := in.CloseStdin(); err != nil {
-		return nil, errdefs.Unavailable("process %d: close stdin: %v", pid, err)
 	}
 	return connect.NewResponse(&process.CloseStdinResponse{}), nil
 }
@@ -565,12 +585,9 @@ func (p *processService) Update(ctx context.Context, req *connect.Request[proces
 		return nil, err
 	}
 	if size := req.Msg.GetPty().GetSize(); size != nil {
-		in, err := p.s.input(ctx, t, pid)
-		if err != nil {
+		rows, cols := uint16(min(size.GetRows(), 1000)), uint16(min(size.GetCols(), 1000))
+		if err := p.s.withInput(ctx, t, pid, func(in *agent.Process) error { return in.Resize(rows, cols) }); err != nil {
 			return nil, err
-		}
-		if err := in.Resize(uint16(min(size.GetRows(), 1000)), uint16(min(size.GetCols(), 1000))); err != nil {
-			return nil, errdefs.Unavailable("process %d: resize: %v", pid, err)
 		}
 	}
 	return connect.NewResponse(&process.UpdateResponse{}), nil

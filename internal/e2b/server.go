@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"connectrpc.com/connect"
 
@@ -47,6 +48,9 @@ type Server struct {
 	procs  *procTable
 	// nameCache keeps sandboxes' uid and gid names (names.go).
 	nameCache nameCache
+	// samples are sandboxes' CPU times at their last metric (snapshots.go).
+	samplesMu sync.Mutex
+	samples   map[string]cpuSample
 }
 
 // New returns the E2B edge of m, keeping its signing key in dataDir.

@@ -38,6 +38,11 @@ var errReaderGone = errors.New("layerstore: the unpack stopped reading")
 
 // take gives the writer a buffer to fill, once there is one.
 func (p *chunkPipe) take() error {
+	select {
+	case <-p.done: // the reader stopped: read no more for it
+		return errReaderGone
+	default:
+	}
 	if p.buf != nil {
 		return nil
 	}
@@ -84,6 +89,11 @@ func (p *chunkPipe) ReadFrom(r io.Reader) (int64, error) {
 }
 
 func (p *chunkPipe) send() error {
+	select {
+	case <-p.done:
+		return errReaderGone
+	default:
+	}
 	select {
 	case p.full <- p.buf:
 		p.buf = nil

@@ -214,6 +214,9 @@ func feed(b Blob, rc io.Reader, w io.ReaderFrom) error {
 	br := bufio.NewReaderSize(rc, 1<<20)
 	tarStream, closeDec, err := decompress(br)
 	if err != nil {
+		if src.err != nil && errors.Is(err, src.err) {
+			return err // the source failed, not its bytes
+		}
 		return errdefs.Invalid("%v", err)
 	}
 	defer closeDec()

@@ -497,6 +497,55 @@ await check('envd: malformed Connect requests get an error answer', () =>
     assert.equal((await sbx.commands.run('echo still here')).stdout, 'still here\n')
   }))
 
+await check('snapshots, forks and metrics: a snapshot is a template to create from, a fork copies a running sandbox', () =>
+  withSandbox({}, async (sbx) => {
+    await sbx.files.write('state.txt', 'before')
+    const snap = await sbx.createSnapshot()
+    assert.ok(snap.snapshotId.startsWith(`${sbx.sandboxId}:`), `snapshot id ${snap.snapshotId}`)
+    await sbx.files.write('state.txt', 'after')
+    const fromSnap = await Sandbox.create(snap.snapshotId)
+    try {
+      assert.equal(await fromSnap.files.read('state.txt'), 'before')
+    } finally {
+      await fromSnap.kill()
+    }
+    const forks = await sbx.fork({ count: 1 })
+    assert.equal(forks.length, 1)
+    assert.ok(forks[0] instanceof Sandbox, `fork: ${describe(forks[0])}`)
+    try {
+      assert.equal(await forks[0].files.read('state.txt'), 'after')
+      assert.notEqual(forks[0].sandboxId, sbx.sandboxId)
+    } finally {
+      await forks[0].kill()
+    }
+    const listed = await Sandbox.listSnapshots({ sandboxId: sbx.sandboxId }).nextItems()
+    assert.ok(listed.some((s) => s.snapshotId === snap.snapshotId), JSON.stringify(listed))
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
+    const m = await sbx.getMetrics()
+    assert.ok(m.length === 1 && m[0].memUsed > 0 && m[0].memTotal > 0 && m[0].cpuCount > 0, JSON.stringify(m))
+  }))
+
+await check('lifecycle: a list goes on page by page, even when the last one listed is killed', async () => {
+  const tag = randomBytes(6).toString('hex')
+  const made = await Promise.all([0, 1, 2].map(() => Sandbox.create(template, { metadata: { pages: tag } })))
+  try {
+    const pager = Sandbox.list({ query: { metadata: { pages: tag } }, limit: 1 })
+    const seen = []
+    while (pager.hasNext) {
+      const items = await pager.nextItems()
+      assert.ok(items.length <= 1, `a page of ${items.length}`)
+      for (const it of items) {
+        seen.push(it.sandboxId)
+        if (seen.length === 1) await Sandbox.kill(it.sandboxId) // the page's token names it
+      }
+    }
+    assert.equal(new Set(seen).size, 3, `listed ${seen}`)
+  } finally {
+    await Promise.all(made.map((s) => s.kill().catch(() => {})))
+  }
+})
+
 await check('files: signed download and upload URLs, and an expired one', () =>
   withSandbox({}, async (sbx) => {
     await sbx.files.write('/tmp/signed.txt', 'signed content')
