@@ -6,10 +6,18 @@ cd "$(dirname "$0")/.."
 NOOK=./bin/nook
 SOCK=/run/nook/nook.sock
 export NOOK_HOST=unix://$SOCK
+# E2B's API on 127.0.0.1:3000 (nook serve --e2b-listen), for programs
+# written for E2B's SDKs, unless something else holds that port.
+E2B_ADDR=127.0.0.1:3000
 if ! $NOOK info >/dev/null 2>&1; then
 	mkdir -p /var/log
+	e2b=(--e2b-listen "$E2B_ADDR")
+	if (exec 3<>/dev/tcp/127.0.0.1/3000) 2>/dev/null; then
+		echo "127.0.0.1:3000 is taken: the daemon starts without E2B's API (nook serve --e2b-listen ADDR)"
+		e2b=()
+	fi
 	echo "starting the nook daemon (log: /var/log/nook.log)"
-	setsid nohup $NOOK serve >>/var/log/nook.log 2>&1 </dev/null &
+	setsid nohup $NOOK serve "${e2b[@]}" >>/var/log/nook.log 2>&1 </dev/null &
 	for _ in $(seq 100); do
 		$NOOK info >/dev/null 2>&1 && break
 		sleep 0.1
@@ -36,3 +44,9 @@ The daemon is running and sandbox "demo" is yours. Go on with:
   ./bin/nook rm demo                           # destroy, leaving nothing behind
   ./bin/nook info                              # backends and host capabilities
 MSG
+if grep -q -- "--e2b-listen" "/proc/$(pgrep -o -f "$NOOK serve" || echo self)/cmdline" 2>/dev/null; then
+	cat <<MSG
+E2B's SDKs reach it too:
+  export E2B_API_URL=http://$E2B_ADDR E2B_SANDBOX_URL=http://$E2B_ADDR E2B_API_KEY=\$(./bin/nook token create --e2b)
+MSG
+fi

@@ -18,8 +18,11 @@
 //     connect (resumes a paused sandbox: 201, else 200; lengthens the
 //     lifetime to the timeout, never shortens it), list (metadata and
 //     state filters, order, pages with X-Next-Token), get, kill, timeout,
-//     refreshes, pause (409 when paused already), metrics (none yet),
-//     templates and template aliases (Template.exists). X-API-Key is a
+//     refreshes, pause (409 when paused already), metrics (one sample:
+//     CPU share since the last, memory, from the sandbox's cgroup),
+//     snapshots (an E2B snapshot is a template, SANDBOX:SNAPSHOT, that a
+//     create forks from; list, delete), fork, templates and template
+//     aliases (Template.exists). X-API-Key is a
 //     nook token, its scope enforced: admin everything; read-only looks,
 //     and never gets an access token; sandbox:NAME its own sandbox, and
 //     never lengthens its life. Errors are E2B's {"code","message"} with
@@ -54,8 +57,8 @@
 // relative paths are read in that user's home. Owners are named as the
 // sandbox's /etc/passwd and /etc/group name them (names.go).
 //
-// Not served yet: metrics samples, snapshots and fork, template builds,
-// volumes and secrets of E2B's API, envd's file metadata (nook keeps no
+// Not served yet: metrics history, template builds, volumes and
+// secrets of E2B's API, network updates of a running sandbox, envd's file metadata (nook keeps no
 // xattrs: metadata is empty, X-Metadata-* ignored), range requests on
 // /files, autoResume, and the Python SDK's own test (no PyPI here: its
 // calls are the JS SDK's, which the suite drives).
