@@ -51,6 +51,7 @@ func (s *Server) controlMux() *http.ServeMux {
 	h("GET /snapshots", false, s.listSnapshots)
 	h("DELETE /templates/{id}", true, s.deleteTemplate)
 	h("POST /sandboxes/{id}/fork", true, s.fork)
+	h("PUT /sandboxes/{id}/network", true, s.updateNetwork)
 	h("GET /templates/aliases/{alias}", false, s.templateAlias)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
@@ -503,6 +504,34 @@ func (s *Server) templates(w http.ResponseWriter, r *http.Request, _ daemon.Scop
 		out = append(out, tpl{TemplateID: name, BuildID: t.ID, Aliases: []string{name}, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt})
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// updateNetwork is PUT /sandboxes/{id}/network: the sandbox's egress
+// policy replaced at once (nook's SetNetwork), as a create would set it.
+// An admin's only: a sandbox's own key may not widen what it reaches.
+func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
+	if sc.Kind == daemon.ScopeSandbox {
+		writeError(w, http.StatusForbidden, "this API key is for sandbox "+sc.Sandbox+" alone: it cannot change its network")
+		return
+	}
+	var req struct {
+		AllowOut            []string `json:"allowOut"`
+		DenyOut             []string `json:"denyOut"`
+		AllowInternetAccess *bool    `json:"allow_internet_access"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	nr := api.SetNetworkRequest{Allow: req.AllowOut, Deny: req.DenyOut}
+	if len(nr.Allow) == 0 && (req.AllowInternetAccess == nil || *req.AllowInternetAccess) {
+		nr.Allow = []string{"@internet"}
+	}
+	if _, err := s.m.SetNetwork(r.Context(), r.PathValue("id"), nr); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // templateAlias answers whether a template name is one a create can use

@@ -21,8 +21,9 @@
 //     refreshes, pause (409 when paused already), metrics (one sample:
 //     CPU share since the last, memory, from the sandbox's cgroup),
 //     snapshots (an E2B snapshot is a template, SANDBOX:SNAPSHOT, that a
-//     create forks from; list, delete), fork, templates and template
-//     aliases (Template.exists). X-API-Key is a
+//     create forks from; list, delete), fork, network (the egress policy
+//     replaced; an admin's key only), templates and template aliases
+//     (Template.exists). X-API-Key is a
 //     nook token, its scope enforced: admin everything; read-only looks,
 //     and never gets an access token; sandbox:NAME its own sandbox, and
 //     never lengthens its life. Errors are E2B's {"code","message"} with
@@ -58,7 +59,7 @@
 // sandbox's /etc/passwd and /etc/group name them (names.go).
 //
 // Not served yet: metrics history, template builds, volumes and
-// secrets of E2B's API, network updates of a running sandbox, envd's file metadata (nook keeps no
+// secrets of E2B's API, E2B's egress proxy and per-domain rules, envd's file metadata (nook keeps no
 // xattrs: metadata is empty, X-Metadata-* ignored), range requests on
 // /files, autoResume, and the Python SDK's own test (no PyPI here: its
 // calls are the JS SDK's, which the suite drives).
