@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -71,12 +70,7 @@ func runE2BSuite(t *testing.T, set string) {
 	// that its first build does not run against the SDK's timeouts.
 	testutil.Template(t, "e2b")
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeAddr(t)
 	d := newDaemon(t, "--e2b-listen", addr)
 	key := strings.TrimSpace(d.must("token", "create", "--e2b", "--name", "e2b-test"))
 	if hx, ok := strings.CutPrefix(key, "e2b_"); !ok || len(hx) < 20 || strings.ToLower(hx) != hx {
@@ -170,12 +164,7 @@ func e2bCall(t *testing.T, method, url string, headers map[string]string, body s
 // included, by header or by a host name of any domain (DNS rebinding);
 // /health told anyone which names exist.
 func TestEscapeE2BEdge(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeAddr(t)
 	base := "http://" + addr
 	d := newDaemon(t, "--e2b-listen", addr)
 	admin := strings.TrimSpace(d.must("token", "create", "--e2b"))

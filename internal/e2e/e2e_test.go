@@ -564,14 +564,21 @@ func TestDeadSandboxIsReported(t *testing.T) {
 	}
 }
 
-// The TCP listener requires a token; the unix socket mints them.
-func TestTokenAuth(t *testing.T) {
+// freeAddr is a loopback address with a port free now, for a daemon's
+// listener.
+func freeAddr(t *testing.T) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// The TCP listener requires a token; the unix socket mints them.
+func TestTokenAuth(t *testing.T) {
+	addr := freeAddr(t)
 	d := newDaemon(t, "--listen", addr)
 	// The TCP listener serves HTTPS with a self-signed certificate whose
 	// fingerprint the daemon logs and `nook info` shows; clients pin it.
