@@ -40,9 +40,21 @@ func TestE2BSDKVM(t *testing.T) {
 	runE2BSuite(t, "vm")
 }
 
+// The egress policy an E2B create and updateNetwork give, with the
+// daemon and the SDK in a simulated host whose world serves allowed.test
+// and denied.test.
+func TestE2BSDKNetwork(t *testing.T) {
+	w := newWorld(t)
+	runE2BSuiteIn(t, "net", w.hostPath())
+}
+
 // runE2BSuite runs testdata/e2b/suite.mjs's cases of a set (all, or vm)
 // against a daemon of its own.
-func runE2BSuite(t *testing.T, set string) {
+func runE2BSuite(t *testing.T, set string) { runE2BSuiteIn(t, set, "") }
+
+// runE2BSuiteIn is runE2BSuite with the daemon and node in the network
+// namespace at netnsPath ("": this one).
+func runE2BSuiteIn(t *testing.T, set, netnsPath string) {
 	root := testutil.ModuleRoot(t)
 	sdk := filepath.Join(root, ".cache", "e2b-sdk")
 	suite := filepath.Join(root, "internal", "e2e", "testdata", "e2b", "suite.mjs")
@@ -71,7 +83,12 @@ func runE2BSuite(t *testing.T, set string) {
 	testutil.Template(t, "e2b")
 
 	addr := freeAddr(t)
-	d := newDaemon(t, "--e2b-listen", addr)
+	var d *daemon
+	if netnsPath != "" {
+		d = newDaemonIn(t, netnsPath, netDaemonArgs("--e2b-listen", addr)...)
+	} else {
+		d = newDaemon(t, "--e2b-listen", addr)
+	}
 	key := strings.TrimSpace(d.must("token", "create", "--e2b", "--name", "e2b-test"))
 	if hx, ok := strings.CutPrefix(key, "e2b_"); !ok || len(hx) < 20 || strings.ToLower(hx) != hx {
 		t.Fatalf("token create --e2b printed %q, not e2b_ and lowercase hex", key)
@@ -82,6 +99,9 @@ func runE2BSuite(t *testing.T, set string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, suite)
+	if netnsPath != "" {
+		cmd = exec.CommandContext(ctx, "nsenter", "--net="+netnsPath, node, suite)
+	}
 	// The SDK reads E2B_* from the environment: none of the caller's may
 	// point it elsewhere (E2B_DOMAIN, E2B_DEBUG, ...).
 	for _, kv := range os.Environ() {

@@ -156,8 +156,25 @@ function frames(buf) {
 
 // --- commands ---
 
-// E2B_SUITE=vm: one case, in a vm sandbox.
-if (process.env.E2B_SUITE === 'vm') {
+// E2B_SUITE=net: the egress policy, in a simulated host and world
+// (allowed.test and denied.test are the world's web servers).
+if (process.env.E2B_SUITE === 'net') {
+  await check('network: allowOut at create, updateNetwork after', () =>
+    withSandbox({ network: { allowOut: ['allowed.test'] } }, async (sbx) => {
+      const curl = async (url) => {
+        try {
+          return (await sbx.commands.run(`curl -sS --max-time 10 ${url}`)).stdout
+        } catch (err) {
+          return `curl failed: exit ${err.exitCode}`
+        }
+      }
+      assert.equal(await curl('http://allowed.test/'), 'allowed-web')
+      assert.match(await curl('http://denied.test/'), /^curl failed/)
+      await sbx.updateNetwork({ allowOut: ['denied.test'], allowInternetAccess: false })
+      assert.equal(await curl('http://denied.test/'), 'denied-web')
+      assert.match(await curl('http://allowed.test/'), /^curl failed/)
+    }))
+} else if (process.env.E2B_SUITE === 'vm') {
   await check('vm: commands, files and a port in a vm sandbox', async () => {
     const sbx = await Sandbox.create(template, { metadata: { 'nook.isolation': 'vm' }, timeoutMs: 600_000, requestTimeoutMs: 300_000 })
     try {
