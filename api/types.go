@@ -560,6 +560,10 @@ type FileInfo struct {
 	UID        int       `json:"uid"`
 	GID        int       `json:"gid"`
 	LinkTarget string    `json:"link_target,omitempty"`
+	// Metadata are a file's or directory's user.* extended attributes,
+	// named without "user." (at most 32, values of at most 1 KiB; what
+	// does not fit is left out); absent when none. E2B's file metadata.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // FileList is the body of GET /v1/sandboxes/{name}/files/list. Truncated

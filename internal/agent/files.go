@@ -55,6 +55,9 @@ type FileRequest struct {
 	// included: a user name or uid of the sandbox, optionally :group.
 	// "": root. A file written over keeps its owner.
 	User string `json:"user,omitempty"`
+	// Metadata (write) are user.* extended attributes the new file gets
+	// (names without "user.").
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // FileReply answers a file op (and is each batch of a list).
@@ -135,7 +138,7 @@ func (r *FileRequest) validate(op string) error {
 	if len(r.User) > 256 || strings.ContainsAny(r.User, "\x00/\n") {
 		return fmt.Errorf("user %q is not a user name or uid", r.User)
 	}
-	return nil
+	return checkMetadata(r.Metadata)
 }
 
 // owner is who owns what a write or mkdir creates: nil for root.
@@ -216,9 +219,69 @@ func fileErrorf(code, format string, args ...any) *AgentError {
 	return &AgentError{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
-// FileInfoOf describes fi, found at p.
+// FileInfoOf describes fi, found at p, with its user.* extended
+// attributes (a regular file's or a directory's).
 func FileInfoOf(p string, fi os.FileInfo) api.FileInfo {
-	return api.NewFileInfo(p, fi, func() (string, error) { return os.Readlink(p) })
+	info := api.NewFileInfo(p, fi, func() (string, error) { return os.Readlink(p) })
+	if fi.Mode().IsRegular() || fi.IsDir() {
+		info.Metadata = userXattrs(p)
+	}
+	return info
+}
+
+// Bounds of a file's metadata (its user.* extended attributes), read or
+// written.
+const (
+	maxMetadata      = 32
+	maxMetadataKey   = 128
+	maxMetadataValue = 1 << 10
+)
+
+// userXattrs reads p's user.* extended attributes (not following a
+// symlink), at most maxMetadata of at most maxMetadataValue bytes each;
+// nil if none or they cannot be read.
+func userXattrs(p string) map[string]string {
+	buf := make([]byte, 4096)
+	n, err := unix.Llistxattr(p, buf)
+	if err != nil || n == 0 {
+		return nil
+	}
+	var out map[string]string
+	val := make([]byte, maxMetadataValue)
+	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+		key, ok := strings.CutPrefix(name, "user.")
+		if !ok || key == "" || len(key) > maxMetadataKey {
+			continue
+		}
+		if len(out) >= maxMetadata {
+			break
+		}
+		m, err := unix.Lgetxattr(p, name, val)
+		if err != nil {
+			continue // gone, or longer than maxMetadataValue
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[key] = string(val[:m])
+	}
+	return out
+}
+
+// checkMetadata checks metadata to write as user.* extended attributes.
+func checkMetadata(md map[string]string) error {
+	if len(md) > maxMetadata {
+		return fmt.Errorf("%d metadata entries: a file has at most %d", len(md), maxMetadata)
+	}
+	for k, v := range md {
+		if k == "" || len(k) > maxMetadataKey || strings.ContainsRune(k, 0) {
+			return fmt.Errorf("metadata key %q: give 1 to %d bytes without NUL", k, maxMetadataKey)
+		}
+		if len(v) > maxMetadataValue {
+			return fmt.Errorf("metadata %q: its value is longer than %d bytes", k, maxMetadataValue)
+		}
+	}
+	return nil
 }
 
 func lstatInfo(p string) (*api.FileInfo, *AgentError) {
@@ -447,6 +510,12 @@ func (s *Server) fileWrite(fr *api.FrameReader, fw *frameWriter, p string, r *Fi
 	} else if id != nil {
 		if err := tmp.Chown(int(id.cred.Uid), int(id.cred.Gid)); err != nil {
 			fw.failWith(fileError(p, err))
+			return
+		}
+	}
+	for k, v := range r.Metadata {
+		if err := unix.Fsetxattr(int(tmp.Fd()), "user."+k, []byte(v), 0); err != nil {
+			fw.fail(CodeInvalidArgument, "%s: metadata %q: %v (the file system may keep no user attributes)", p, k, err)
 			return
 		}
 	}
@@ -703,6 +772,9 @@ func (lw *listWriter) add(info api.FileInfo) bool {
 	lw.batch = append(lw.batch, info)
 	lw.count++
 	lw.bytes += 256 + len(info.Path) + len(info.Name) + len(info.LinkTarget)
+	for k, v := range info.Metadata {
+		lw.bytes += 16 + len(k) + len(v)
+	}
 	if lw.bytes >= listBatchBytes {
 		lw.flush()
 	}

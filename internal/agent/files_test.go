@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nookhq/nook/api"
 )
 
@@ -631,5 +633,39 @@ func TestFilesOwner(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "x")); !os.IsNotExist(err) {
 		t.Fatalf("an unknown user's write made its parent: %v", err)
+	}
+}
+
+// A write's metadata become the file's user.* attributes, which stat and
+// list show (bounded); too many are refused before anything is written.
+func TestFilesMetadata(t *testing.T) {
+	c := startAgent(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	p := filepath.Join(dir, "m.txt")
+	info := writeString(t, c, &FileRequest{Path: p, Metadata: map[string]string{"author": "me", "k": ""}}, "x")
+	if info.Metadata["author"] != "me" || len(info.Metadata) != 2 {
+		t.Fatalf("write's answer: %+v", info.Metadata)
+	}
+	if got, err := c.Stat(ctx, p); err != nil || got.Metadata["author"] != "me" {
+		t.Fatalf("stat: %+v %v", got, err)
+	}
+	// Another program's attribute of another namespace is not shown.
+	if err := unix.Setxattr(p, "trusted.secret", []byte("no"), 0); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Stat(ctx, p)
+	if err != nil || len(got.Metadata) != 2 {
+		t.Fatalf("stat after a trusted.* attribute: %+v %v", got.Metadata, err)
+	}
+	many := map[string]string{}
+	for i := range maxMetadata + 1 {
+		many[fmt.Sprint("k", i)] = "v"
+	}
+	if _, err := c.WriteFile(ctx, &FileRequest{Path: filepath.Join(dir, "n.txt"), Metadata: many}, strings.NewReader("x")); err == nil {
+		t.Fatal("a write with too much metadata was taken")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "n.txt")); !os.IsNotExist(err) {
+		t.Fatalf("a refused write left its file: %v", err)
 	}
 }

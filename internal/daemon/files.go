@@ -97,18 +97,27 @@ func (m *Manager) ReadFile(ctx context.Context, name, path string, offset, lengt
 	return info, rc, nil
 }
 
+// WriteOptions say how WriteFile writes.
+type WriteOptions struct {
+	// Mode nil keeps an existing file's mode (0644 for a new one).
+	Mode *uint32
+	// Parents creates missing directories.
+	Parents bool
+	// Owner (a user of the sandbox, "" for root) owns a new file and the
+	// directories made for it; a file written over keeps its owner.
+	Owner string
+	// Metadata are user.* extended attributes the file gets.
+	Metadata map[string]string
+}
+
 // WriteFile replaces or creates a file with what r holds, atomically: a
-// reader in the sandbox sees the old file or the new one. mode nil keeps
-// an existing file's mode (0644 for a new one); parents creates missing
-// directories. owner (a user of the sandbox, "" for root) owns a new
-// file and the directories made for it; a file written over keeps its
-// owner.
-func (m *Manager) WriteFile(ctx context.Context, name, path, owner string, mode *uint32, parents bool, r io.Reader) (*api.FileInfo, error) {
+// reader in the sandbox sees the old file or the new one.
+func (m *Manager) WriteFile(ctx context.Context, name, path string, opt WriteOptions, r io.Reader) (*api.FileInfo, error) {
 	sb, c, err := m.fileAgent(ctx, name, path)
 	if err != nil {
 		return nil, err
 	}
-	info, err := c.WriteFile(ctx, &agent.FileRequest{Path: path, Mode: mode, Parents: parents, User: owner}, r)
+	info, err := c.WriteFile(ctx, &agent.FileRequest{Path: path, Mode: opt.Mode, Parents: opt.Parents, User: opt.Owner, Metadata: opt.Metadata}, r)
 	if err != nil {
 		return nil, m.uploadError(ctx, sb, err)
 	}

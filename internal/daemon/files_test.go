@@ -45,14 +45,14 @@ func TestFileErrorCategories(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Destroy(ctx, "files") })
-	if _, err := m.WriteFile(ctx, "files", "/root/f", "", nil, false, strings.NewReader("data")); err != nil {
+	if _, err := m.WriteFile(ctx, "files", "/root/f", WriteOptions{}, strings.NewReader("data")); err != nil {
 		t.Fatal(err)
 	}
 	m.mu.Lock()
 	client := m.agents[sb.ID]
 	m.mu.Unlock()
 
-	_, err = m.WriteFile(ctx, "files", "/root/f", "", nil, false, &failAfter{n: 3 << 20})
+	_, err = m.WriteFile(ctx, "files", "/root/f", WriteOptions{}, &failAfter{n: 3 << 20})
 	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "cut short") {
 		t.Fatalf("cut upload: %v", err)
 	}
@@ -81,7 +81,7 @@ func TestFileErrorCategories(t *testing.T) {
 		{"relative path", func() error { _, err := m.StatFile(ctx, "files", "nope"); return err }(), errdefs.ErrInvalidArgument},
 		{"read a directory", func() error { _, _, err := m.ReadFile(ctx, "files", "/etc", 0, 0); return err }(), errdefs.ErrInvalidArgument},
 		{"write under /proc/sys", func() error {
-			_, err := m.WriteFile(ctx, "files", "/proc/sys/kernel/x", "", nil, false, strings.NewReader("x"))
+			_, err := m.WriteFile(ctx, "files", "/proc/sys/kernel/x", WriteOptions{}, strings.NewReader("x"))
 			return err
 		}(), errdefs.ErrPermissionDenied},
 		{"mkdir existing", func() error { _, err := m.Mkdir(ctx, "files", "", api.MkdirRequest{Path: "/etc"}); return err }(), errdefs.ErrAlreadyExists},

@@ -58,9 +58,11 @@
 // relative paths are read in that user's home. Owners are named as the
 // sandbox's /etc/passwd and /etc/group name them (names.go).
 //
+// Files carry their user.* extended attributes as metadata (an upload's
+// X-Metadata-KEY headers set them, keys in lower case).
+//
 // Not served yet: metrics history, template builds, volumes and
-// secrets of E2B's API, E2B's egress proxy and per-domain rules, envd's file metadata (nook keeps no
-// xattrs: metadata is empty, X-Metadata-* ignored), range requests on
-// /files, autoResume, and the Python SDK's own test (no PyPI here: its
-// calls are the JS SDK's, which the suite drives).
+// secrets of E2B's API, E2B's egress proxy and per-domain rules, range
+// requests on /files, autoResume, and the Python SDK's own test (no
+// PyPI here: its calls are the JS SDK's, which the suite drives).
 package e2b

@@ -135,6 +135,7 @@ func (s *Server) uploadFile(w http.ResponseWriter, r *http.Request) {
 	t := targetOf(r.Context())
 	q := r.URL.Query()
 	user := fileUser(r)
+	md := uploadMetadata(r.Header)
 	body := io.Reader(r.Body)
 	switch ce := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); ce {
 	case "", "identity":
@@ -162,11 +163,11 @@ func (s *Server) uploadFile(w http.ResponseWriter, r *http.Request) {
 		var p string
 		var f uploadedFile
 		if p, err = resolvePath(user, q.Get("path")); err == nil {
-			f, err = s.writeUpload(r.Context(), t, user, p, body)
+			f, err = s.writeUpload(r.Context(), t, user, p, md, body)
 			files = []uploadedFile{f}
 		}
 	case strings.HasPrefix(ct, "multipart/") && params["boundary"] != "":
-		files, err = s.uploadParts(r.Context(), t, user, q, multipart.NewReader(body, params["boundary"]))
+		files, err = s.uploadParts(r.Context(), t, user, md, q, multipart.NewReader(body, params["boundary"]))
 	default:
 		writeError(w, http.StatusBadRequest, "Content-Type "+strconv.Quote(ct)+" is not supported: use multipart/form-data or application/octet-stream")
 		return
@@ -179,7 +180,7 @@ func (s *Server) uploadFile(w http.ResponseWriter, r *http.Request) {
 }
 
 // uploadParts writes a multipart upload's files, in order.
-func (s *Server) uploadParts(ctx context.Context, t target, user string, q url.Values, mr *multipart.Reader) ([]uploadedFile, error) {
+func (s *Server) uploadParts(ctx context.Context, t target, user string, md map[string]string, q url.Values, mr *multipart.Reader) ([]uploadedFile, error) {
 	var files []uploadedFile
 	for n := 0; ; n++ {
 		part, err := mr.NextPart()
@@ -211,7 +212,7 @@ func (s *Server) uploadParts(ctx context.Context, t target, user string, q url.V
 				return nil, errdefs.Invalid("you cannot upload multiple files to the same path %s in one request: only the first was written", p)
 			}
 		}
-		f, err := s.writeUpload(ctx, t, user, p, part)
+		f, err := s.writeUpload(ctx, t, user, p, md, part)
 		part.Close()
 		if err != nil {
 			return nil, err
@@ -245,8 +246,8 @@ func uploadFileName(disposition string) (string, error) {
 // writeUpload writes one uploaded file to p, making its parents, both
 // owned by user as envd gives them (an overwritten file keeps its
 // owner).
-func (s *Server) writeUpload(ctx context.Context, t target, user, p string, r io.Reader) (uploadedFile, error) {
-	if _, err := s.m.WriteFile(ctx, t.sb.Name, p, user, nil, true, r); err != nil {
+func (s *Server) writeUpload(ctx context.Context, t target, user, p string, md map[string]string, r io.Reader) (uploadedFile, error) {
+	if _, err := s.m.WriteFile(ctx, t.sb.Name, p, daemon.WriteOptions{Parents: true, Owner: user, Metadata: md}, r); err != nil {
 		return uploadedFile{}, err
 	}
 	return uploadedFile{Path: p, Name: path.Base(p), Type: "file"}, nil
@@ -340,4 +341,22 @@ func (s *Server) serveSigned(w http.ResponseWriter, r *http.Request) {
 	} else {
 		s.uploadFile(w, r)
 	}
+}
+
+// uploadMetadata is an upload's X-Metadata-KEY headers, which the file
+// keeps as its user.KEY extended attributes (keys in lower case: HTTP's
+// header names have none); nil if none.
+func uploadMetadata(h http.Header) map[string]string {
+	var md map[string]string
+	for name, vs := range h {
+		key, ok := strings.CutPrefix(strings.ToLower(name), "x-metadata-")
+		if !ok || key == "" || len(vs) == 0 {
+			continue
+		}
+		if md == nil {
+			md = map[string]string{}
+		}
+		md[key] = vs[0]
+	}
+	return md
 }

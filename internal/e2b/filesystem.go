@@ -98,6 +98,7 @@ func entryOf(info *api.FileInfo, names *idNames) *fspb.EntryInfo {
 		mode |= fs.ModeIrregular
 	}
 	e.Permissions = mode.String()
+	e.Metadata = info.Metadata
 	if !info.ModTime.IsZero() {
 		e.ModifiedTime = timestamppb.New(info.ModTime)
 	}

@@ -228,7 +228,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		}
 		mode = &m
 	}
-	info, err := s.m.WriteFile(r.Context(), r.PathValue("name"), r.URL.Query().Get("path"), "", mode, flags[0], r.Body)
+	info, err := s.m.WriteFile(r.Context(), r.PathValue("name"), r.URL.Query().Get("path"), daemon.WriteOptions{Mode: mode, Parents: flags[0]}, r.Body)
 	if err != nil {
 		s.uploadFail(w, r, err)
 		return

@@ -563,6 +563,18 @@ await check('lifecycle: a list goes on page by page, even when the last one list
   }
 })
 
+await check('files: metadata written with a file comes back with it', () =>
+  withSandbox({}, async (sbx) => {
+    await sbx.files.write('meta.txt', 'm', { metadata: { author: 'nook', stage: 'draft' } })
+    const info = await sbx.files.getInfo('meta.txt')
+    assert.deepEqual(info.metadata, { author: 'nook', stage: 'draft' })
+    const listed = (await sbx.files.list('.')).find((e) => e.name === 'meta.txt')
+    assert.deepEqual(listed?.metadata, { author: 'nook', stage: 'draft' })
+    const plain = await sbx.files.write('plain.txt', 'p')
+    assert.ok(!(await sbx.files.getInfo('plain.txt')).metadata, 'a file written without metadata has none')
+    assert.ok(plain)
+  }))
+
 await check('files: signed download and upload URLs, and an expired one', () =>
   withSandbox({}, async (sbx) => {
     await sbx.files.write('/tmp/signed.txt', 'signed content')
