@@ -108,7 +108,11 @@ type forkResult struct {
 // fork is POST /sandboxes/{id}/fork: count copies of the sandbox as it is
 // now (nook's fork: a snapshot taken in place, the sandbox going on),
 // each living timeout seconds (default the parent's TTL).
-func (s *Server) fork(w http.ResponseWriter, r *http.Request, _ daemon.Scope) {
+func (s *Server) fork(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
+	if sc.Kind == daemon.ScopeSandbox { // a fork makes sandboxes: an admin's, as in nook's API
+		writeError(w, http.StatusForbidden, "this API key is for sandbox "+sc.Sandbox+" alone: it cannot fork it")
+		return
+	}
 	var req struct {
 		Timeout *int `json:"timeout"`
 		Count   int  `json:"count"`

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/testutil"
 )
 
@@ -246,6 +247,21 @@ func TestEscapeE2BEdge(t *testing.T) {
 	}
 	if code, body := e2bCall(t, "POST", base+"/sandboxes/native/connect", map[string]string{"X-API-Key": own}, `{"timeout": 7776000}`); code != http.StatusOK {
 		t.Errorf("a sandbox's key connecting: %d %s", code, body)
+	}
+	// Nor make sandboxes, by a fork or by a create from its snapshot, or
+	// widen its network.
+	if code, body := e2bCall(t, "POST", base+"/sandboxes/native/fork", map[string]string{"X-API-Key": own}, `{"count": 1}`); code != http.StatusForbidden {
+		t.Errorf("a sandbox's key forked it: %d %s", code, body)
+	}
+	if code, body := e2bCall(t, "POST", base+"/v2/sandboxes", map[string]string{"X-API-Key": own}, `{"templateID": "native:snap"}`); code != http.StatusForbidden {
+		t.Errorf("a sandbox's key created from its snapshot: %d %s", code, body)
+	}
+	if code, body := e2bCall(t, "PUT", base+"/sandboxes/native/network", map[string]string{"X-API-Key": own}, `{"allowOut": ["0.0.0.0/0"]}`); code != http.StatusForbidden {
+		t.Errorf("a sandbox's key changed its network: %d %s", code, body)
+	}
+	var listed []api.Sandbox
+	if err := json.Unmarshal([]byte(d.must("ls", "--json")), &listed); err != nil || len(listed) != 1 {
+		t.Errorf("%d sandboxes after the sandbox key's attempts, want 1 (%v)", len(listed), err)
 	}
 	var b, a struct {
 		ExpiresAt time.Time `json:"expires_at"`
