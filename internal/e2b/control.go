@@ -563,19 +563,14 @@ func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request, _ daemon.
 
 // listV1 is the first list API: the running sandboxes, all at once.
 func (s *Server) listV1(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
-	all, err := s.visible(r.Context(), sc)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	filter, err := metadataFilter(r.URL.Query().Get("metadata"))
+	all, err := s.matching(r, sc)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	out := []listedSandbox{}
 	for _, sb := range all {
-		if sb.State == core.StateRunning && matches(sb, filter) {
+		if sb.State == core.StateRunning {
 			out = append(out, s.listed(sb, false, sc))
 		}
 	}
@@ -587,12 +582,7 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request, sc daemon.Scope)
 // the next page's token in X-Next-Token.
 func (s *Server) list(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
 	q := r.URL.Query()
-	all, err := s.visible(r.Context(), sc)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	filter, err := metadataFilter(q.Get("metadata"))
+	all, err := s.matching(r, sc)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -618,7 +608,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
 	asc := q.Get("order") == "asc"
 	var picked []*core.Sandbox
 	for _, sb := range all {
-		if st := state(sb); st != "" && states[st] && matches(sb, filter) && (q.Get("template") == "" || templateOf(q.Get("template")) == sb.Template) {
+		if st := state(sb); st != "" && states[st] && (q.Get("template") == "" || templateOf(q.Get("template")) == sb.Template) {
 			picked = append(picked, sb)
 		}
 	}
@@ -661,6 +651,26 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, sc daemon.Scope) {
 		out = append(out, s.listed(sb, false, sc))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// matching is the sandboxes a scope may see whose labels match the
+// request's metadata filter.
+func (s *Server) matching(r *http.Request, sc daemon.Scope) ([]*core.Sandbox, error) {
+	filter, err := metadataFilter(r.URL.Query().Get("metadata"))
+	if err != nil {
+		return nil, err
+	}
+	all, err := s.visible(r.Context(), sc)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0:0]
+	for _, sb := range all {
+		if matches(sb, filter) {
+			out = append(out, sb)
+		}
+	}
+	return out, nil
 }
 
 // visible is the sandboxes a scope may see.

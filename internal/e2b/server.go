@@ -96,16 +96,20 @@ func loadKey(path string) ([]byte, error) {
 // accessToken is the envd access token of a sandbox (by its ID, so a
 // sandbox made again under the same name gets another).
 func (s *Server) accessToken(sandboxID string) string {
-	h := hmac.New(sha256.New, s.key)
-	h.Write([]byte("envd-access-token\x00" + sandboxID))
-	return hex.EncodeToString(h.Sum(nil))[:40]
+	return s.sandboxMAC("envd-access-token", sandboxID)
 }
 
 // trafficToken is what a request to a port of a sandbox without public
 // traffic carries (E2b-Traffic-Access-Token), E2B's trafficAccessToken.
 func (s *Server) trafficToken(sandboxID string) string {
+	return s.sandboxMAC("traffic-access-token", sandboxID)
+}
+
+// sandboxMAC is the edge's key's HMAC of a sandbox's ID for one purpose,
+// 40 hex digits: tokens that need no storage and differ by purpose.
+func (s *Server) sandboxMAC(purpose, sandboxID string) string {
 	h := hmac.New(sha256.New, s.key)
-	h.Write([]byte("traffic-access-token\x00" + sandboxID))
+	h.Write([]byte(purpose + "\x00" + sandboxID))
 	return hex.EncodeToString(h.Sum(nil))[:40]
 }
 
