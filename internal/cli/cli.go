@@ -28,6 +28,7 @@ import (
 	"github.com/nookhq/nook/internal/cli/termsafe"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/daemon"
+	"github.com/nookhq/nook/internal/identity"
 	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/internal/server"
 	"github.com/nookhq/nook/sdk"
@@ -129,7 +130,7 @@ as ` + "`nook info`" + ` shows it on the host) or NOOK_TLS_CA=FILE.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), stopCmd(true), stopCmd(false), ttlCmd(), rmCmd(), templateCmd(), volumeCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd())
+	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), stopCmd(true), stopCmd(false), ttlCmd(), rmCmd(), templateCmd(), volumeCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd(), identityCmd(), oidcCmd())
 	return root
 }
 
@@ -210,6 +211,10 @@ func serveCmd() *cobra.Command {
 	c.Flags().StringVar(&cfg.TLSKey, "tls-key", "", "the private key of --tls-cert, a PEM `FILE`")
 	c.Flags().StringVar(&cfg.E2BListen, "e2b-listen", "", "also serve E2B's API and its sandboxes' envd API on this TCP `ADDR` (e.g. 127.0.0.1:3000), plain HTTP, for programs written for E2B's SDKs: set E2B_API_URL and E2B_SANDBOX_URL to http://ADDR and E2B_API_KEY to a token (nook token create --e2b). Off by default")
 	c.Flags().StringVar(&cfg.E2BDomain, "e2b-domain", "", "the `DOMAIN` E2B sandboxes' host names end in: the SDKs' getHost(port) gives PORT-ID.DOMAIN, which --e2b-listen routes to that port in the sandbox (default localhost:PORT of --e2b-listen, which curl and browsers resolve to this host)")
+	c.Flags().StringVar(&cfg.Daemon.Identity.Issuer, "issuer", "", "the `URL` of sandboxes' identity tokens (their iss), where relying parties read /.well-known/openid-configuration and the keys: this daemon serves both without a token, and nook oidc export writes them for hosting elsewhere (default "+identity.DefaultIssuer+", which names no host: set it before relying parties trust tokens)")
+	c.Flags().StringVar(&cfg.Daemon.Identity.TrustDomain, "identity-trust-domain", "", "the trust `DOMAIN` of identity tokens' subjects, spiffe://DOMAIN/sandbox/ID (default the --issuer's host)")
+	c.Flags().DurationVar(&cfg.Daemon.Identity.RotateEvery, "identity-rotate", identity.DefaultRotateEvery, "how long an identity signing key signs before the next (published a whole period ahead) takes over")
+	c.Flags().DurationVar(&cfg.Daemon.Identity.MaxTTL, "identity-max-ttl", identity.DefaultMaxTTL, "the longest lifetime of an identity token; retired keys stay published this long")
 	c.Flags().BoolVar(&cfg.InsecureHTTP, "insecure-http", false, "serve plain HTTP on --listen instead of HTTPS: tokens cross the network readable. Only behind a TLS-terminating proxy on the same host")
 	c.Flags().IntVar(&cfg.MaxConns, "max-conns", server.DefaultMaxConns, "most connections the TCP listener holds open at once; more wait until one closes")
 	c.Flags().DurationVar(&cfg.IdleTimeout, "idle-timeout", server.DefaultIdleTimeout, "close API connections idle this long between requests (streams in progress are not idle)")

@@ -85,6 +85,11 @@ type Sandbox struct {
 	// Labels are the caller's key=value pairs, fixed at create (a fork
 	// has its parent's); E2B's metadata.
 	Labels map[string]string
+	// Creator is the name of the token that created it ("" over the
+	// daemon's Unix socket); ParentID the sandbox it was forked from and
+	// LineageID the first sandbox of its line of forks ("": its own ID).
+	// Its identity tokens carry them.
+	Creator, ParentID, LineageID string
 }
 
 // VolumeMount is a volume a sandbox mounts (Name's files), or a

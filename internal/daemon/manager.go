@@ -33,6 +33,7 @@ import (
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/identity"
 	"github.com/nookhq/nook/internal/image"
 	"github.com/nookhq/nook/internal/keylock"
 	"github.com/nookhq/nook/internal/runcbin"
@@ -82,7 +83,9 @@ type Config struct {
 	// AllowHostMounts are the directories of the host under which a
 	// create may mount a directory (--mount); none: no host mounts.
 	AllowHostMounts []string
-	Log             *slog.Logger
+	// Identity configures sandboxes' identity tokens (identity.go).
+	Identity IdentityConfig
+	Log      *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
@@ -180,6 +183,9 @@ type Manager struct {
 	pauseMode string // what a container's pause does, for Info
 
 	limits *ledger // the host limits and their use (limits.go)
+
+	issuer *identity.Issuer // sandboxes' identity tokens (identity.go)
+	idlog  *identityLog
 }
 
 // DefaultCRIU is where scripts/criu.sh installs the CRIU nook builds.
@@ -293,9 +299,15 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 			cfg.Log.Warn("a directory allowed for host mounts is on a file system mounted without nosuid: a sandbox's root can leave setuid files there that the host's users can run; allow only directories on a nosuid mount, or that no other user of the host can reach", "dir", dir)
 		}
 	}
+	if m.issuer, err = openIssuer(cfg); err != nil {
+		st.Close()
+		return nil, err
+	}
+	m.idlog = newIdentityLog(st, cfg.Log)
 	var hooks core.NetHooks // stays a nil interface when networking is off
 	if cfg.Net.Enabled {
-		if m.net, err = newSandboxNets(ctx, cfg, st); err != nil {
+		if m.net, err = newSandboxNets(ctx, cfg, st, m.metadataHandler); err != nil {
+			m.idlog.close()
 			st.Close()
 			return nil, err
 		}
@@ -306,6 +318,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		if m.net != nil {
 			m.net.close()
 		}
+		m.idlog.close()
 		st.Close()
 		return nil, err
 	}
@@ -343,6 +356,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		if m.net != nil {
 			m.net.close()
 		}
+		m.idlog.close()
 		st.Close()
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
@@ -373,6 +387,7 @@ func (m *Manager) Close() error {
 	if m.net != nil {
 		m.net.close()
 	}
+	m.idlog.close()
 	return m.store.Close()
 }
 
@@ -605,7 +620,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 		ID: newID(), Name: req.Name, Template: tpl.Name, TemplateID: tpl.ID, Isolation: req.Isolation,
 		State: core.StateCreating, CPUs: cpus, MemoryBytes: mem, DiskBytes: disk, PidsLimit: 4096,
 		Env: req.Env, CreatedAt: now, ExpiresAt: now.Add(ttl), IdlePause: idlePause, OnExpire: onExpire,
-		Volumes: vols, Labels: req.Labels,
+		Volumes: vols, Labels: req.Labels, Creator: creatorFrom(ctx),
 	}
 	if sb.Env == nil {
 		sb.Env = map[string]string{}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"path/filepath"
 	"sort"
@@ -20,6 +21,7 @@ import (
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/identity"
 	"github.com/nookhq/nook/internal/network"
 	"github.com/nookhq/nook/internal/network/dns"
 	"github.com/nookhq/nook/internal/network/policy"
@@ -105,6 +107,13 @@ type sandboxNets struct {
 	hostValid bool
 	hostWatch bool // the subscription runs
 
+	// metadata makes the handler of a sandbox's metadata endpoint
+	// (identity.go); metaSrv are the endpoints served, by sandbox ID, each
+	// on its own gateway (metaMu).
+	metadata func(id string, caller netip.Addr) http.Handler
+	metaMu   sync.Mutex
+	metaSrv  map[string]*http.Server
+
 	logc chan store.NetLogEntry
 	// qmu guards queued (entries of each sandbox in logc) and dropped
 	// (entries of each sandbox not queued since its last queued one,
@@ -119,9 +128,9 @@ type sandboxNets struct {
 
 var _ core.NetHooks = (*sandboxNets)(nil)
 
-func newSandboxNets(ctx context.Context, cfg Config, st *store.Store) (*sandboxNets, error) {
+func newSandboxNets(ctx context.Context, cfg Config, st *store.Store, metadata func(string, netip.Addr) http.Handler) (*sandboxNets, error) {
 	n := &sandboxNets{
-		store: st, log: cfg.Log, state: map[string]*netState{},
+		store: st, log: cfg.Log, state: map[string]*netState{}, metadata: metadata, metaSrv: map[string]*http.Server{},
 		logc: make(chan store.NetLogEntry, netLogQueue), flushc: make(chan chan struct{}),
 		queued: map[string]int{}, dropped: map[string]int{},
 		stop: make(chan struct{}), done: make(chan struct{}),
@@ -133,7 +142,8 @@ func newSandboxNets(ctx context.Context, cfg Config, st *store.Store) (*sandboxN
 	if err != nil {
 		return nil, fmt.Errorf("sandbox networking: %w", err)
 	}
-	srv, err := dns.New(dns.Config{Upstreams: cfg.Net.DNSUpstreams, Logger: cfg.Log})
+	srv, err := dns.New(dns.Config{Upstreams: cfg.Net.DNSUpstreams, Logger: cfg.Log,
+		Local: map[string]netip.Addr{identity.MetadataName: network.MetadataAddr}})
 	if err != nil {
 		mgr.Close()
 		return nil, fmt.Errorf("sandbox DNS resolver: %w", err)
@@ -181,6 +191,12 @@ func (n *sandboxNets) watchHostAddrs() {
 func (n *sandboxNets) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	n.metaMu.Lock()
+	for id, srv := range n.metaSrv {
+		srv.Close()
+		delete(n.metaSrv, id)
+	}
+	n.metaMu.Unlock()
 	n.dns.Close(ctx)
 	n.mgr.Close()
 	close(n.stop)
@@ -219,6 +235,7 @@ func (n *sandboxNets) Detach(ctx context.Context, id string) error {
 	if err := n.dns.Remove(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
+	n.stopMetadata(id)
 	n.mu.Lock()
 	delete(n.state, id)
 	n.mu.Unlock()
@@ -373,6 +390,7 @@ func (n *sandboxNets) applyKeep(ctx context.Context, id string, subnet netip.Pre
 	if err := n.mgr.SetPolicy(ctx, id, kp); err != nil {
 		return err
 	}
+	n.serveMetadata(ctx, id, subnet)
 	if p.Mode == policy.None {
 		if err := n.dns.Remove(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
@@ -387,6 +405,43 @@ func (n *sandboxNets) applyKeep(ctx context.Context, id string, subnet netip.Pre
 		OnDenied:   n.dnsDenied,
 	})
 	return err
+}
+
+// serveMetadata serves a sandbox's metadata endpoint on its gateway, if
+// it is not served yet. A failure is logged: the sandbox runs without it.
+func (n *sandboxNets) serveMetadata(ctx context.Context, id string, subnet netip.Prefix) {
+	if n.metadata == nil {
+		return
+	}
+	n.metaMu.Lock()
+	defer n.metaMu.Unlock()
+	if n.metaSrv[id] != nil {
+		return
+	}
+	ln, err := n.mgr.ListenGateway(ctx, subnet, network.MetadataPort)
+	if err != nil {
+		n.log.Error("sandbox metadata endpoint: not served", "sandbox", id, "err", err)
+		return
+	}
+	srv := &http.Server{
+		Handler:           n.metadata(id, network.SandboxAddr(subnet)),
+		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
+		IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10,
+		ErrorLog: slog.NewLogLogger(n.log.Handler(), slog.LevelDebug),
+	}
+	n.metaSrv[id] = srv
+	go srv.Serve(ln)
+}
+
+// stopMetadata closes a sandbox's metadata endpoint and its connections.
+func (n *sandboxNets) stopMetadata(id string) {
+	n.metaMu.Lock()
+	srv := n.metaSrv[id]
+	delete(n.metaSrv, id)
+	n.metaMu.Unlock()
+	if srv != nil {
+		srv.Close()
+	}
 }
 
 // kernelPolicy turns a policy's CIDR rules and @internet into the

@@ -342,6 +342,8 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 		Env: src.Env, CreatedAt: now, ExpiresAt: now.Add(src.ExpiresAt.Sub(src.CreatedAt)), IdlePause: src.IdlePause, OnExpire: src.OnExpire,
 		Volumes: src.Volumes, // a fork mounts the same volumes (they are in no snapshot)
 		Labels:  src.Labels,
+		// A new identity: its own subject, its parent's line.
+		Creator: creatorFrom(ctx), ParentID: src.ID, LineageID: lineageOf(src),
 	}
 	if sb.ExpiresAt.Before(now.Add(time.Minute)) {
 		sb.ExpiresAt = now.Add(time.Hour)

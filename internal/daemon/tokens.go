@@ -71,6 +71,7 @@ func clipScope(s string) string {
 // TokenInfo is an authenticated token.
 type TokenInfo struct {
 	ID        string
+	Name      string // its name, else its ID
 	Scope     Scope
 	ExpiresAt time.Time // zero: never
 }
@@ -180,7 +181,11 @@ func (m *Manager) Authenticate(ctx context.Context, secret string) (*TokenInfo, 
 		return nil, fmt.Errorf("token %s: %w", t.ID, err)
 	}
 	scope.SandboxID = t.SandboxID
-	return &TokenInfo{ID: t.ID, Scope: scope, ExpiresAt: t.ExpiresAt}, nil
+	name := t.Name
+	if name == "" {
+		name = t.ID
+	}
+	return &TokenInfo{ID: t.ID, Name: name, Scope: scope, ExpiresAt: t.ExpiresAt}, nil
 }
 
 type lookOnlyKey struct{}

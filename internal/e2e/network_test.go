@@ -262,10 +262,13 @@ func testNetworkPolicy(t *testing.T, isolation string) {
 		gw := d.network(sb).Gateway
 		d.mustReach(sb, "http://allowed.test/", "allowed-web")
 		d.mustReach(sb, "http://www.allowed.test/", "allowed-web")
-		d.mustReach(sb, "http://"+webCIDR+"/", "cidr-web")                          // the CIDR rule
-		d.mustRefuse(sb, "http://denied.test/", 6)                                  // NXDOMAIN
-		d.mustRefuse(sb, "http://"+webDenied+"/", 7)                                // never resolved through nook, not allowed
-		d.mustRefuse(sb, "http://"+metadataIP+"/", 7)                               // link-local and metadata
+		d.mustReach(sb, "http://"+webCIDR+"/", "cidr-web") // the CIDR rule
+		d.mustRefuse(sb, "http://denied.test/", 6)         // NXDOMAIN
+		d.mustRefuse(sb, "http://"+webDenied+"/", 7)       // never resolved through nook, not allowed
+		d.mustRefuse(sb, "http://"+metadataIP+":8080/", 7) // link-local, but for nook's metadata endpoint
+		if got, code := d.curl(sb, "http://"+metadataIP+"/"); code != 0 || !strings.Contains(got, "Nook-Metadata") {
+			t.Fatalf("%s: %s:80 is not nook's metadata endpoint: exit %d, %q", sb, metadataIP, code, got) // never the world's
+		}
 		d.mustRefuse(sb, "http://"+gw+":"+hostPort+"/", 7)                          // the host, at its sandbox-side address
 		d.mustRefuse(sb, "http://"+nettest.HostUplink.String()+":"+hostPort+"/", 7) // and at its uplink address
 		d.mustRefuse(sb, "http://"+worldDNS+":53/", 7)                              // DNS elsewhere than nook's resolver
@@ -329,7 +332,7 @@ func testNetworkPolicy(t *testing.T, isolation string) {
 		t.Fatal(err)
 	}
 	wantLog := map[string]bool{"denied.test A:not-allowed": false, "tunnel": false, webDenied + ":80/tcp:policy": false,
-		metadataIP + ":80/tcp:blocked": false, ":" + hostPort + "/tcp:host": false, otherAddr + ":8000/tcp:sandbox": false, worldDNS + ":53/tcp:dns": false}
+		metadataIP + ":8080/tcp:blocked": false, ":" + hostPort + "/tcp:host": false, otherAddr + ":8000/tcp:sandbox": false, worldDNS + ":53/tcp:dns": false}
 	for _, e := range log.Entries {
 		for k := range wantLog {
 			if k == "tunnel" && e.Reason == "tunnel" && strings.Contains(e.Destination, tunnel) || strings.HasSuffix(e.Destination+":"+e.Reason, k) {

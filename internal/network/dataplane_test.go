@@ -434,13 +434,45 @@ func TestPrivateRanges(t *testing.T) {
 	e.reach(ns, privIP.String()+":80", "world:") // 0.0.0.0/0 names 10/8 too
 }
 
+// The metadata address's port 80 leads a sandbox to its own gateway's
+// MetadataPort, and to nothing of another sandbox's.
+func TestMetadata(t *testing.T) {
+	e := newEnv(t)
+	ns, subnet := e.sandbox("sb-md")
+	e.setPolicy("sb-md", Policy{}) // deny all: the endpoint is not egress
+	ln, err := e.m.ListenGateway(context.Background(), subnet, MetadataPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "gateway %s", c.RemoteAddr())
+			c.Close()
+		}
+	}()
+	e.reach(ns, metadata.String()+":80", "gateway "+SandboxAddr(subnet).String()+":")
+	e.reach(ns, Gateway(subnet).String()+":"+fmt.Sprint(MetadataPort), "gateway "+SandboxAddr(subnet).String()+":")
+	other, _ := e.sandbox("sb-md2")
+	e.setPolicy("sb-md2", Policy{Public: true})
+	e.refused(other, Gateway(subnet).String()+":"+fmt.Sprint(MetadataPort)) // the host: another sandbox's endpoint
+	e.refused(other, Gateway(subnet).String()+":80")
+	e.refused(other, metadata.String()+":80") // its own gateway, where nothing listens here
+}
+
 func TestAlwaysBlocked(t *testing.T) {
 	e := newEnv(t)
 	ns, _ := e.sandbox("sb-meta")
 	e.setPolicy("sb-meta", Policy{Public: true, Allow: []Rule{{Prefix: netip.MustParsePrefix("0.0.0.0/0")}}})
 	e.reach(ns, webA.String()+":80", "world:")
-	e.refused(ns, metadata.String()+":80")
-	e.waitEvent("sb-meta", netip.AddrPortFrom(metadata, 80), ReasonBlocked)
+	// Port 80 of the metadata address is nook's endpoint (TestMetadata):
+	// any other port, like any other link-local address, is blocked.
+	e.refused(ns, metadata.String()+":8080")
+	e.waitEvent("sb-meta", netip.AddrPortFrom(metadata, 8080), ReasonBlocked)
 	err := e.m.SetPolicy(context.Background(), "sb-meta", Policy{Allow: []Rule{{Prefix: netip.MustParsePrefix("169.254.169.254/32")}}})
 	if !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("allow 169.254.169.254: got %v, want invalid argument", err)

@@ -21,8 +21,9 @@ const (
 	chainForward     = "forward"
 	chainInput       = "input"
 	chainPostrouting = "postrouting"
-	chainAdmit       = "admit"   // every accepted new connection: the conntrack limit
-	chainSandbox     = "sandbox" // every packet a sandbox forwards: its policy
+	chainPrerouting  = "prerouting" // nat: the metadata address to the sandbox's own gateway
+	chainAdmit       = "admit"      // every accepted new connection: the conntrack limit
+	chainSandbox     = "sandbox"    // every packet a sandbox forwards: its policy
 	denyChainPrefix  = "deny-"
 
 	setPool     = "pool"     // ipv4_addr interval: the sandbox pool
@@ -156,7 +157,8 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set, chains 
 	fwd := c.AddChain(l.baseChain(chainForward, nftables.ChainHookForward, nftables.ChainPriorityFilter, nftables.ChainTypeFilter))
 	in := c.AddChain(l.baseChain(chainInput, nftables.ChainHookInput, nftables.ChainPriorityFilter, nftables.ChainTypeFilter))
 	post := c.AddChain(l.baseChain(chainPostrouting, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource, nftables.ChainTypeNAT))
-	for _, ch := range []*nftables.Chain{fwd, in, post} {
+	pre := c.AddChain(l.baseChain(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, nftables.ChainTypeNAT))
+	for _, ch := range []*nftables.Chain{fwd, in, post, pre} {
 		c.FlushChain(ch)
 	}
 	for _, name := range append([]string{setPool, setBlocked, setPrivate, setDNSPorts}, policySets...) {
@@ -278,6 +280,20 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set, chains 
 			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: ifnameKey("lo")}, // the host to its own gateway addresses
 		}, saddrInSet(pool), drop())},
+		// prerouting: a sandbox's TCP to the metadata address goes to its
+		// own gateway (redirect: the incoming interface's address), where
+		// the daemon serves that sandbox alone; the input rule above admits
+		// it through the sandbox's element of the dns set.
+		{pre, cat(metaIn(expr.MetaKeyIIFNAME, ifaces), ipv4Only(), []expr.Any{
+			daddr(reg1),
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addrKey(MetadataAddr)},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoTCP}},
+			dport(reg1),
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, 80)},
+			&expr.Immediate{Register: reg1, Data: binary.BigEndian.AppendUint16(nil, MetadataPort)},
+			&expr.Redir{RegisterProtoMin: reg1, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED},
+		})},
 		// postrouting: masquerade the pool when it leaves by a non-sandbox
 		// interface.
 		{post, cat(ipv4Only(), saddrIn(l.pool), []expr.Any{
@@ -394,6 +410,7 @@ func baseElements(iface string, subnet netip.Prefix) map[string][]nftables.SetEl
 	for _, p := range []uint8{protoTCP, protoUDP} {
 		out[setDNS] = append(out[setDNS], nftables.SetElement{Key: cat(name, addrKey(gw), protoKey(p), portKey(53))})
 	}
+	out[setDNS] = append(out[setDNS], nftables.SetElement{Key: cat(name, addrKey(gw), protoKey(protoTCP), portKey(MetadataPort))})
 	return out
 }
 

@@ -43,6 +43,9 @@ const (
 	// accessHost: token management, on the unix socket without a token
 	// only, so a leaked token cannot mint one that outlives its revocation.
 	accessHost
+	// accessPublic: anyone, without a token (the identity issuer's
+	// discovery document and keys); auth lets publicPath through.
+	accessPublic
 )
 
 // caller is who made a request.
@@ -71,6 +74,10 @@ func (s *Server) Handler(requireToken bool) http.Handler {
 
 func (s *Server) auth(requireToken bool, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if publicPath(r) {
+			next.ServeHTTP(w, r) // accessPublic: no caller
+			return
+		}
 		h := r.Header.Get("Authorization")
 		if h == "" && !requireToken {
 			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, caller{host: true, scope: daemon.AdminScope})))
@@ -96,6 +103,7 @@ func (s *Server) auth(requireToken bool, next http.Handler) http.Handler {
 		}
 		c := caller{scope: ti.Scope, tokenID: ti.ID, secret: secret}
 		ctx := context.WithValue(r.Context(), callerKey{}, c)
+		ctx = daemon.WithCreator(ctx, ti.Name)
 		if ti.Scope.Kind == api.ScopeReadOnly {
 			ctx = daemon.LookOnly(ctx)
 		}
@@ -118,6 +126,9 @@ func (s *Server) authorize(a access, h http.Handler) http.Handler {
 // denied returns why the request's caller may not use a route of access
 // a, or "" if it may.
 func (s *Server) denied(r *http.Request, a access) string {
+	if a == accessPublic && publicPath(r) {
+		return ""
+	}
 	c := callerFrom(r.Context())
 	if c.scope.Kind == "" {
 		return "the request has no caller (this is a bug in nook)"

@@ -69,6 +69,7 @@ func TestEscapeTokenScope(t *testing.T) {
 		write    = "host admin box"
 		admin    = "host admin"
 		host     = "host"
+		public   = "host admin ro box stale public" // no token needed
 	)
 	want := map[string]string{
 		"GET /v1/openapi.yaml":                             anyToken,
@@ -91,6 +92,11 @@ func TestEscapeTokenScope(t *testing.T) {
 		"GET /v1/sandboxes/{name}/network":                 read,
 		"PUT /v1/sandboxes/{name}/network":                 admin,
 		"GET /v1/sandboxes/{name}/network/log":             read,
+		"POST /v1/sandboxes/{name}/identity/token":         write,
+		"GET /v1/sandboxes/{name}/identity/log":            read,
+		"POST /v1/identity/rotate":                         host,
+		"GET /.well-known/openid-configuration":            public,
+		"GET /.well-known/jwks.json":                       public,
 		"POST /v1/sandboxes/{name}/expose":                 admin,
 		"DELETE /v1/sandboxes/{name}/expose/{port}":        admin,
 		"POST /v1/sandboxes/{name}/exec":                   write,
@@ -171,6 +177,12 @@ func TestEscapeTokenScope(t *testing.T) {
 		// Over TCP: no token, a wrong one and an expired one are 401,
 		// the last saying it expired.
 		for _, tc := range []struct{ token, msg string }{{"", "needs a token"}, {"nook_wrong", "not valid"}, {"expired", "expired at"}} {
+			if allowed == public {
+				if rec := do(tcp, method, p, tc.token); rec.Code != http.StatusOK {
+					t.Errorf("%s (public) with token %q: %d %q", r.pattern, tc.token, rec.Code, rec.Body)
+				}
+				continue
+			}
 			if rec := do(tcp, method, p, tc.token); rec.Code != http.StatusUnauthorized || !strings.Contains(rec.Body.String(), tc.msg) {
 				t.Errorf("%s with token %q: %d %q", r.pattern, tc.token, rec.Code, rec.Body)
 			}
@@ -213,7 +225,7 @@ func TestRouteWithoutAccessPanics(t *testing.T) {
 func TestOpenAPIScopeDenied(t *testing.T) {
 	doc := loadOpenAPI(t)
 	for _, r := range (&Server{}).routes() {
-		if r.access == accessAnyToken || r.access == accessList {
+		if r.access == accessAnyToken || r.access == accessList || r.access == accessPublic {
 			continue
 		}
 		method, p, _ := strings.Cut(r.pattern, " ")

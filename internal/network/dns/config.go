@@ -14,6 +14,10 @@ import (
 // default, listed on the field; all defaults are set in one place,
 // withDefaults.
 type Config struct {
+	// Local are names the resolver answers itself, whatever the policy
+	// (lowercase, no trailing dot): an A query gets the address, any
+	// other type an empty answer. nook's metadata.nook.internal.
+	Local map[string]netip.Addr
 	// Upstreams are the resolvers allowed queries are forwarded to, tried
 	// in order. Default: the nameservers of /etc/resolv.conf.
 	Upstreams []netip.AddrPort

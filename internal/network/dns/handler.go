@@ -76,6 +76,16 @@ func (sb *sandbox) handle(ctx context.Context, req *mdns.Msg, udpSize int) *mdns
 		sb.deny(name, qtype, ReasonMalformed, fmt.Sprintf("query type %s is not served", qtype))
 		return reply(req, mdns.RcodeRefused, udpSize)
 	}
+	if a, ok := sb.cfg.Local[name]; ok {
+		resp := reply(req, mdns.RcodeSuccess, 0)
+		if q.Qtype == mdns.TypeA {
+			resp.Answer = append(resp.Answer, &mdns.A{
+				Hdr: mdns.RR_Header{Name: q.Name, Rrtype: mdns.TypeA, Class: mdns.ClassINET, Ttl: 300},
+				A:   a.AsSlice(),
+			})
+		}
+		return finish(resp, req, udpSize)
+	}
 	pol := sb.pol.Load()
 	if !pol.HasDomain(name) {
 		if err := checkShape(name, sb.cfg); err != nil {
