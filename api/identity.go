@@ -2,6 +2,10 @@ package api
 
 import "time"
 
+// IdentityTokenFile is where a sandbox created with an identity audience
+// finds its token, kept fresh by its agent.
+const IdentityTokenFile = "/run/nook/identity/token"
+
 // IdentityTokenRequest is the body of POST
 // /v1/sandboxes/{name}/identity/token.
 type IdentityTokenRequest struct {

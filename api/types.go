@@ -62,8 +62,11 @@ type Sandbox struct {
 	PidsLimit      int64             `json:"pids_limit"`
 	Env            map[string]string `json:"env,omitempty"`
 	Labels         map[string]string `json:"labels,omitempty"`
-	CreatedAt      time.Time         `json:"created_at"`
-	ExpiresAt      time.Time         `json:"expires_at"`
+	// IdentityAudience is the audience of the token its agent keeps in
+	// IdentityTokenFile; absent: none.
+	IdentityAudience string    `json:"identity_audience,omitempty"`
+	CreatedAt        time.Time `json:"created_at"`
+	ExpiresAt        time.Time `json:"expires_at"`
 	// IdlePause is how long the sandbox may be idle before it pauses
 	// itself (e.g. "10m"); absent: never.
 	IdlePause string `json:"idle_pause,omitempty"`
@@ -124,6 +127,12 @@ type CreateSandboxRequest struct {
 	// Labels are key=value pairs kept with the sandbox (E2B's metadata):
 	// at most 64, keys of at most 128 bytes, values of at most 1024.
 	Labels map[string]string `json:"labels,omitempty"`
+	// IdentityAudience has the sandbox's agent keep an identity token for
+	// this audience fresh in the file IdentityTokenFile (its path is in
+	// NOOK_IDENTITY_TOKEN_FILE), for credential providers that read a
+	// token file (AWS_WEB_IDENTITY_TOKEN_FILE, GCP's and Azure's
+	// workload identity federation). Needs sandbox networking.
+	IdentityAudience string `json:"identity_audience,omitempty"`
 	// IdlePause pauses the sandbox after this long without activity, e.g.
 	// "10m"; "off" (or "0") never; empty: the daemon's default.
 	IdlePause string `json:"idle_pause,omitempty"`

@@ -112,6 +112,8 @@ type ConfigureRequest struct {
 	// was: set the clock and reseed, and change nothing else (not the
 	// files of its identity, which its user may have edited since).
 	WakeOnly bool `json:"wake_only,omitempty"`
+	// Identity: keep an identity token fresh in a file (identity.go).
+	Identity *IdentityConfig `json:"identity,omitempty"`
 }
 
 // NetConfig is a sandbox's IPv4 network.

@@ -54,6 +54,9 @@ type Server struct {
 	sessions sessionTable
 	volumes  VolumeMounter // a vm's volumes (SetVolumes); nil elsewhere
 
+	tokenMu sync.Mutex
+	token   *tokenKeeper // keeps the identity token file fresh (identity.go)
+
 	mu sync.Mutex // guards baseEnv
 	// baseEnv is the environment every process starts with (the sandbox's
 	// own, as the backend gave it to the agent), before per-exec variables.
@@ -210,6 +213,7 @@ func (s *Server) configure(c *ConfigureRequest) error {
 		}
 	}
 	if c.WakeOnly {
+		s.wakeToken()
 		return nil
 	}
 	if c.Net != nil {
@@ -217,6 +221,7 @@ func (s *Server) configure(c *ConfigureRequest) error {
 			return fmt.Errorf("network: %w", err)
 		}
 	}
+	s.keepToken(c.Identity) // once a vm's eth0 is up
 	if cur, _ := os.Hostname(); cur != c.Hostname {
 		if err := syscall.Sethostname([]byte(c.Hostname)); err != nil {
 			return fmt.Errorf("set hostname: %w", err)

@@ -306,6 +306,7 @@ func createCmd() *cobra.Command {
 	f.StringVar(&req.OnExpire, "on-expire", "", "what the TTL does when it runs out: destroy (default), pause or stop (kept until a new TTL is set)")
 	f.StringVar(&req.Init, "init", "", "PID 1: systemd (vm sandboxes whose template has it, e.g. dev: services, timers, journald) or agent (fastest start); default: systemd where the template has it")
 	f.StringArrayVar(&env, "env", nil, "environment variable K=V for every process (repeatable)")
+	f.StringVar(&req.IdentityAudience, "identity-audience", "", "keep an identity token for this audience fresh in /run/nook/identity/token (path in NOOK_IDENTITY_TOKEN_FILE), e.g. sts.amazonaws.com for AWS_WEB_IDENTITY_TOKEN_FILE")
 	f.StringArrayVar(&labels, "label", nil, "a label K=V kept with the sandbox, shown by inspect (repeatable)")
 	f.StringVar(&req.Net, "net", "", "network mode: allowlist (default: only what --allow names) or none (nothing leaves the sandbox)")
 	f.StringArrayVar(&req.Allow, "allow", nil, "allow egress to a domain, *.wildcard, CIDR or @preset, optionally :PORTS, e.g. github.com:443, @registries (repeatable)")

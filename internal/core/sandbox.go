@@ -90,6 +90,9 @@ type Sandbox struct {
 	// LineageID the first sandbox of its line of forks ("": its own ID).
 	// Its identity tokens carry them.
 	Creator, ParentID, LineageID string
+	// IdentityAudience: its agent keeps a token for this audience in
+	// api.IdentityTokenFile ("": none); a fork has its parent's.
+	IdentityAudience string
 }
 
 // VolumeMount is a volume a sandbox mounts (Name's files), or a
@@ -108,7 +111,7 @@ func (sb *Sandbox) API() api.Sandbox {
 		State: string(sb.State), Reason: sb.Reason, CPUs: sb.CPUs,
 		MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes, PidsLimit: sb.PidsLimit,
 		Env: sb.Env, CreatedAt: sb.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt.UTC(),
-		OnExpire: sb.OnExpire, Expired: sb.Expired, Init: api.InitAgent, Labels: sb.Labels,
+		OnExpire: sb.OnExpire, Expired: sb.Expired, Init: api.InitAgent, Labels: sb.Labels, IdentityAudience: sb.IdentityAudience,
 	}
 	if v.OnExpire == "" {
 		v.OnExpire = OnExpireDestroy

@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,6 +37,7 @@ import (
 	"github.com/nookhq/nook/internal/identity"
 	"github.com/nookhq/nook/internal/image"
 	"github.com/nookhq/nook/internal/keylock"
+	"github.com/nookhq/nook/internal/network"
 	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/internal/store"
 	"github.com/nookhq/nook/internal/template"
@@ -548,6 +550,14 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 			return nil, errdefs.Invalid("disk %s is more than %s has free (%s)", req.Disk, m.cfg.DataDir, core.FormatBytes(int64(fs.Bavail)*fs.Bsize))
 		}
 	}
+	if req.IdentityAudience != "" {
+		if m.net == nil {
+			return nil, errdefs.Invalid("an identity token file needs sandbox networking (its agent fetches the token from the sandbox's metadata endpoint): nook serve --network")
+		}
+		if err := identity.CheckAudience(req.IdentityAudience); err != nil {
+			return nil, fmt.Errorf("identity audience: %w", err)
+		}
+	}
 	if err := core.ValidateLabels(req.Labels); err != nil {
 		return nil, err
 	}
@@ -620,7 +630,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 		ID: newID(), Name: req.Name, Template: tpl.Name, TemplateID: tpl.ID, Isolation: req.Isolation,
 		State: core.StateCreating, CPUs: cpus, MemoryBytes: mem, DiskBytes: disk, PidsLimit: 4096,
 		Env: req.Env, CreatedAt: now, ExpiresAt: now.Add(ttl), IdlePause: idlePause, OnExpire: onExpire,
-		Volumes: vols, Labels: req.Labels, Creator: creatorFrom(ctx),
+		Volumes: vols, Labels: req.Labels, Creator: creatorFrom(ctx), IdentityAudience: req.IdentityAudience,
 	}
 	if sb.Env == nil {
 		sb.Env = map[string]string{}
@@ -741,10 +751,16 @@ func (m *Manager) configureAgent(ctx context.Context, sb *core.Sandbox, wake boo
 		}
 	}
 	env["NOOK_SANDBOX"] = sb.Name
+	var ident *agent.IdentityConfig
+	if sb.IdentityAudience != "" && m.net != nil {
+		env["NOOK_IDENTITY_TOKEN_FILE"] = api.IdentityTokenFile
+		ident = &agent.IdentityConfig{Audience: sb.IdentityAudience, File: api.IdentityTokenFile,
+			URL: "http://" + network.MetadataAddr.String() + "/v1/token?audience=" + url.QueryEscape(sb.IdentityAudience)}
+	}
 	for k, v := range sb.Env {
 		env[k] = v
 	}
-	req := &agent.ConfigureRequest{Hostname: sb.Name, Env: env}
+	req := &agent.ConfigureRequest{Hostname: sb.Name, Env: env, Identity: ident}
 	if wake {
 		req = &agent.ConfigureRequest{WakeOnly: true}
 	}

@@ -343,7 +343,7 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 		Volumes: src.Volumes, // a fork mounts the same volumes (they are in no snapshot)
 		Labels:  src.Labels,
 		// A new identity: its own subject, its parent's line.
-		Creator: creatorFrom(ctx), ParentID: src.ID, LineageID: lineageOf(src),
+		Creator: creatorFrom(ctx), ParentID: src.ID, LineageID: lineageOf(src), IdentityAudience: src.IdentityAudience,
 	}
 	if sb.ExpiresAt.Before(now.Add(time.Minute)) {
 		sb.ExpiresAt = now.Add(time.Hour)

@@ -292,6 +292,23 @@ func TestIdentity(t *testing.T) {
 		t.Errorf("a process on the host: HTTP %d %s, want 403", code, body)
 	}
 
+	// A token file the agent keeps fresh, for credential providers that
+	// read one (AWS_WEB_IDENTITY_TOKEN_FILE).
+	d.must("create", "--name", "gamma", "--identity-audience", "sts.test")
+	var file string
+	waitFor(t, "the identity token file", func() bool {
+		r := d.sh("gamma", `cat "$NOOK_IDENTITY_TOKEN_FILE"`)
+		file = r.stdout
+		return r.code == 0 && strings.Count(file, ".") == 2
+	})
+	if c, err := iss.verify(t, file, "sts.test"); err != nil || c.SandboxName != "gamma" {
+		t.Fatalf("the token file: %v %+v", err, c)
+	}
+	if r := d.sh("gamma", `echo "$NOOK_IDENTITY_TOKEN_FILE"; stat -c %a "$NOOK_IDENTITY_TOKEN_FILE"`); r.stdout != api.IdentityTokenFile+"\n644\n" {
+		t.Fatalf("the token file's path and mode: %q", r.stdout)
+	}
+	d.must("rm", "gamma")
+
 	// The operator, through the CLI; the log says who asked.
 	var at api.IdentityToken
 	if err := json.Unmarshal([]byte(d.must("identity", "token", "alpha", "--audience", "ops", "--json")), &at); err != nil {

@@ -58,7 +58,8 @@
 // `Nook-Metadata: true`, one carrying X-Forwarded-For, Forwarded, Via or
 // X-Forwarded-Host (it came through a proxy: SSRF), a Host other than
 // 169.254.169.254 or metadata.nook.internal (DNS rebinding), any method
-// but GET; and more than 20 requests a second (burst 40) per sandbox.
+// but GET; and more than 20 token or facts requests a second (burst 40)
+// per sandbox.
 // Every token issued is logged (the daemon's log at once, its database
 // in batches: `nook identity log NAME`).
 package identity

@@ -121,7 +121,9 @@ func (h *metadataHandler) refuse(r *http.Request) (int, string) {
 	if !validHost(r.Host) {
 		return http.StatusForbidden, fmt.Sprintf("forbidden: Host %q is not %s or %s", r.Host, MetadataAddr, MetadataName)
 	}
-	if !h.limiter.Allow() {
+	// The static index costs nothing; what signs or reads the database is
+	// limited.
+	if r.URL.Path != "/" && !h.limiter.Allow() {
 		return http.StatusTooManyRequests, fmt.Sprintf("more than %d requests a second", metadataRate)
 	}
 	return 0, ""

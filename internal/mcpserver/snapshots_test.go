@@ -263,3 +263,23 @@ func TestSnapshotTools(t *testing.T) {
 		t.Fatalf("rollback without a snapshot was sent: %s", l)
 	}
 }
+
+// No tool hands a model an identity token (or anything of the identity
+// API): a token is a credential for the sandbox's own code, not for the
+// model driving it.
+func TestNoIdentityTools(t *testing.T) {
+	cs := connect(t, &fakeAPI{})
+	res, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Tools) == 0 {
+		t.Fatal("no tools listed")
+	}
+	for _, tool := range res.Tools {
+		text := strings.ToLower(tool.Name + " " + tool.Description)
+		if strings.Contains(text, "identity") || strings.Contains(text, "jwt") || strings.Contains(text, "oidc") {
+			t.Errorf("tool %s reaches identity tokens: %s", tool.Name, tool.Description)
+		}
+	}
+}

@@ -29,7 +29,8 @@
 // 192.168/16) and dnsports (tcp/udp 53 and 853). Every sandbox lives in
 // sets keyed by its interface, shared by all sandboxes: ifaces (every
 // sandbox interface), src (interface . its address), dns (interface .
-// gateway . proto . 53: its own resolver), allow and deny (interface .
+// gateway . proto . port: its own resolver on 53, and its metadata
+// endpoint on MetadataPort), allow and deny (interface .
 // CIDR ranges), allowp and denyp (interface . CIDR ranges . proto . port
 // ranges), learn and learnp (DNS-learned, with timeouts) and public
 // (interfaces whose policy is public). Setting a sandbox up, changing its
@@ -73,6 +74,10 @@
 //	  add @conn-<limit> { iifname ct count over <limit> } goto deny-conntrack-limit
 //	  accept
 //
+//	chain prerouting (nat)
+//	  iifname @ifaces ip daddr 169.254.169.254 tcp dport 80 redirect to :MetadataPort
+//	      (to the incoming interface's address: the sandbox's own gateway)
+//
 //	chain postrouting (nat)
 //	  ip saddr <pool> oifname != @ifaces masquerade
 //
@@ -101,6 +106,11 @@
 // neither (DNS rebinding reaches nothing private); and DNS goes only to the
 // sandbox's own gateway, where the daemon's resolver listens on
 // Gateway(subnet):53 in the host namespace. Port rules cover TCP and UDP.
+// The metadata address 169.254.169.254, port 80, is the one link-local
+// destination a sandbox reaches, and only as its own gateway's
+// MetadataPort, where the daemon serves that sandbox's metadata endpoint
+// (internal/identity; ListenGateway listens there); any other port of it
+// is blocked like the rest of 169.254/16.
 //
 // A policy lives in the sets alone: SetPolicy replaces its elements in
 // one transaction without touching rules (replacing rules costs an RCU

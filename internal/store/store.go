@@ -112,10 +112,12 @@ var migrations = []string{
 	// 8: who made a sandbox (the token's name) and its line of forks
 	// (parent: the sandbox it was forked from; lineage: the first of the
 	// line, '' for sandboxes made before, which are their own), for their
-	// identity tokens; and the log of the tokens each sandbox was issued.
+	// identity tokens; the audience of the token file its agent keeps;
+	// and the log of the tokens each sandbox was issued.
 	`ALTER TABLE sandboxes ADD COLUMN creator TEXT NOT NULL DEFAULT '';
 	ALTER TABLE sandboxes ADD COLUMN parent_id TEXT NOT NULL DEFAULT '';
 	ALTER TABLE sandboxes ADD COLUMN lineage_id TEXT NOT NULL DEFAULT '';
+	ALTER TABLE sandboxes ADD COLUMN identity_audience TEXT NOT NULL DEFAULT '';
 	CREATE TABLE identity_log (
 		seq        INTEGER PRIMARY KEY AUTOINCREMENT,
 		sandbox_id TEXT NOT NULL,
@@ -209,7 +211,7 @@ func (s *Store) migrate(ctx context.Context) error {
 	return nil
 }
 
-const sandboxCols = `id, name, template, template_id, isolation, state, reason, cpus, memory_bytes, disk_bytes, pids_limit, env, created_at, expires_at, backend_state, idle_pause, on_expire, expired, volumes, labels, creator, parent_id, lineage_id`
+const sandboxCols = `id, name, template, template_id, isolation, state, reason, cpus, memory_bytes, disk_bytes, pids_limit, env, created_at, expires_at, backend_state, idle_pause, on_expire, expired, volumes, labels, creator, parent_id, lineage_id, identity_audience`
 
 // InsertSandbox records a new sandbox. A taken name is an ErrAlreadyExists.
 func (s *Store) InsertSandbox(ctx context.Context, sb *core.Sandbox) error {
@@ -230,10 +232,10 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *core.Sandbox) error {
 			return err
 		}
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Name, sb.Template, sb.TemplateID, sb.Isolation, string(sb.State), sb.Reason, sb.CPUs,
 		sb.MemoryBytes, sb.DiskBytes, sb.PidsLimit, string(env), sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.BackendState,
-		int64(sb.IdlePause), onExpire(sb), sb.Expired, string(vols), string(labels), sb.Creator, sb.ParentID, sb.LineageID)
+		int64(sb.IdlePause), onExpire(sb), sb.Expired, string(vols), string(labels), sb.Creator, sb.ParentID, sb.LineageID, sb.IdentityAudience)
 	if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed: sandboxes.name") {
 		return ErrNameTaken(sb.Name)
 	}
@@ -332,7 +334,7 @@ func (s *Store) query(ctx context.Context, where string, args ...any) ([]*core.S
 		var created, expires, idle int64
 		if err := rows.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.TemplateID, &sb.Isolation, &state, &sb.Reason, &sb.CPUs,
 			&sb.MemoryBytes, &sb.DiskBytes, &sb.PidsLimit, &env, &created, &expires, &sb.BackendState,
-			&idle, &sb.OnExpire, &sb.Expired, &vols, &labels, &sb.Creator, &sb.ParentID, &sb.LineageID); err != nil {
+			&idle, &sb.OnExpire, &sb.Expired, &vols, &labels, &sb.Creator, &sb.ParentID, &sb.LineageID, &sb.IdentityAudience); err != nil {
 			return nil, err
 		}
 		if labels != "{}" {

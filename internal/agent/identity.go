@@ -1,0 +1,171 @@
+package agent
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// IdentityConfig asks the agent to keep the sandbox's identity token for
+// an audience fresh in a file, for credential providers that read a token
+// file (AWS_WEB_IDENTITY_TOKEN_FILE and the like). The agent fetches it
+// from the sandbox's metadata endpoint like any process there would.
+type IdentityConfig struct {
+	Audience string `json:"audience"`
+	File     string `json:"file"`
+	URL      string `json:"url"` // the endpoint's token URL for Audience
+}
+
+// Bounds of the wait between two fetches of the token: half its
+// remaining lifetime, within these; after a failure, backoff from
+// tokenRetryMin doubling to tokenRetryMax.
+const (
+	tokenRefreshMin = 5 * time.Second
+	tokenRefreshMax = 5 * time.Minute
+	tokenRetryMin   = time.Second
+	tokenRetryMax   = 30 * time.Second
+)
+
+// tokenKeeper keeps one token file fresh.
+type tokenKeeper struct {
+	cfg   IdentityConfig
+	log   *slog.Logger
+	nudge chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+// keepToken starts keeping cfg's token fresh, in place of what kept one
+// before; nil stops it.
+func (s *Server) keepToken(cfg *IdentityConfig) {
+	s.tokenMu.Lock()
+	defer s.tokenMu.Unlock()
+	if s.token != nil {
+		if cfg != nil && s.token.cfg == *cfg {
+			s.token.wake()
+			return
+		}
+		close(s.token.stop)
+		<-s.token.done
+		s.token = nil
+	}
+	if cfg == nil || cfg.File == "" || cfg.URL == "" {
+		return
+	}
+	k := &tokenKeeper{cfg: *cfg, log: s.log, nudge: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	s.token = k
+	go k.run()
+}
+
+// wakeToken fetches the token again now (the sandbox woke from a pause:
+// the token may have expired meanwhile).
+func (s *Server) wakeToken() {
+	s.tokenMu.Lock()
+	defer s.tokenMu.Unlock()
+	if s.token != nil {
+		s.token.wake()
+	}
+}
+
+func (k *tokenKeeper) wake() {
+	select {
+	case k.nudge <- struct{}{}:
+	default:
+	}
+}
+
+func (k *tokenKeeper) run() {
+	defer close(k.done)
+	retry := tokenRetryMin
+	client := &http.Client{Timeout: 10 * time.Second}
+	for {
+		exp, err := k.fetch(client)
+		var wait time.Duration
+		if err != nil {
+			k.log.Warn("identity token file: fetch failed", "file", k.cfg.File, "err", err, "retry", retry)
+			wait = retry
+			retry = min(retry*2, tokenRetryMax)
+		} else {
+			retry = tokenRetryMin
+			wait = min(max(time.Until(exp)/2, tokenRefreshMin), tokenRefreshMax)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-k.nudge:
+			t.Stop()
+		case <-k.stop:
+			t.Stop()
+			return
+		}
+	}
+}
+
+// fetch gets a token and writes it to the file (replaced whole, so a
+// reader never sees half of one); it returns the token's expiry.
+func (k *tokenKeeper) fetch(client *http.Client) (time.Time, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.cfg.URL, nil)
+	if err != nil {
+		return time.Time{}, err
+	}
+	req.Header.Set("Nook-Metadata", "true")
+	resp, err := client.Do(req)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return time.Time{}, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return time.Time{}, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+	}
+	exp, err := tokenExpiry(string(b))
+	if err != nil {
+		return time.Time{}, err
+	}
+	if err := os.MkdirAll(filepath.Dir(k.cfg.File), 0o755); err != nil {
+		return time.Time{}, err
+	}
+	tmp := k.cfg.File + ".tmp"
+	// Readable by every user of the sandbox, who may all fetch it from the
+	// endpoint anyway.
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return time.Time{}, err
+	}
+	if err := os.Chmod(tmp, 0o644); err != nil {
+		return time.Time{}, err
+	}
+	return exp, os.Rename(tmp, k.cfg.File)
+}
+
+// tokenExpiry reads a JWT's exp (unverified: the agent only schedules
+// the next fetch by it).
+func tokenExpiry(tok string) (time.Time, error) {
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 {
+		return time.Time{}, fmt.Errorf("the answer is not a JWT")
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return time.Time{}, fmt.Errorf("the token's payload: %w", err)
+	}
+	var c struct {
+		Exp int64 `json:"exp"`
+	}
+	if err := json.Unmarshal(payload, &c); err != nil || c.Exp == 0 {
+		return time.Time{}, fmt.Errorf("the token has no exp")
+	}
+	return time.Unix(c.Exp, 0), nil
+}
