@@ -67,6 +67,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzConnectEnvelope -fuzztime 20s ./internal/e2b
 	$(GO) test -run '^$$' -fuzz FuzzUploadFileName -fuzztime 10s ./internal/e2b
 	$(GO) test -run '^$$' -fuzz FuzzParseNames -fuzztime 10s ./internal/e2b
+	$(GO) test -run '^$$' -fuzz FuzzMetadataRequest -fuzztime 20s ./internal/identity
 
 bench: deps build
 	$(GO) run ./cmd/nook-bench

@@ -23,7 +23,7 @@ have nft        || need+=(nftables)
 have npm        || need+=(npm)
 # PyJWT and its crypto, to verify sandboxes' identity tokens in the tests
 # with a library nook does not use (internal/identity).
-python3 -c 'import jwt, cryptography' 2>/dev/null || need+=(python3-jwt python3-cryptography)
+/usr/bin/python3 -c 'import jwt, cryptography' 2>/dev/null || need+=(python3-jwt python3-cryptography)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "nook needs these packages: ${need[*]}; run make as root (or apt-get install them)" >&2

@@ -1,13 +1,13 @@
 package agent
 
 import (
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -85,9 +85,8 @@ func (k *tokenKeeper) wake() {
 func (k *tokenKeeper) run() {
 	defer close(k.done)
 	retry := tokenRetryMin
-	client := &http.Client{Timeout: 10 * time.Second}
 	for {
-		exp, err := k.fetch(client)
+		exp, err := k.fetch()
 		var wait time.Duration
 		if err != nil {
 			k.log.Warn("identity token file: fetch failed", "file", k.cfg.File, "err", err, "retry", retry)
@@ -111,25 +110,10 @@ func (k *tokenKeeper) run() {
 
 // fetch gets a token and writes it to the file (replaced whole, so a
 // reader never sees half of one); it returns the token's expiry.
-func (k *tokenKeeper) fetch(client *http.Client) (time.Time, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.cfg.URL, nil)
+func (k *tokenKeeper) fetch() (time.Time, error) {
+	b, err := httpGet(k.cfg.URL, map[string]string{"Nook-Metadata": "true"}, 10*time.Second)
 	if err != nil {
 		return time.Time{}, err
-	}
-	req.Header.Set("Nook-Metadata", "true")
-	resp, err := client.Do(req)
-	if err != nil {
-		return time.Time{}, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if err != nil {
-		return time.Time{}, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return time.Time{}, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
 	}
 	exp, err := tokenExpiry(string(b))
 	if err != nil {
@@ -148,6 +132,48 @@ func (k *tokenKeeper) fetch(client *http.Client) (time.Time, error) {
 		return time.Time{}, err
 	}
 	return exp, os.Rename(tmp, k.cfg.File)
+}
+
+// httpGet is a plain HTTP/1.0 GET of rawURL (http only), answering the
+// body of a 200 (at most 64 KiB). The agent has no net/http: it keeps the
+// binary small and its start fast.
+func httpGet(rawURL string, headers map[string]string, timeout time.Duration) ([]byte, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return nil, fmt.Errorf("not an http URL: %q", rawURL)
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		addr = net.JoinHostPort(u.Hostname(), "80")
+	}
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	var req strings.Builder
+	fmt.Fprintf(&req, "GET %s HTTP/1.0\r\nHost: %s\r\n", u.RequestURI(), u.Hostname())
+	for k, v := range headers {
+		fmt.Fprintf(&req, "%s: %s\r\n", k, v)
+	}
+	req.WriteString("\r\n")
+	if _, err := io.WriteString(c, req.String()); err != nil {
+		return nil, err
+	}
+	resp, err := io.ReadAll(io.LimitReader(c, 64<<10))
+	if err != nil {
+		return nil, err
+	}
+	head, body, ok := strings.Cut(string(resp), "\r\n\r\n")
+	if !ok {
+		return nil, fmt.Errorf("no complete HTTP answer")
+	}
+	status, _, _ := strings.Cut(head, "\r\n")
+	if f := strings.Fields(status); len(f) < 2 || !strings.HasPrefix(f[0], "HTTP/1.") || f[1] != "200" {
+		return nil, fmt.Errorf("%s: %s", status, strings.TrimSpace(body))
+	}
+	return []byte(body), nil
 }
 
 // tokenExpiry reads a JWT's exp (unverified: the agent only schedules

@@ -52,6 +52,9 @@ type ring struct {
 	// signer of the current key, made once per rotation.
 	signer jose.Signer
 	jwks   []byte // the published set, remade on every change
+	// dirty: keys changed but were not saved; the save is retried, and
+	// nothing signs with the old signer meanwhile.
+	dirty bool
 }
 
 // openRing loads the key ring from dir, making the directory and the first
@@ -146,7 +149,7 @@ func (r *ring) next() *key {
 // writes the ring when it changed it. The caller holds mu.
 func (r *ring) maintain(force bool) error {
 	now := r.now()
-	changed := false
+	changed := r.dirty
 	if r.next() == nil {
 		k, err := newKey(now)
 		if err != nil {
@@ -183,8 +186,10 @@ func (r *ring) maintain(force bool) error {
 	}
 	if changed {
 		if err := r.save(); err != nil {
+			r.dirty = true
 			return err
 		}
+		r.dirty = false
 	}
 	cur = r.active()
 	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: jose.JSONWebKey{Key: cur.priv, KeyID: cur.ID, Algorithm: string(jose.ES256)}},
