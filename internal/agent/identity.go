@@ -19,6 +19,9 @@ import (
 // file (AWS_WEB_IDENTITY_TOKEN_FILE and the like). The agent fetches it
 // from the sandbox's metadata endpoint like any process there would.
 type IdentityConfig struct {
+	// Sandbox is the sandbox's ID: a fork (same memory, same agent, a new
+	// ID) keeps no token of its parent's.
+	Sandbox  string `json:"sandbox"`
 	Audience string `json:"audience"`
 	File     string `json:"file"`
 	URL      string `json:"url"` // the endpoint's token URL for Audience
@@ -60,6 +63,9 @@ func (s *Server) keepToken(cfg *IdentityConfig) {
 	if cfg == nil || cfg.File == "" || cfg.URL == "" {
 		return
 	}
+	// Another identity (a fork's first configure): the token there is the
+	// parent's, gone before the fork's is fetched.
+	os.Remove(cfg.File)
 	k := &tokenKeeper{cfg: *cfg, log: s.log, nudge: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	s.token = k
 	go k.run()

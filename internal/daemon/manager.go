@@ -754,7 +754,7 @@ func (m *Manager) configureAgent(ctx context.Context, sb *core.Sandbox, wake boo
 	var ident *agent.IdentityConfig
 	if sb.IdentityAudience != "" && m.net != nil {
 		env["NOOK_IDENTITY_TOKEN_FILE"] = api.IdentityTokenFile
-		ident = &agent.IdentityConfig{Audience: sb.IdentityAudience, File: api.IdentityTokenFile,
+		ident = &agent.IdentityConfig{Sandbox: sb.ID, Audience: sb.IdentityAudience, File: api.IdentityTokenFile,
 			URL: "http://" + network.MetadataAddr.String() + "/v1/token?audience=" + url.QueryEscape(sb.IdentityAudience)}
 	}
 	for k, v := range sb.Env {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/net/netutil"
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
@@ -149,6 +150,9 @@ func newSandboxNets(ctx context.Context, cfg Config, st *store.Store, metadata f
 		return nil, fmt.Errorf("sandbox DNS resolver: %w", err)
 	}
 	n.mgr, n.dns = mgr, srv
+	if mgr.UnprivilegedMetadataPort() {
+		cfg.Log.Warn("net.ipv4.ip_unprivileged_port_start lets any user bind the sandboxes' metadata port: one could keep a sandbox from its metadata endpoint (never reach its requests: they go only to the daemon's marked sockets)", "port", network.MetadataPort)
+	}
 	n.watchHostAddrs()
 	go n.writeLog()
 	return n, nil
@@ -423,14 +427,40 @@ func (n *sandboxNets) serveMetadata(ctx context.Context, id string, subnet netip
 		n.log.Error("sandbox metadata endpoint: not served", "sandbox", id, "err", err)
 		return
 	}
+	caller := network.SandboxAddr(subnet)
 	srv := &http.Server{
-		Handler:           n.metadata(id, network.SandboxAddr(subnet)),
+		Handler:           n.metadata(id, caller),
 		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
-		IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10,
+		IdleTimeout: 30 * time.Second, MaxHeaderBytes: 16 << 10,
 		ErrorLog: slog.NewLogLogger(n.log.Handler(), slog.LevelDebug),
 	}
 	n.metaSrv[id] = srv
-	go srv.Serve(ln)
+	// At most metadataConns connections at once, and only the sandbox's:
+	// a connection from any other address (a process on the host) is
+	// closed before anything is read from it.
+	go srv.Serve(netutil.LimitListener(&callerOnly{Listener: ln, caller: caller}, metadataConns))
+}
+
+// metadataConns bounds a sandbox's connections to its metadata endpoint.
+const metadataConns = 16
+
+// callerOnly accepts connections from one address only.
+type callerOnly struct {
+	net.Listener
+	caller netip.Addr
+}
+
+func (l *callerOnly) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil && ap.Addr().Unmap() == l.caller {
+			return c, nil
+		}
+		c.Close()
+	}
 }
 
 // stopMetadata closes a sandbox's metadata endpoint and its connections.

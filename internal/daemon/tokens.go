@@ -92,6 +92,11 @@ func (m *Manager) CreateToken(ctx context.Context, req api.CreateTokenRequest) (
 	if len(req.Name) > 100 {
 		return api.Token{}, errdefs.Invalid("token name is longer than 100 characters")
 	}
+	if req.Name == "host" {
+		// Identity tokens name the creator of a sandbox: "host" is the
+		// Unix socket without a token.
+		return api.Token{}, errdefs.Invalid(`token name "host" is reserved (it names the daemon's Unix socket as a sandbox's creator): pick another`)
+	}
 	scope, err := ParseScope(req.Scope)
 	if err != nil {
 		return api.Token{}, err

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/network"
 	"github.com/nookhq/nook/internal/network/nettest"
 )
 
@@ -254,7 +255,7 @@ func TestIdentity(t *testing.T) {
 	if err != nil || bc.Subject != wantSub(betaID) {
 		t.Fatalf("beta's token: %v %+v", err, bc)
 	}
-	for _, port := range []string{"9254", "80"} {
+	for _, port := range []string{fmt.Sprint(network.MetadataPort), "80"} {
 		d.mustRefuse("beta", "-H 'Nook-Metadata: true' 'http://"+alphaNet.Gateway+":"+port+"/v1/token?audience=aud'", 7)
 	}
 	// beta with alpha's source address (as if it had CAP_NET_ADMIN): its
@@ -284,12 +285,10 @@ func TestIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A process on the host: the endpoint answers its own sandbox alone.
-	code, body, err := hostGet(w, alphaNet.Gateway+":9254", "/v1/token?audience=aud")
-	if err == nil && code == 200 {
-		t.Fatalf("a process on the host got alpha's token: %s", body)
-	}
-	if err == nil && code != 403 {
-		t.Errorf("a process on the host: HTTP %d %s, want 403", code, body)
+	// Its connection is closed unanswered.
+	code, body, err := hostGet(w, alphaNet.Gateway+":"+fmt.Sprint(network.MetadataPort), "/v1/token?audience=aud")
+	if err == nil {
+		t.Fatalf("a process on the host got an answer from alpha's endpoint: HTTP %d %s", code, body)
 	}
 
 	// A token file the agent keeps fresh, for credential providers that
@@ -307,7 +306,21 @@ func TestIdentity(t *testing.T) {
 	if r := d.sh("gamma", `echo "$NOOK_IDENTITY_TOKEN_FILE"; stat -c %a "$NOOK_IDENTITY_TOKEN_FILE"`); r.stdout != api.IdentityTokenFile+"\n644\n" {
 		t.Fatalf("the token file's path and mode: %q", r.stdout)
 	}
-	d.must("rm", "gamma")
+	// Its fork never holds gamma's token: from the moment the fork
+	// exists, the file is absent or the fork's own.
+	gfork := strings.Fields(d.must("fork", "gamma", "--name", "gamma-fork"))[0]
+	gforkID := mustID(t, d, gfork)
+	if r := d.sh(gfork, `cat "$NOOK_IDENTITY_TOKEN_FILE"`); r.code == 0 {
+		if c, err := iss.verify(t, r.stdout, "sts.test"); err != nil || c.SandboxID != gforkID {
+			t.Fatalf("the fork's token file right after the fork: %v, %+v (fork %s)", err, c, gforkID)
+		}
+	}
+	waitFor(t, "the fork's token file", func() bool {
+		r := d.sh(gfork, `cat "$NOOK_IDENTITY_TOKEN_FILE"`)
+		c, err := iss.verify(t, r.stdout, "sts.test")
+		return r.code == 0 && err == nil && c.SandboxID == gforkID
+	})
+	d.must("rm", "gamma", gfork)
 
 	// The operator, through the CLI; the log says who asked.
 	var at api.IdentityToken
@@ -338,6 +351,13 @@ func TestIdentity(t *testing.T) {
 	fc, err := iss.verify(t, d.metadataToken(forkName, "aud"), "aud")
 	if err != nil || fc.Subject != wantSub(forkID) || fc.ParentID != alphaID || fc.LineageID != alphaID || forkID == alphaID {
 		t.Fatalf("the fork's token: %v %+v", err, fc)
+	}
+
+	// A rollback is the same sandbox: the same subject.
+	d.must("snapshot", "alpha", "--name", "s1")
+	d.must("rollback", "alpha", "s1")
+	if c, err := iss.verify(t, d.metadataToken("alpha", "aud"), "aud"); err != nil || c.Subject != wantSub(alphaID) {
+		t.Fatalf("after a rollback: %v %+v", err, c)
 	}
 
 	// A rotation: the old token still verifies; new ones are signed by
@@ -378,7 +398,7 @@ func TestIdentity(t *testing.T) {
 		tcp = string(b)
 		return nil
 	})
-	if strings.Contains(strings.ToUpper(tcp), fmt.Sprintf(":%04X 00000000:0000 0A", 9254)) {
+	if strings.Contains(strings.ToUpper(tcp), fmt.Sprintf(":%04X 00000000:0000 0A", network.MetadataPort)) {
 		t.Errorf("a metadata endpoint still listens:\n%s", tcp)
 	}
 	checkNoNetworkLeft(t, w, d)
@@ -386,13 +406,13 @@ func TestIdentity(t *testing.T) {
 
 // A vm's guest gets its token the same way.
 func TestIdentityVM(t *testing.T) {
-	requireVM(t)
+	requireVMInSimulatedHost(t)
 	w := newWorld(t)
 	iss, ln := newIdentityIssuer(t)
 	d := newDaemonIn(t, w.hostPath(), netDaemonArgs("--issuer", iss.url)...)
 	iss.export(d)
 	iss.serve(t, ln)
-	d.must("create", "--isolation", "vm", "--name", "guest")
+	d.must("create", "--isolation", "vm", "--name", "guest", "--cpus", "1", "--memory", "512M")
 	id := mustID(t, d, "guest")
 	c, err := iss.verify(t, d.metadataToken("guest", "aud"), "aud")
 	if err != nil || c.SandboxID != id || !strings.HasSuffix(c.Subject, "/sandbox/"+id) {

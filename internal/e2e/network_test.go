@@ -225,7 +225,7 @@ func TestNetworkPolicy(t *testing.T) {
 	for _, iso := range []string{"container", "vm"} {
 		t.Run(iso, func(t *testing.T) {
 			if iso == "vm" {
-				requireVM(t)
+				requireVMInSimulatedHost(t)
 			}
 			testNetworkPolicy(t, iso)
 		})

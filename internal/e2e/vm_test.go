@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +20,23 @@ func requireVM(t *testing.T) {
 	t.Helper()
 	testutil.RequireCommand(t, "qemu-system-x86_64", "qemu-system-x86")
 	testutil.RequireCommand(t, "qemu-img", "qemu-utils")
+}
+
+var vmCacheOnce sync.Once
+
+// requireVMInSimulatedHost is requireVM for a daemon in a simulated host,
+// which reaches no mirror: the guest kernel and the vm template the
+// simulated host's daemon will need are made once beforehand, by a daemon
+// on the host (the vm cache is shared), whatever tests ran before.
+func requireVMInSimulatedHost(t *testing.T) {
+	t.Helper()
+	requireVM(t)
+	vmCacheOnce.Do(func() {
+		d := newDaemon(t)
+		d.must("create", "--isolation", "vm", "--name", "cache-warmer", "--cpus", "1", "--memory", "512M")
+		d.must("rm", "cache-warmer")
+		d.stop(syscall.SIGTERM)
+	})
 }
 
 // A vm sandbox through the CLI: its own kernel, inspect says how it runs,

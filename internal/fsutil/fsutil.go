@@ -73,7 +73,11 @@ func flock(ctx context.Context, path string, how int) (func(), error) {
 
 // WriteFileSync writes b to path and syncs it to disk.
 func WriteFileSync(path string, b []byte) error {
-	f, err := os.Create(path)
+	return writeFileSync(path, b, 0o666)
+}
+
+func writeFileSync(path string, b []byte, perm os.FileMode) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, perm)
 	if err != nil {
 		return err
 	}
@@ -93,7 +97,8 @@ func WriteFileSync(path string, b []byte) error {
 // new content.
 func WriteFileAtomic(path string, b []byte) error {
 	tmp := path + ".tmp"
-	if err := WriteFileSync(tmp, b); err != nil {
+	os.Remove(tmp) // a leftover keeps its mode: made afresh, it is owner-only from the start
+	if err := writeFileSync(tmp, b, 0o600); err != nil {
 		os.Remove(tmp)
 		return err
 	}

@@ -47,19 +47,27 @@
 // which the sandbox's resolver answers) reaches MetadataHandler, served by
 // the daemon on that sandbox's own gateway address: the network package's
 // prerouting rule sends the sandbox's TCP to 169.254.169.254:80 to its own
-// gateway's MetadataPort, and its input rule admits that port from the
-// sandbox's own interface alone. The caller's identity is that path, not
-// anything it says: the handler also refuses any peer address but the
-// sandbox's own (a process on the host). It serves GET /v1/token?
-// audience=AUD[&ttl=10m] (the token as the body, application/jwt) and GET
-// /v1/sandbox (the sandbox's facts as JSON), and / (a static index of
-// both), and refuses what clouds'
-// metadata servers learned to refuse: a request without the header
+// gateway's MetadataPort (169, privileged), and its input rule admits
+// that port from the sandbox's own interface alone, and only into a socket
+// carrying the daemon's mark. The caller's identity is that path, not
+// anything it says: the daemon also closes unanswered any connection from
+// another address than the sandbox's (a process on the host), holds at
+// most 16 at once per sandbox, and the handler checks the peer again. It
+// serves GET /v1/token?audience=AUD[&ttl=10m] (the token as the body,
+// application/jwt), GET /v1/sandbox (the sandbox's facts as JSON) and / (a
+// static index of both), and refuses what clouds' metadata servers
+// learned to refuse: a request without the header
 // `Nook-Metadata: true`, one carrying X-Forwarded-For, Forwarded, Via or
 // X-Forwarded-Host (it came through a proxy: SSRF), a Host other than
 // 169.254.169.254 or metadata.nook.internal (DNS rebinding), any method
 // but GET; and more than 20 token or facts requests a second (burst 40)
 // per sandbox.
-// Every token issued is logged (the daemon's log at once, its database
-// in batches: `nook identity log NAME`).
+// Every token issued is logged (the daemon's database, written in
+// batches off the request's path, the newest 1000 per sandbox: `nook
+// identity log NAME`; the daemon's log at debug level).
+//
+// An agent told an audience at create (`--identity-audience`) keeps a
+// token in /run/nook/identity/token, fetched from the same endpoint at
+// half its lifetime and at every wake; a fork's agent (same memory, a new
+// sandbox ID in its configuration) removes its parent's token first.
 package identity

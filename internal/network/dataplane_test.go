@@ -462,6 +462,30 @@ func TestMetadata(t *testing.T) {
 	e.refused(other, Gateway(subnet).String()+":"+fmt.Sprint(MetadataPort)) // the host: another sandbox's endpoint
 	e.refused(other, Gateway(subnet).String()+":80")
 	e.refused(other, metadata.String()+":80") // its own gateway, where nothing listens here
+
+	// A socket the daemon did not mark (a host user's, bound first where
+	// the port is unprivileged) never gets a sandbox's connection.
+	ln.Close()
+	var plain net.Listener
+	if err := nettest.Do(e.topo.Host, func() (err error) {
+		plain, err = net.Listen("tcp4", netip.AddrPortFrom(Gateway(subnet), MetadataPort).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	go func() {
+		for {
+			c, err := plain.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprint(c, "hijacked")
+			c.Close()
+		}
+	}()
+	e.refused(ns, metadata.String()+":80")
+	e.waitEvent("sb-md", netip.AddrPortFrom(Gateway(subnet), MetadataPort), ReasonHost)
 }
 
 func TestAlwaysBlocked(t *testing.T) {

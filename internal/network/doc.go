@@ -66,6 +66,8 @@
 //
 //	chain input (filter, policy accept)
 //	  ct state established,related accept      replies to what the host opened (Expose)
+//	  iifname @ifaces tcp dport MetadataPort socket mark != <mark> goto deny-host
+//	                                           the metadata port, into the daemon's marked sockets only
 //	  iifname . ip daddr . l4proto . th dport @dns goto admit
 //	  iifname @ifaces goto deny-host           every host address and port
 //	  iifname != lo ip saddr @pool drop        a sandbox link not (or no longer) registered
@@ -110,7 +112,12 @@
 // destination a sandbox reaches, and only as its own gateway's
 // MetadataPort, where the daemon serves that sandbox's metadata endpoint
 // (internal/identity; ListenGateway listens there); any other port of it
-// is blocked like the rest of 169.254/16.
+// is blocked like the rest of 169.254/16. MetadataPort (169) is
+// privileged, so no unprivileged host user binds it before the daemon;
+// and a sandbox's connection to it is admitted only into a socket with
+// the daemon's SO_MARK (which needs CAP_NET_ADMIN), so where the port is
+// not privileged (ip_unprivileged_port_start lowered; the daemon warns)
+// a socket someone else bound gets nothing.
 //
 // A policy lives in the sets alone: SetPolicy replaces its elements in
 // one transaction without touching rules (replacing rules costs an RCU

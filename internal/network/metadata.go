@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -17,8 +20,17 @@ import (
 // blocked.
 var MetadataAddr = netip.MustParseAddr("169.254.169.254")
 
-// MetadataPort is the gateway port behind MetadataAddr:80.
-const MetadataPort uint16 = 9254
+// MetadataPort is the gateway port behind MetadataAddr:80: a privileged
+// port (below net.ipv4.ip_unprivileged_port_start, 1024 by default), so
+// that no unprivileged user of the host can bind it before the daemon.
+const MetadataPort uint16 = 169
+
+// metadataMark is the socket mark (SO_MARK, which only CAP_NET_ADMIN may
+// set) of the daemon's metadata listeners: the input rule admits a
+// sandbox's connection to MetadataPort only into a socket that carries
+// it, so whatever else holds the port (a socket a host user bound first,
+// where the port is unprivileged) never gets a sandbox's request.
+const metadataMark = 0x6e6b6d64 // "nkmd"
 
 // ListenGateway listens on TCP port of a sandbox subnet's gateway address,
 // in the host's network namespace. The address need not be there yet (a
@@ -31,6 +43,9 @@ func (m *Manager) ListenGateway(ctx context.Context, subnet netip.Prefix, port u
 		var serr error
 		if err := c.Control(func(fd uintptr) {
 			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_FREEBIND, 1)
+			if serr == nil {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, metadataMark)
+			}
 		}); err != nil {
 			return err
 		}
@@ -45,4 +60,24 @@ func (m *Manager) ListenGateway(ctx context.Context, subnet netip.Prefix, port u
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
 	return ln, nil
+}
+
+// UnprivilegedMetadataPort reports whether the host lets unprivileged
+// users bind MetadataPort (net.ipv4.ip_unprivileged_port_start lowered):
+// one could then hold a gateway's port before the daemon does, which
+// denies that sandbox its endpoint (the socket mark keeps its requests
+// from reaching any other socket).
+func (m *Manager) UnprivilegedMetadataPort() bool {
+	var start int
+	inNetns(m.host, func() error {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+		if err == nil {
+			start, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+		if err != nil {
+			start = 1024
+		}
+		return nil
+	})
+	return start <= int(MetadataPort)
 }

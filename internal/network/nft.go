@@ -268,6 +268,15 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set, chains 
 		// input: replies to connections the host opened, the sandbox's own
 		// resolver, and nothing else from a sandbox interface.
 		{in, cat(ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())},
+		// The metadata port, into the daemon's own (marked) socket only.
+		{in, cat(metaIn(expr.MetaKeyIIFNAME, ifaces), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoTCP}},
+			dport(reg1),
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, MetadataPort)},
+			&expr.Socket{Key: expr.SocketKeyMark, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binary.NativeEndian.AppendUint32(nil, metadataMark)},
+		}, denyTo(ReasonHost))},
 		{in, cat(ipv4Only(), []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
 			daddr(reg32_4),

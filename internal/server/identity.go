@@ -49,7 +49,9 @@ func (s *Server) discovery(w http.ResponseWriter, r *http.Request) {
 func (s *Server) jwks(w http.ResponseWriter, r *http.Request) {
 	b, err := s.m.Issuer().JWKS()
 	if err != nil {
-		s.fail(w, r, err)
+		// No details for anyone: the daemon's log has them.
+		s.log.Error("identity key set", "err", err)
+		writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "the key set cannot be read now: try again")
 		return
 	}
 	writePublicJSON(w, b)

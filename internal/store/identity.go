@@ -28,16 +28,14 @@ func (s *Store) AppendIdentityLog(ctx context.Context, es []IdentityLogEntry, ke
 	defer tx.Rollback()
 	trim := map[string]bool{}
 	for _, e := range es {
-		res, err := tx.ExecContext(ctx, `INSERT INTO identity_log (sandbox_id, time, audience, jti, expires_at, via) VALUES (?,?,?,?,?,?)`,
-			e.SandboxID, e.Time.UnixNano(), e.Audience, e.JTI, e.ExpiresAt.UnixNano(), e.Via)
-		if err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO identity_log (sandbox_id, time, audience, jti, expires_at, via) VALUES (?,?,?,?,?,?)`,
+			e.SandboxID, e.Time.UnixNano(), e.Audience, e.JTI, e.ExpiresAt.UnixNano(), e.Via); err != nil {
 			return err
 		}
-		if seq, err := res.LastInsertId(); err == nil && seq%64 == 0 {
-			trim[e.SandboxID] = true
-		}
+		trim[e.SandboxID] = true
 	}
-	// Now and then, not on every token: the oldest beyond keep go.
+	// Each sandbox of the batch keeps its newest keep entries (one
+	// indexed query per sandbox and batch).
 	for id := range trim {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM identity_log WHERE sandbox_id = ? AND seq <= (
 			SELECT seq FROM identity_log WHERE sandbox_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)`, id, id, keep); err != nil {
