@@ -436,7 +436,7 @@ func TestPrivateRanges(t *testing.T) {
 
 // The metadata address's port 80 leads a sandbox to its own gateway's
 // MetadataPort, and to nothing of another sandbox's.
-func TestMetadata(t *testing.T) {
+func TestEscapeMetadataEndpoint(t *testing.T) {
 	e := newEnv(t)
 	ns, subnet := e.sandbox("sb-md")
 	e.setPolicy("sb-md", Policy{}) // deny all: the endpoint is not egress
@@ -493,7 +493,7 @@ func TestAlwaysBlocked(t *testing.T) {
 	ns, _ := e.sandbox("sb-meta")
 	e.setPolicy("sb-meta", Policy{Public: true, Allow: []Rule{{Prefix: netip.MustParsePrefix("0.0.0.0/0")}}})
 	e.reach(ns, webA.String()+":80", "world:")
-	// Port 80 of the metadata address is nook's endpoint (TestMetadata):
+	// Port 80 of the metadata address is nook's endpoint (TestEscapeMetadataEndpoint):
 	// any other port, like any other link-local address, is blocked.
 	e.refused(ns, metadata.String()+":8080")
 	e.waitEvent("sb-meta", netip.AddrPortFrom(metadata, 8080), ReasonBlocked)
