@@ -68,6 +68,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzUploadFileName -fuzztime 10s ./internal/e2b
 	$(GO) test -run '^$$' -fuzz FuzzParseNames -fuzztime 10s ./internal/e2b
 	$(GO) test -run '^$$' -fuzz FuzzMetadataRequest -fuzztime 20s ./internal/identity
+	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 20s ./internal/egress
 
 bench: deps build
 	$(GO) run ./cmd/nook-bench

@@ -3,9 +3,11 @@ package bench
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -29,8 +31,9 @@ import (
 // packet leaves the machine.
 const (
 	benchWeb  = "203.0.113.10"
+	benchWeb2 = "203.0.113.20" // spliced.test: reached by name, through the egress proxy
 	benchDNS  = "203.0.113.53"
-	benchSink = benchWeb + ":5001"
+	benchSink = "0.0.0.0:5001" // on both
 )
 
 type simNet struct {
@@ -107,7 +110,7 @@ func (s *simNet) wire() error {
 		return err
 	}
 	wlo, _ := wh.LinkByName("lo")
-	for _, a := range []string{benchWeb, benchDNS} {
+	for _, a := range []string{benchWeb, benchWeb2, benchDNS} {
 		if err := wh.AddrAdd(wlo, addr(a, 32)); err != nil {
 			return err
 		}
@@ -120,8 +123,10 @@ func (s *simNet) serveDNS() (func(), error) {
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
-		if len(r.Question) == 1 && strings.EqualFold(r.Question[0].Name, "allowed.test.") && r.Question[0].Qtype == dns.TypeA {
-			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 300}, A: net.ParseIP(benchWeb)})
+		zone := map[string]string{"allowed.test.": benchWeb, "spliced.test.": benchWeb2}
+		if len(r.Question) == 1 && zone[strings.ToLower(r.Question[0].Name)] != "" && r.Question[0].Qtype == dns.TypeA {
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 300},
+				A: net.ParseIP(zone[strings.ToLower(r.Question[0].Name)])})
 		} else {
 			m.Rcode = dns.RcodeNameError
 		}
@@ -134,6 +139,63 @@ func (s *simNet) serveDNS() (func(), error) {
 	srv := &dns.Server{PacketConn: pc, Handler: h}
 	go srv.ActivateAndServe()
 	return func() { srv.Shutdown() }, nil
+}
+
+// serveHTTP answers any GET in the world, on port 80 of its addresses.
+func (s *simNet) serveHTTP() (func(), error) {
+	var ln net.Listener
+	if err := nettest.Do(s.world, func() (err error) { ln, err = net.Listen("tcp4", "0.0.0.0:80"); return err }); err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	return func() { srv.Close() }, nil
+}
+
+// latencyScript times HTTP GETs on new connections from inside a
+// sandbox: to benchWeb (a CIDR rule: straight out) and to spliced.test (a
+// domain rule: through the egress proxy), alternating, in milliseconds.
+const latencyScript = `
+import json, socket, sys, time
+n = int(sys.argv[1])
+def get(addr, host):
+    t = time.perf_counter()
+    s = socket.create_connection((addr, 80), timeout=10)
+    s.sendall(("GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host).encode())
+    b = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        b += d
+    s.close()
+    if not b.startswith(b"HTTP/1.1 200"):
+        sys.exit("GET %s: %r" % (host, b[:100]))
+    return (time.perf_counter() - t) * 1000
+spliced = socket.gethostbyname("spliced.test")
+get(sys.argv[2], sys.argv[2]); get(spliced, "spliced.test")
+direct, proxied = [], []
+for _ in range(n):
+    direct.append(get(sys.argv[2], sys.argv[2]))
+    proxied.append(get(spliced, "spliced.test"))
+print(json.dumps({"direct": direct, "proxied": proxied}))
+`
+
+// connectLatency measures n HTTP GETs on new connections each way.
+func connectLatency(ctx context.Context, cl *sdk.Client, name string, n int) (direct, proxied []time.Duration, err error) {
+	var out, errb strings.Builder
+	st, err := cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"python3", "-c", latencyScript, fmt.Sprint(n), benchWeb}}, &out, &errb)
+	if err != nil {
+		return nil, nil, err
+	}
+	if st.ExitCode != 0 {
+		return nil, nil, fmt.Errorf("exit %d: %s", st.ExitCode, errb.String())
+	}
+	var res struct{ Direct, Proxied []float64 }
+	if err := json.Unmarshal([]byte(out.String()), &res); err != nil {
+		return nil, nil, fmt.Errorf("%w: %q", err, out.String())
+	}
+	return millis(res.Direct), millis(res.Proxied), nil
 }
 
 // sink accepts connections in the world and reports, for each, how many
@@ -443,8 +505,13 @@ func runNetwork(ctx context.Context, cfg Config, root string) error {
 		return err
 	}
 
-	fmt.Fprintln(cfg.Out, "network: TCP throughput sandbox -> world server through NAT, and host -> server...")
-	if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: "netbench-tcp", Allow: []string{"allowed.test", benchWeb}}); err != nil {
+	fmt.Fprintln(cfg.Out, "network: TCP throughput sandbox -> world server through NAT, through the egress proxy, and host -> server...")
+	stopWeb, err := s.serveHTTP()
+	if err != nil {
+		return err
+	}
+	defer stopWeb()
+	if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: "netbench-tcp", Allow: []string{"allowed.test", benchWeb, "spliced.test:5001/tcp", "spliced.test:80"}}); err != nil {
 		return err
 	}
 	const size = 1 << 30
@@ -454,6 +521,11 @@ func runNetwork(ctx context.Context, cfg Config, root string) error {
 		return fmt.Errorf("sandbox -> server: %v %+v", err, st)
 	}
 	sandboxMBs = <-rates
+	st, err = cl.Exec(ctx, "netbench-tcp", api.ExecRequest{Cmd: []string{"bash", "-c", fmt.Sprintf("dd if=/dev/zero bs=1M count=%d status=none > /dev/tcp/spliced.test/5001", size>>20)}}, io.Discard, io.Discard)
+	if err != nil || st.ExitCode != 0 {
+		return fmt.Errorf("sandbox -> server through the egress proxy: %v %+v", err, st)
+	}
+	splicedMBs := <-rates
 	if err := nettest.Do(s.host, func() error {
 		c, err := net.Dial("tcp4", benchSink)
 		if err != nil {
@@ -480,6 +552,11 @@ func runNetwork(ctx context.Context, cfg Config, root string) error {
 	if err != nil {
 		return fmt.Errorf("DNS to the upstream: %w", err)
 	}
+	fmt.Fprintln(cfg.Out, "network: HTTP requests on new connections, straight out (a CIDR rule) and through the egress proxy (a domain rule, Host checked)...")
+	httpDirect, httpProxied, err := connectLatency(ctx, cl, "netbench-tcp", 50)
+	if err != nil {
+		return fmt.Errorf("connect latency: %w", err)
+	}
 	fmt.Fprintln(cfg.Out, "network: identity tokens from inside the sandbox (its metadata endpoint), beside static GETs there...")
 	tokens, static, err := metadataTokens(ctx, cl, "netbench-tcp", 30)
 	if err != nil {
@@ -497,6 +574,8 @@ func runNetwork(ctx context.Context, cfg Config, root string) error {
 		ms(pct(with, .5)), ms(pct(with, .99)), ms(pct(without, .5)), ms(pct(without, .99)), ms(share), 100*float64(share)/float64(pct(with, .5)))
 	fmt.Fprintf(tw, "DNS lookup (A, allowed name) through the sandbox's resolver\t%s\t%s\tstraight to the upstream\t%s\t%s\t%s\t-\n",
 		ms(pct(viaNook, .5)), ms(pct(viaNook, .99)), ms(pct(direct, .5)), ms(pct(direct, .99)), ms(pct(viaNook, .5)-pct(direct, .5)))
+	fmt.Fprintf(tw, "HTTP GET on a new connection through the egress proxy (Host checked)\t%s\t%s\tthe same straight out (a CIDR rule)\t%s\t%s\t%s\tadded <= 1ms\n",
+		ms(pct(httpProxied, .5)), ms(pct(httpProxied, .99)), ms(pct(httpDirect, .5)), ms(pct(httpDirect, .99)), ms(pct(httpProxied, .5)-pct(httpDirect, .5)))
 	fmt.Fprintf(tw, "identity token from inside the sandbox (GET 169.254.169.254/v1/token, keep-alive)\t%s\t%s\tstatic GET / of the same endpoint\t%s\t%s\t%s\tp50 <= 2ms\n",
 		ms(pct(tokens, .5)), ms(pct(tokens, .99)), ms(pct(static, .5)), ms(pct(static, .99)), ms(pct(tokens, .5)-pct(static, .5)))
 	if err := tw.Flush(); err != nil {
@@ -506,5 +585,6 @@ func runNetwork(ctx context.Context, cfg Config, root string) error {
 	tw = tabwriter.NewWriter(cfg.Out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TCP (1 GiB, one connection)\tthroughput\tbaseline\tbaseline throughput\tratio")
 	fmt.Fprintf(tw, "sandbox -> allowed world server (veth, nftables, NAT)\t%.0f MB/s\tsimulated host -> the same server\t%.0f MB/s\t%.2fx\n", sandboxMBs, hostMBs, sandboxMBs/hostMBs)
+	fmt.Fprintf(tw, "sandbox -> a domain rule's server through the egress proxy (spliced; target >= 0.8x)\t%.0f MB/s\tthe same straight out (NAT)\t%.0f MB/s\t%.2fx\n", splicedMBs, sandboxMBs, splicedMBs/sandboxMBs)
 	return tw.Flush()
 }

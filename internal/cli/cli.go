@@ -309,7 +309,7 @@ func createCmd() *cobra.Command {
 	f.StringVar(&req.IdentityAudience, "identity-audience", "", "keep an identity token for this audience fresh in /run/nook/identity/token (path in NOOK_IDENTITY_TOKEN_FILE), e.g. sts.amazonaws.com for AWS_WEB_IDENTITY_TOKEN_FILE")
 	f.StringArrayVar(&labels, "label", nil, "a label K=V kept with the sandbox, shown by inspect (repeatable)")
 	f.StringVar(&req.Net, "net", "", "network mode: allowlist (default: only what --allow names) or none (nothing leaves the sandbox)")
-	f.StringArrayVar(&req.Allow, "allow", nil, "allow egress to a domain, *.wildcard, CIDR or @preset, optionally :PORTS, e.g. github.com:443, @registries (repeatable)")
+	f.StringArrayVar(&req.Allow, "allow", nil, "allow egress to a domain, *.wildcard, CIDR or @preset, optionally :PORTS, e.g. github.com:443, @registries; a domain's TCP must be TLS or HTTP naming it, unless the rule ends in /tcp (github.com:22/tcp) (repeatable)")
 	f.StringArrayVar(&req.Deny, "deny", nil, "deny egress to a domain, *.wildcard or CIDR, even if allowed (repeatable)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return c

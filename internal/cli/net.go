@@ -77,7 +77,14 @@ Rules: a domain (github.com), a wildcard for its subdomains
 (*.pythonhosted.org), an IPv4 address or CIDR (192.0.2.0/24), each with
 optional ports (example.com:443, 10.0.0.0/8:80,8000-8100), or a preset
 (@registries, @internet). Deny rules win over allow rules. The host, other
-sandboxes and link-local/metadata addresses are never reachable.`,
+sandboxes and link-local/metadata addresses are never reachable.
+
+The host checks the name behind every TCP connection to a domain's
+addresses (CDNs serve thousands of sites from one address): TLS must name
+(SNI), and plain HTTP ask for (Host), an allowed name that resolved to that
+address through the sandbox's resolver. TCP that is neither needs a rule
+ending in /tcp (db.example.com:5432/tcp, github.com:22/tcp). QUIC to them
+is refused, so that clients fall back to TCP. Refusals are in nook net log.`,
 		Args: cobra.ExactArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			var n *api.Network

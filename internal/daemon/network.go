@@ -18,9 +18,11 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/net/netutil"
+	"golang.org/x/time/rate"
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/egress"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/identity"
 	"github.com/nookhq/nook/internal/network"
@@ -114,6 +116,10 @@ type sandboxNets struct {
 	metadata func(id string, caller netip.Addr) http.Handler
 	metaMu   sync.Mutex
 	metaSrv  map[string]*http.Server
+	// egress are the sandboxes' egress proxies (internal/egress), and
+	// names what each sandbox's resolver answered it (metaMu).
+	egress map[string]*egressProxy
+	names  map[string]*egress.Names
 
 	logc chan store.NetLogEntry
 	// qmu guards queued (entries of each sandbox in logc) and dropped
@@ -132,6 +138,7 @@ var _ core.NetHooks = (*sandboxNets)(nil)
 func newSandboxNets(ctx context.Context, cfg Config, st *store.Store, metadata func(string, netip.Addr) http.Handler) (*sandboxNets, error) {
 	n := &sandboxNets{
 		store: st, log: cfg.Log, state: map[string]*netState{}, metadata: metadata, metaSrv: map[string]*http.Server{},
+		egress: map[string]*egressProxy{}, names: map[string]*egress.Names{},
 		logc: make(chan store.NetLogEntry, netLogQueue), flushc: make(chan chan struct{}),
 		queued: map[string]int{}, dropped: map[string]int{},
 		stop: make(chan struct{}), done: make(chan struct{}),
@@ -199,6 +206,10 @@ func (n *sandboxNets) close() {
 	for id, srv := range n.metaSrv {
 		srv.Close()
 		delete(n.metaSrv, id)
+	}
+	for id, ep := range n.egress {
+		ep.close()
+		delete(n.egress, id)
 	}
 	n.metaMu.Unlock()
 	n.dns.Close(ctx)
@@ -394,7 +405,7 @@ func (n *sandboxNets) applyKeep(ctx context.Context, id string, subnet netip.Pre
 	if err := n.mgr.SetPolicy(ctx, id, kp); err != nil {
 		return err
 	}
-	n.serveMetadata(ctx, id, subnet)
+	n.serveGateway(ctx, id, subnet)
 	if p.Mode == policy.None {
 		if err := n.dns.Remove(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
@@ -411,14 +422,15 @@ func (n *sandboxNets) applyKeep(ctx context.Context, id string, subnet netip.Pre
 	return err
 }
 
-// serveMetadata serves a sandbox's metadata endpoint on its gateway, if
+// serveGateway serves a sandbox's metadata endpoint and egress proxy on its gateway, if
 // it is not served yet. A failure is logged: the sandbox runs without it.
-func (n *sandboxNets) serveMetadata(ctx context.Context, id string, subnet netip.Prefix) {
+func (n *sandboxNets) serveGateway(ctx context.Context, id string, subnet netip.Prefix) {
 	if n.metadata == nil {
 		return
 	}
 	n.metaMu.Lock()
 	defer n.metaMu.Unlock()
+	n.serveEgress(ctx, id, subnet)
 	if n.metaSrv[id] != nil {
 		return
 	}
@@ -463,15 +475,93 @@ func (l *callerOnly) Accept() (net.Conn, error) {
 	}
 }
 
-// stopMetadata closes a sandbox's metadata endpoint and its connections.
+// stopMetadata closes a sandbox's metadata endpoint and egress proxy,
+// and their connections, and forgets the names it resolved.
 func (n *sandboxNets) stopMetadata(id string) {
 	n.metaMu.Lock()
-	srv := n.metaSrv[id]
+	srv, ep := n.metaSrv[id], n.egress[id]
 	delete(n.metaSrv, id)
+	delete(n.egress, id)
+	delete(n.names, id)
 	n.metaMu.Unlock()
 	if srv != nil {
 		srv.Close()
 	}
+	if ep != nil {
+		ep.close()
+	}
+}
+
+// egressProxy is a sandbox's egress proxy and its listener.
+type egressProxy struct {
+	ln net.Listener
+	p  *egress.Proxy
+}
+
+func (e *egressProxy) close() {
+	e.ln.Close()
+	e.p.Close()
+}
+
+// serveEgress runs a sandbox's egress proxy on its gateway, if it does
+// not run yet. The caller holds metaMu. A failure is logged: the
+// sandbox's connections to domain rules' addresses are then refused.
+func (n *sandboxNets) serveEgress(ctx context.Context, id string, subnet netip.Prefix) {
+	if n.egress[id] != nil {
+		return
+	}
+	ln, err := n.mgr.ListenGateway(ctx, subnet, network.EgressPort)
+	if err != nil {
+		n.log.Error("sandbox egress proxy: not served (its connections to domain rules' addresses are refused)", "sandbox", id, "err", err)
+		return
+	}
+	names := n.names[id]
+	if names == nil {
+		names = egress.NewNames(egressNames)
+		n.names[id] = names
+	}
+	limiter := rate.NewLimiter(egressLogRate, 2*egressLogRate)
+	var suppressed atomic.Int64
+	p := egress.New(egress.Config{
+		Check: &egress.PolicyChecker{Names: names, Policy: func() (policy.Policy, bool) {
+			st, ok := n.get(id)
+			return st.policy, ok
+		}},
+		Dial: n.mgr.DialHost,
+		OnDenied: func(ev egress.Event) {
+			// At most egressLogRate a second (burst twice that), the rest
+			// counted in the next entry, as the kernel's denials are.
+			if !limiter.Allow() {
+				suppressed.Add(1)
+				return
+			}
+			n.record(store.NetLogEntry{SandboxID: id, Time: time.Now(), Kind: api.NetLogConnection, Destination: ev.Dst.String() + "/tcp",
+				Reason: ev.Reason, Detail: ev.Detail, Suppressed: int(suppressed.Swap(0))})
+		},
+		Log: n.log,
+	})
+	n.egress[id] = &egressProxy{ln: ln, p: p}
+	go p.Serve(&callerOnly{Listener: ln, caller: network.SandboxAddr(subnet)})
+}
+
+// egressLogRate is how many refusals of its egress proxy a sandbox's
+// network log takes a second.
+const egressLogRate = 10
+
+// egressNames bounds the names (name-address pairs) kept per sandbox for
+// its egress proxy, as the kernel's learned sets are bounded.
+const egressNames = 4096
+
+// learnName tells a sandbox's egress proxy what its resolver answered.
+func (n *sandboxNets) learnName(id string, r dns.Resolved) {
+	n.metaMu.Lock()
+	names := n.names[id]
+	if names == nil {
+		names = egress.NewNames(egressNames)
+		n.names[id] = names
+	}
+	n.metaMu.Unlock()
+	names.Learn(r.Name, r.Addrs, r.TTL)
 }
 
 // kernelPolicy turns a policy's CIDR rules and @internet into the
@@ -556,6 +646,7 @@ func complement(exclude []netip.Prefix) []netip.Prefix {
 
 // resolved lets a sandbox reach the addresses its resolver just answered.
 func (n *sandboxNets) resolved(ctx context.Context, id string, r dns.Resolved) error {
+	n.learnName(id, r)
 	for _, a := range r.Addrs {
 		if err := n.mgr.AllowLearned(ctx, id, a, kernelPorts(r.Ports), r.TTL); err != nil {
 			return err
@@ -589,6 +680,7 @@ var denyDetail = map[string]string{
 	network.ReasonInbound:   "a connection into the sandbox",
 	network.ReasonNotIPv4:   "sandboxes have IPv4 only",
 	network.ReasonConntrack: "conntrack limit: the sandbox has as many connections open as it may (they free up as connections end)",
+	network.ReasonQUIC:      "QUIC to a domain rule's address (its name cannot be checked): clients fall back to TCP",
 }
 
 // record queues a log entry. When the queue is full, or holds as many of
@@ -759,6 +851,14 @@ func (n *sandboxNets) change(ctx context.Context, sb *core.Sandbox, p policy.Pol
 		cur.policy = p
 	}
 	n.mu.Unlock()
+	// Connections through the egress proxy that the new policy refuses
+	// end, as the kernel's flows do.
+	n.metaMu.Lock()
+	ep := n.egress[sb.ID]
+	n.metaMu.Unlock()
+	if ep != nil {
+		ep.p.Recheck()
+	}
 	return nil
 }
 

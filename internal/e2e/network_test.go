@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -61,8 +62,25 @@ func newWorld(t *testing.T) *world {
 	w.serveHTTP(t, w.topo.World, webDenied+":80", "denied-web")
 	w.serveHTTP(t, w.topo.World, metadataIP+":80", "metadata")
 	w.serveHTTP(t, w.topo.Host, "0.0.0.0:"+hostPort, "host-service")
+	w.serveTLS(t, webAllowed+":443", "tls-web")
+	nettest.Serve(t, w.topo.World, webAllowed+":7000", "220 raw\r\n")
 	w.serveDNS(t)
 	return w
+}
+
+// serveTLS serves HTTPS for any server name (a self-signed certificate:
+// the sandboxes' curl runs with -k) answering body.
+func (w *world) serveTLS(t *testing.T, addr, body string) {
+	t.Helper()
+	var ln net.Listener
+	if err := nettest.Do(w.topo.World, func() (err error) { ln, err = net.Listen("tcp4", addr); return err }); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { fmt.Fprint(rw, body) }))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
 }
 
 func (w *world) serveHTTP(t *testing.T, ns netns.NsHandle, addr, body string) {
@@ -80,7 +98,10 @@ func (w *world) serveHTTP(t *testing.T, ns netns.NsHandle, addr, body string) {
 // denied.test, and deb.debian.org (debMirror); everything else NXDOMAIN.
 func (w *world) serveDNS(t *testing.T) {
 	t.Helper()
-	zone := map[string]string{"allowed.test.": webAllowed, "www.allowed.test.": webAllowed, "denied.test.": webDenied, "deb.debian.org.": debMirror}
+	// evil.test and raw.test share allowed.test's address, as sites on one
+	// CDN do.
+	zone := map[string]string{"allowed.test.": webAllowed, "www.allowed.test.": webAllowed, "denied.test.": webDenied, "deb.debian.org.": debMirror,
+		"evil.test.": webAllowed, "raw.test.": webAllowed}
 	handler := dns.HandlerFunc(func(rw dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)

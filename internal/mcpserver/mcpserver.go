@@ -126,7 +126,7 @@ type CreateInput struct {
 	Init      string `json:"init,omitempty" jsonschema:"PID 1: systemd (vm sandboxes whose template has it, e.g. dev: services run) or agent (fastest start); default: systemd where the template has it"`
 	// Optional: the network policy.
 	Net   string   `json:"net,omitempty" jsonschema:"network mode: allowlist (default: the sandbox reaches only what allow names) or none (no network at all)"`
-	Allow []string `json:"allow,omitempty" jsonschema:"what the sandbox may reach on the network; by default nothing. Each entry is a domain (github.com), a wildcard (*.pythonhosted.org), an IPv4 CIDR, or a preset (@registries: GitHub, Debian, PyPI, npm, the Go proxy, crates.io; @internet: everything public), optionally with ports (example.com:443). Ask for only what the task needs"`
+	Allow []string `json:"allow,omitempty" jsonschema:"what the sandbox may reach on the network; by default nothing. Each entry is a domain (github.com), a wildcard (*.pythonhosted.org), an IPv4 CIDR, or a preset (@registries: GitHub, Debian, PyPI, npm, the Go proxy, crates.io; @internet: everything public), optionally with ports (example.com:443). TCP to a domain must be TLS or HTTP naming it unless the rule ends in /tcp (github.com:22/tcp). Ask for only what the task needs"`
 	Deny  []string `json:"deny,omitempty" jsonschema:"domains, wildcards or CIDRs the sandbox may never reach, even if allow names them"`
 	// Optional: volumes.
 	Volumes []string `json:"volumes,omitempty" jsonschema:"volumes to mount, each NAME:/path or NAME:/path:ro; volume_create makes one. Their files outlive the sandbox and are shared with every sandbox that mounts them"`

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/nookhq/nook/internal/egress"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/network/nettest"
 	"github.com/vishvananda/netlink"
@@ -41,11 +43,13 @@ const shortTimeout = 700 * time.Millisecond
 // env is a simulated host with a Manager running against it and a world
 // holding servers.
 type env struct {
-	t      testing.TB
-	topo   *nettest.Topology
-	m      *Manager
-	dir    string
-	events chan deniedEvent
+	// proxied counts the connections the sandboxes' egress proxies saw.
+	proxied atomic.Int32
+	t       testing.TB
+	topo    *nettest.Topology
+	m       *Manager
+	dir     string
+	events  chan deniedEvent
 	// resolver pretends to be every sandbox's resolver (TCP port 53).
 	resolver *nettest.Server
 }
@@ -136,13 +140,50 @@ func (e *env) sandbox(id string) (netns.NsHandle, netip.Prefix) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	// What the daemon runs on every gateway: an egress proxy, here one
+	// that lets every connection through (the name checks are
+	// internal/egress's), so these tests see the dataplane's verdicts.
+	ln, err := e.m.ListenGateway(context.Background(), subnet, EgressPort)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	p := egress.New(egress.Config{Check: passAll{seen: &e.proxied}, Dial: e.m.DialHost})
+	go p.Serve(ln)
 	e.t.Cleanup(func() {
+		ln.Close()
+		p.Close()
 		ns.Close()
 		if err := e.m.Teardown(context.Background(), id); err != nil {
 			e.t.Errorf("Teardown %s: %v", id, err)
 		}
 	})
 	return ns, subnet
+}
+
+// passAll lets every redirected connection through, as raw TCP, and
+// counts them.
+type passAll struct{ seen *atomic.Int32 }
+
+func (passAll) Name(string, netip.AddrPort) (bool, string) { return true, "" }
+func (p passAll) Raw(netip.AddrPort) bool                  { p.seen.Add(1); return true }
+
+// Only connections to learned addresses (domain rules') go through the
+// egress proxy; a CIDR rule's go straight out as before.
+func TestEgressRedirect(t *testing.T) {
+	e := newEnv(t)
+	ns, _ := e.sandbox("sb-eg")
+	e.setPolicy("sb-eg", Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(webA, 32)}}})
+	if err := e.m.AllowLearned(context.Background(), "sb-eg", webB, nil, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	e.reach(ns, webA.String()+":80", "world:")
+	if n := e.proxied.Load(); n != 0 {
+		t.Fatalf("a CIDR rule's connection went through the proxy (%d)", n)
+	}
+	e.reach(ns, webB.String()+":80", "world:")
+	if n := e.proxied.Load(); n != 1 {
+		t.Fatalf("a learned address's connection: %d through the proxy, want 1", n)
+	}
 }
 
 func (e *env) list() []Attachment {

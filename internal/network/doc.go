@@ -29,8 +29,8 @@
 // 192.168/16) and dnsports (tcp/udp 53 and 853). Every sandbox lives in
 // sets keyed by its interface, shared by all sandboxes: ifaces (every
 // sandbox interface), src (interface . its address), dns (interface .
-// gateway . proto . port: its own resolver on 53, and its metadata
-// endpoint on MetadataPort), allow and deny (interface .
+// gateway . proto . port: its own resolver on 53, its metadata endpoint
+// on MetadataPort and its egress proxy on EgressPort), allow and deny (interface .
 // CIDR ranges), allowp and denyp (interface . CIDR ranges . proto . port
 // ranges), learn and learnp (DNS-learned, with timeouts) and public
 // (interfaces whose policy is public). Setting a sandbox up, changing its
@@ -59,15 +59,17 @@
 //	  iifname . ip daddr @allow                   goto admit   static CIDRs, any port
 //	  iifname . ip daddr . l4proto . th dport @allowp  goto admit   CIDR x port ranges
 //	  ip daddr @private                           goto deny-private
-//	  iifname . ip daddr @learn                   goto admit   DNS-learned, with timeouts
-//	  iifname . ip daddr . l4proto . th dport @learnp  goto admit
 //	  iifname @public                             goto admit   Policy.Public
+//	  udp dport 443                               goto deny-quic  (QUIC hides its name)
+//	  iifname . ip daddr @learn                   goto admit   DNS-learned, with timeouts (UDP: TCP was redirected)
+//	  iifname . ip daddr . l4proto . th dport @learnp  goto admit
 //	  goto deny-policy
 //
 //	chain input (filter, policy accept)
 //	  ct state established,related accept      replies to what the host opened (Expose)
 //	  iifname @ifaces tcp dport MetadataPort socket mark != <mark> goto deny-host
-//	                                           the metadata port, into the daemon's marked sockets only
+//	  iifname @ifaces tcp dport EgressPort socket mark != <mark> goto deny-host
+//	                                           the gateway ports, into the daemon's marked sockets only
 //	  iifname . ip daddr . l4proto . th dport @dns goto admit
 //	  iifname @ifaces goto deny-host           every host address and port
 //	  iifname != lo ip saddr @pool drop        a sandbox link not (or no longer) registered
@@ -76,9 +78,17 @@
 //	  add @conn-<limit> { iifname ct count over <limit> } goto deny-conntrack-limit
 //	  accept
 //
-//	chain prerouting (nat)
+//	chain prerouting (nat; a connection's first packet)
 //	  iifname @ifaces ip daddr 169.254.169.254 tcp dport 80 redirect to :MetadataPort
 //	      (to the incoming interface's address: the sandbox's own gateway)
+//	  iifname @public accept                      no name checks under @internet
+//	  l4proto . th dport @dnsports accept         the forward chain refuses it
+//	  ip daddr @pool, @blocked, @private accept   (the forward chain decides: learned or not)
+//	  iifname . ip daddr [. l4proto . th dport] @deny, @denyp, @allow, @allowp accept
+//	                                              a deny rule refuses it, a CIDR rule opens it as before
+//	  tcp iifname . ip daddr [. l4proto . th dport] @learn, @learnp redirect to :EgressPort
+//	      a domain rule's address: to the sandbox's egress proxy (internal/egress),
+//	      which checks the TLS server name or HTTP Host and splices
 //
 //	chain postrouting (nat)
 //	  ip saddr <pool> oifname != @ifaces masquerade

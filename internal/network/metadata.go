@@ -25,12 +25,18 @@ var MetadataAddr = netip.MustParseAddr("169.254.169.254")
 // that no unprivileged user of the host can bind it before the daemon.
 const MetadataPort uint16 = 169
 
-// metadataMark is the socket mark (SO_MARK, which only CAP_NET_ADMIN may
-// set) of the daemon's metadata listeners: the input rule admits a
-// sandbox's connection to MetadataPort only into a socket that carries
-// it, so whatever else holds the port (a socket a host user bound first,
-// where the port is unprivileged) never gets a sandbox's request.
-const metadataMark = 0x6e6b6d64 // "nkmd"
+// EgressPort is the gateway port of a sandbox's egress proxy, where the
+// prerouting rule sends its TCP to domain rules' addresses
+// (internal/egress); privileged like MetadataPort.
+const EgressPort uint16 = 170
+
+// gatewayMark is the socket mark (SO_MARK, which only CAP_NET_ADMIN may
+// set) of the daemon's gateway listeners: the input rule admits a
+// sandbox's connection to MetadataPort or EgressPort only into a socket
+// that carries it, so whatever else holds the port (a socket a host user
+// bound first, where the port is unprivileged) never gets a sandbox's
+// connection.
+const gatewayMark = 0x6e6b6d64 // "nkmd"
 
 // ListenGateway listens on TCP port of a sandbox subnet's gateway address,
 // in the host's network namespace. The address need not be there yet (a
@@ -44,7 +50,7 @@ func (m *Manager) ListenGateway(ctx context.Context, subnet netip.Prefix, port u
 		if err := c.Control(func(fd uintptr) {
 			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_FREEBIND, 1)
 			if serr == nil {
-				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, metadataMark)
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, gatewayMark)
 			}
 		}); err != nil {
 			return err
@@ -60,6 +66,18 @@ func (m *Manager) ListenGateway(ctx context.Context, subnet netip.Prefix, port u
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
 	return ln, nil
+}
+
+// DialHost connects to dst from the host's network namespace (the egress
+// proxy's connections upstream).
+func (m *Manager) DialHost(ctx context.Context, dst netip.AddrPort) (net.Conn, error) {
+	var c net.Conn
+	err := inNetns(m.host, func() error {
+		var err error
+		c, err = (&net.Dialer{}).DialContext(ctx, "tcp4", dst.String())
+		return err
+	})
+	return c, err
 }
 
 // UnprivilegedMetadataPort reports whether the host lets unprivileged

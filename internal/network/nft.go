@@ -74,7 +74,7 @@ var (
 	// they are filled and emptied.
 	policySets = []string{setIfaces, setSrc, setDNS, setDeny, setDenyPorts, setAllow, setAllowPorts, setLearn, setLearnPorts, setPublic}
 
-	denyReasons = []string{ReasonSandbox, ReasonBlocked, ReasonDNS, ReasonDenied, ReasonPrivate, ReasonPolicy, ReasonHost, ReasonInbound, ReasonNotIPv4, ReasonConntrack}
+	denyReasons = []string{ReasonSandbox, ReasonBlocked, ReasonDNS, ReasonDenied, ReasonPrivate, ReasonPolicy, ReasonHost, ReasonInbound, ReasonNotIPv4, ReasonConntrack, ReasonQUIC}
 )
 
 // Register numbers: 1 is the 16-byte register that also holds the 32-bit
@@ -268,15 +268,10 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set, chains 
 		// input: replies to connections the host opened, the sandbox's own
 		// resolver, and nothing else from a sandbox interface.
 		{in, cat(ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())},
-		// The metadata port, into the daemon's own (marked) socket only.
-		{in, cat(metaIn(expr.MetaKeyIIFNAME, ifaces), []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoTCP}},
-			dport(reg1),
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, MetadataPort)},
-			&expr.Socket{Key: expr.SocketKeyMark, Register: reg1},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binary.NativeEndian.AppendUint32(nil, metadataMark)},
-		}, denyTo(ReasonHost))},
+		// The metadata and egress ports, into the daemon's own (marked)
+		// sockets only.
+		{in, markedOnly(ifaces, MetadataPort)},
+		{in, markedOnly(ifaces, EgressPort)},
 		{in, cat(ipv4Only(), []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
 			daddr(reg32_4),
@@ -289,20 +284,6 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set, chains 
 			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: ifnameKey("lo")}, // the host to its own gateway addresses
 		}, saddrInSet(pool), drop())},
-		// prerouting: a sandbox's TCP to the metadata address goes to its
-		// own gateway (redirect: the incoming interface's address), where
-		// the daemon serves that sandbox alone; the input rule above admits
-		// it through the sandbox's element of the dns set.
-		{pre, cat(metaIn(expr.MetaKeyIIFNAME, ifaces), ipv4Only(), []expr.Any{
-			daddr(reg1),
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addrKey(MetadataAddr)},
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoTCP}},
-			dport(reg1),
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, 80)},
-			&expr.Immediate{Register: reg1, Data: binary.BigEndian.AppendUint16(nil, MetadataPort)},
-			&expr.Redir{RegisterProtoMin: reg1, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED},
-		})},
 		// postrouting: masquerade the pool when it leaves by a non-sandbox
 		// interface.
 		{post, cat(ipv4Only(), saddrIn(l.pool), []expr.Any{
@@ -315,6 +296,12 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set, chains 
 		c.AddRule(&nftables.Rule{Table: l.table, Chain: r.ch, Exprs: r.exprs})
 	}
 	for _, r := range l.sandboxRules(sbChain) {
+		c.AddRule(r)
+	}
+	// prerouting: the metadata address, and domain rules' TCP to the
+	// sandbox's egress proxy (the gateway's own ports; the input rules
+	// admit them through the sandbox's elements of the dns set).
+	for _, r := range l.preroutingRules(pre) {
 		c.AddRule(r)
 	}
 	l.removeLegacy(c, existing, chains)
@@ -347,29 +334,103 @@ func (l *layout) removeLegacy(c *nftables.Conn, sets []*nftables.Set, chains []*
 // sandboxRules is the chain every sandbox's forwarded packets go through;
 // see the package docs. It never changes: a sandbox lives in the sets
 // alone, as elements keyed by its interface.
+func lookupAddr(s *nftables.Set) []expr.Any {
+	return []expr.Any{daddr(reg1), &expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID}}
+}
+
+// lookupIfAddr matches interface . destination in s: the interface fills
+// register 1 (16 bytes, the 32-bit registers 8 to 11); the fields after it
+// go to 12, 13 and 14.
+func lookupIfAddr(s *nftables.Set) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+		daddr(reg32_4),
+		&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID},
+	}
+}
+
+// lookupIfAddrPort matches interface . destination . protocol . port in s.
+func lookupIfAddrPort(s *nftables.Set) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+		daddr(reg32_4),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32_5},
+		dport(reg32_6),
+		&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID},
+	}
+}
+
+// markedOnly refuses a sandbox's TCP to port unless the socket it reaches
+// carries the daemon's mark (gatewayMark).
+func markedOnly(ifaces *nftables.Set, port uint16) []expr.Any {
+	return cat(metaIn(expr.MetaKeyIIFNAME, ifaces), isTCP(), []expr.Any{
+		dport(reg1),
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, port)},
+		&expr.Socket{Key: expr.SocketKeyMark, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binary.NativeEndian.AppendUint32(nil, gatewayMark)},
+	}, denyTo(ReasonHost))
+}
+
+func isTCP() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoTCP}},
+	}
+}
+
+// redirectTo sends the packet to port of the incoming interface's own
+// address (a sandbox's gateway).
+func redirectTo(port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: reg1, Data: binary.BigEndian.AppendUint16(nil, port)},
+		&expr.Redir{RegisterProtoMin: reg1, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED},
+	}
+}
+
+// preroutingRules are the nat prerouting chain's: the metadata address
+// to the sandbox's gateway, and every new TCP connection to a DNS-learned
+// address (a domain rule's), unless a CIDR rule, @internet or a deny rule
+// decides it, to the sandbox's egress proxy on its gateway, which checks
+// the name the connection asks for (internal/egress). What it accepts
+// goes on unchanged to the forward chain.
+func (l *layout) preroutingRules(ch *nftables.Chain) []*nftables.Rule {
+	set := func(name string) *nftables.Set { return l.sharedSets[name] }
+	dnsPortSet := set(setDNSPorts)
+	exprs := [][]expr.Any{
+		cat(metaIn(expr.MetaKeyIIFNAME, set(setIfaces)), ipv4Only(), []expr.Any{
+			daddr(reg1),
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addrKey(MetadataAddr)},
+		}, isTCP(), []expr.Any{
+			dport(reg1),
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, 80)},
+		}, redirectTo(MetadataPort)),
+		cat(metaIn(expr.MetaKeyIIFNAME, set(setPublic)), accept()),
+		cat(ipv4Only(), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			dport(reg32_1),
+			&expr.Lookup{SourceRegister: reg1, SetName: dnsPortSet.Name, SetID: dnsPortSet.ID},
+		}, accept()),
+		// What the forward chain refuses whatever was learned: other
+		// sandboxes, the always-blocked and the private ranges.
+		cat(ipv4Only(), lookupAddr(set(setPool)), accept()),
+		cat(ipv4Only(), lookupAddr(set(setBlocked)), accept()),
+		cat(ipv4Only(), lookupAddr(set(setPrivate)), accept()),
+		cat(ipv4Only(), lookupIfAddr(set(setDeny)), accept()),
+		cat(ipv4Only(), lookupIfAddrPort(set(setDenyPorts)), accept()),
+		cat(ipv4Only(), lookupIfAddr(set(setAllow)), accept()),
+		cat(ipv4Only(), lookupIfAddrPort(set(setAllowPorts)), accept()),
+		cat(ipv4Only(), isTCP(), lookupIfAddr(set(setLearn)), redirectTo(EgressPort)),
+		cat(ipv4Only(), isTCP(), lookupIfAddrPort(set(setLearnPorts)), redirectTo(EgressPort)),
+	}
+	rules := make([]*nftables.Rule, len(exprs))
+	for i, e := range exprs {
+		rules[i] = &nftables.Rule{Table: l.table, Chain: ch, Exprs: e}
+	}
+	return rules
+}
+
 func (l *layout) sandboxRules(ch *nftables.Chain) []*nftables.Rule {
 	set := func(name string) *nftables.Set { return l.sharedSets[name] }
-	lookupAddr := func(s *nftables.Set) []expr.Any {
-		return []expr.Any{daddr(reg1), &expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID}}
-	}
-	// The interface fills register 1 (16 bytes, the 32-bit registers 8
-	// to 11); the fields after it go to 12, 13 and 14.
-	lookupIfAddr := func(s *nftables.Set) []expr.Any {
-		return []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
-			daddr(reg32_4),
-			&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID},
-		}
-	}
-	lookupIfAddrPort := func(s *nftables.Set) []expr.Any {
-		return []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
-			daddr(reg32_4),
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32_5},
-			dport(reg32_6),
-			&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID},
-		}
-	}
 	src := set(setSrc)
 	dnsPortSet := set(setDNSPorts)
 	exprs := [][]expr.Any{
@@ -395,9 +456,17 @@ func (l *layout) sandboxRules(ch *nftables.Chain) []*nftables.Rule {
 		cat(lookupIfAddr(set(setAllow)), admitted()),
 		cat(lookupIfAddrPort(set(setAllowPorts)), admitted()),
 		cat(lookupAddr(set(setPrivate)), denyTo(ReasonPrivate)),
+		cat(metaIn(expr.MetaKeyIIFNAME, set(setPublic)), admitted()),
+		// QUIC to a domain rule's address: its name is encrypted; refused
+		// at once so that clients fall back to TCP, where it is checked.
+		cat(ipv4Only(), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoUDP}},
+			dport(reg1),
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, 443)},
+		}, denyTo(ReasonQUIC)),
 		cat(lookupIfAddr(set(setLearn)), admitted()),
 		cat(lookupIfAddrPort(set(setLearnPorts)), admitted()),
-		cat(metaIn(expr.MetaKeyIIFNAME, set(setPublic)), admitted()),
 		denyTo(ReasonPolicy),
 	}
 	rules := make([]*nftables.Rule, len(exprs))
@@ -419,7 +488,9 @@ func baseElements(iface string, subnet netip.Prefix) map[string][]nftables.SetEl
 	for _, p := range []uint8{protoTCP, protoUDP} {
 		out[setDNS] = append(out[setDNS], nftables.SetElement{Key: cat(name, addrKey(gw), protoKey(p), portKey(53))})
 	}
-	out[setDNS] = append(out[setDNS], nftables.SetElement{Key: cat(name, addrKey(gw), protoKey(protoTCP), portKey(MetadataPort))})
+	for _, port := range []uint16{MetadataPort, EgressPort} {
+		out[setDNS] = append(out[setDNS], nftables.SetElement{Key: cat(name, addrKey(gw), protoKey(protoTCP), portKey(port))})
+	}
 	return out
 }
 

@@ -323,7 +323,10 @@ const (
 	// ReasonConntrack: the sandbox already has Config.ConntrackLimit
 	// connections tracked; a new one must wait for one to end.
 	ReasonConntrack = "conntrack-limit"
-	reasonAccepted  = ""
+	// ReasonQUIC: UDP 443 to a domain rule's address (QUIC hides the
+	// name the egress proxy checks on TCP).
+	ReasonQUIC     = "quic"
+	reasonAccepted = ""
 )
 
 // verdict mirrors the kernel's per-sandbox forward chain in userspace. It

@@ -102,7 +102,9 @@ func (sb *sandbox) handle(ctx context.Context, req *mdns.Msg, udpSize int) *mdns
 		sb.deny(name, qtype, ReasonZoneBudget, err.Error())
 		return reply(req, mdns.RcodeRefused, udpSize)
 	}
-	if q.Qtype == mdns.TypeAAAA {
+	// No IPv6; and no HTTPS or SVCB records: they carry ECH keys, which
+	// would hide the TLS server name the egress proxy checks.
+	if q.Qtype == mdns.TypeAAAA || q.Qtype == mdns.TypeHTTPS || q.Qtype == mdns.TypeSVCB {
 		return reply(req, mdns.RcodeSuccess, udpSize)
 	}
 

@@ -384,6 +384,29 @@ func TestAAAAIsEmpty(t *testing.T) {
 	wantRcode(t, e.query("udp", "nope.test", mdns.TypeAAAA), mdns.RcodeNameError)
 }
 
+// HTTPS and SVCB records (which carry ECH keys, hiding the TLS server
+// name the egress proxy checks) are answered empty, never asked upstream.
+func TestHTTPSRecordsAreEmpty(t *testing.T) {
+	e := newEnv(t, Config{}, []string{"dual.test"}, nil)
+	for _, qt := range []uint16{mdns.TypeHTTPS, mdns.TypeSVCB} {
+		r := e.query("udp", "dual.test", qt)
+		wantRcode(t, r, mdns.RcodeSuccess)
+		if len(r.Answer) != 0 || e.up.queries.Load() != 0 {
+			t.Errorf("type %d answered %v after %d upstream queries", qt, r.Answer, e.up.queries.Load())
+		}
+	}
+}
+
+// metadata.nook.internal is the resolver's own answer, whatever the policy.
+func TestLocalName(t *testing.T) {
+	e := newEnv(t, Config{Local: map[string]netip.Addr{"metadata.nook.internal": netip.MustParseAddr("169.254.169.254")}}, nil, nil)
+	r := e.query("udp", "Metadata.Nook.Internal.", mdns.TypeA)
+	wantRcode(t, r, mdns.RcodeSuccess)
+	if len(r.Answer) != 1 || r.Answer[0].(*mdns.A).A.String() != "169.254.169.254" || e.up.queries.Load() != 0 {
+		t.Errorf("metadata.nook.internal: %v", r.Answer)
+	}
+}
+
 func TestTTL(t *testing.T) {
 	e := newEnv(t, Config{}, []string{"short.test", "long.test", "nx.test"}, nil)
 	r := e.query("udp", "short.test", mdns.TypeA)

@@ -73,6 +73,23 @@ func (p Policy) AllowsName(name string) (allowed bool, ports []PortRange, why st
 	return true, ports, why
 }
 
+// AllowsRaw reports whether a rule NAME[:PORTS]/tcp lets the sandbox reach
+// name's addresses on port with any TCP protocol, not only TLS or HTTP
+// (whose names the host checks). Deny rules apply as in AllowsName.
+func (p Policy) AllowsRaw(name string, port uint16) bool {
+	allowed, ports, _ := p.AllowsName(name)
+	if !allowed || !PortsContain(ports, port) {
+		return false
+	}
+	name = NormalizeName(name)
+	for _, r := range p.Allow {
+		if r.Raw && r.matchesName(name) && PortsContain(r.Ports, port) {
+			return true
+		}
+	}
+	return false
+}
+
 // Internet reports whether the policy allows every public address (the
 // @internet preset), and on which ports (nil: every port).
 func (p Policy) Internet() (allowed bool, ports []PortRange) {

@@ -510,3 +510,40 @@ func FuzzParse(f *testing.F) {
 		p.Internet()
 	})
 }
+
+// NAME[:PORTS]/tcp allows any TCP protocol to a domain's addresses; the
+// suffix round-trips, and is refused where it means nothing.
+func TestRawRules(t *testing.T) {
+	for _, s := range []string{"db.example.com:5432/tcp", "*.example.com/tcp", "git.example.com:22,2222/tcp"} {
+		r, err := ParseRule(s)
+		if err != nil || !r.Raw || r.String() != s {
+			t.Errorf("ParseRule(%q) = %+v (%q), %v", s, r, r.String(), err)
+		}
+	}
+	for _, s := range []string{"10.0.0.0/8/tcp", "10.0.0.1:22/tcp", "@registries/tcp", "/tcp", "a.example/tcp/tcp"} {
+		if r, err := ParseRule(s); err == nil {
+			t.Errorf("ParseRule(%q) took it: %+v", s, r)
+		}
+	}
+	p, err := Parse("", []string{"db.example.com:5432/tcp", "web.example.com", "*.svc.example.com:22/tcp"}, []string{"bad.svc.example.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		port uint16
+		want bool
+	}{
+		{"db.example.com", 5432, true},
+		{"DB.example.com.", 5432, true},
+		{"db.example.com", 5433, false},
+		{"web.example.com", 443, false}, // allowed, but TLS/HTTP only
+		{"a.svc.example.com", 22, true},
+		{"bad.svc.example.com", 22, false}, // denied
+		{"other.example.com", 22, false},
+	} {
+		if got := p.AllowsRaw(tc.name, tc.port); got != tc.want {
+			t.Errorf("AllowsRaw(%s, %d) = %v, want %v", tc.name, tc.port, got, tc.want)
+		}
+	}
+}

@@ -43,8 +43,12 @@ const (
 //	192.0.2.7               one address (/32)
 //	*.x.org:8000-8100       a port range
 //	@registries             a preset (see Presets)
+//	db.example.com:5432/tcp a domain, any TCP protocol (Raw)
 //
-// Ports apply to TCP and UDP alike.
+// Ports apply to TCP and UDP alike. The host checks the name behind every
+// TCP connection to a domain rule's addresses (the TLS server name, the
+// HTTP Host: internal/egress), so TCP that is neither TLS nor HTTP needs a
+// rule that says /tcp.
 type Rule struct {
 	Kind Kind
 	// Name is the domain for KindDomain, the zone under "*." for
@@ -56,6 +60,10 @@ type Rule struct {
 	// Ports limits the rule to these ports, normalized (sorted, merged); nil
 	// means every port. For a preset, nil means the preset's own ports.
 	Ports []PortRange
+	// Raw (written NAME[:PORTS]/tcp, domain and wildcard rules only) allows
+	// any TCP protocol to the name's addresses, not only TLS and HTTP,
+	// whose names the host checks.
+	Raw bool
 }
 
 // ParseRule parses one rule as a user writes it (see Rule). Names are
@@ -75,6 +83,17 @@ func parseRule(s string) (Rule, error) {
 	}
 	if len(s) > maxRuleLen {
 		return Rule{}, fmt.Errorf("rule is %d characters long, more than %d", len(s), maxRuleLen)
+	}
+	if t, ok := strings.CutSuffix(s, "/tcp"); ok {
+		r, err := parseRule(t)
+		if err != nil {
+			return Rule{}, err
+		}
+		if r.Kind != KindDomain && r.Kind != KindWildcard || r.Raw {
+			return Rule{}, fmt.Errorf("/tcp applies once, to a domain rule (a CIDR rule allows any protocol already)")
+		}
+		r.Raw = true
+		return r, nil
 	}
 	if strings.Count(s, ":") > 1 {
 		if looksIPv6(s) {
@@ -259,12 +278,15 @@ func (r Rule) String() string {
 	if r.Ports != nil {
 		s += ":" + FormatPorts(r.Ports)
 	}
+	if r.Raw {
+		s += "/tcp"
+	}
 	return s
 }
 
 // Equal reports whether r and o are the same rule.
 func (r Rule) Equal(o Rule) bool {
-	return r.Kind == o.Kind && r.Name == o.Name && r.Prefix == o.Prefix &&
+	return r.Kind == o.Kind && r.Name == o.Name && r.Prefix == o.Prefix && r.Raw == o.Raw &&
 		(r.Ports == nil) == (o.Ports == nil) && slices.Equal(r.Ports, o.Ports)
 }
 

@@ -1,0 +1,52 @@
+package egress
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/nookhq/nook/internal/network/policy"
+)
+
+// PolicyChecker checks connections against a sandbox's policy, read at
+// each connection (a change applies to the next one), and the names its
+// resolver answered it.
+type PolicyChecker struct {
+	// Policy returns the sandbox's policy (false: it has none any more).
+	Policy func() (policy.Policy, bool)
+	Names  *Names
+}
+
+var _ Checker = (*PolicyChecker)(nil)
+
+// Name implements Checker.
+func (c *PolicyChecker) Name(name string, dst netip.AddrPort) (bool, string) {
+	p, ok := c.Policy()
+	if !ok {
+		return false, "the sandbox has no network policy"
+	}
+	allowed, ports, why := p.AllowsName(name)
+	if !allowed {
+		return false, fmt.Sprintf("%s is %s", name, why)
+	}
+	if !policy.PortsContain(ports, dst.Port()) {
+		return false, fmt.Sprintf("%s is not allowed on port %d", name, dst.Port())
+	}
+	if !c.Names.Resolved(name, dst.Addr()) {
+		return false, fmt.Sprintf("%s did not resolve to %s through the sandbox's resolver", name, dst.Addr())
+	}
+	return true, ""
+}
+
+// Raw implements Checker.
+func (c *PolicyChecker) Raw(dst netip.AddrPort) bool {
+	p, ok := c.Policy()
+	if !ok {
+		return false
+	}
+	for _, name := range c.Names.For(dst.Addr()) {
+		if p.AllowsRaw(name, dst.Port()) {
+			return true
+		}
+	}
+	return false
+}
