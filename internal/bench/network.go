@@ -33,7 +33,7 @@ const (
 	benchWeb  = "203.0.113.10"
 	benchWeb2 = "203.0.113.20" // spliced.test: reached by name, through the egress proxy
 	benchDNS  = "203.0.113.53"
-	benchSink = "0.0.0.0:5001" // on both
+	benchSink = benchWeb + ":5001"
 )
 
 type simNet struct {
@@ -202,7 +202,8 @@ func connectLatency(ctx context.Context, cl *sdk.Client, name string, n int) (di
 // bytes it read and how fast.
 func (s *simNet) sink() (<-chan float64, func(), error) {
 	var ln net.Listener
-	if err := nettest.Do(s.world, func() (err error) { ln, err = net.Listen("tcp4", benchSink); return err }); err != nil {
+	// On port 5001 of every world address (benchWeb and benchWeb2).
+	if err := nettest.Do(s.world, func() (err error) { ln, err = net.Listen("tcp4", "0.0.0.0:5001"); return err }); err != nil {
 		return nil, nil, err
 	}
 	rates := make(chan float64, 16)
