@@ -527,7 +527,17 @@ func (n *sandboxNets) serveEgress(ctx context.Context, id string, subnet netip.P
 			st, ok := n.get(id)
 			return st.policy, ok
 		}},
-		Dial: n.mgr.DialHost,
+		Dial: func(ctx context.Context, dst netip.AddrPort) (net.Conn, error) {
+			// The proxy dials from the host: never to the host itself (a
+			// name an attacker's zone points at the host's public address)
+			// or a sandbox.
+			for _, hp := range n.hostPrefixes() {
+				if hp.Contains(dst.Addr()) {
+					return nil, fmt.Errorf("%s is the host itself or a sandbox", dst.Addr())
+				}
+			}
+			return n.mgr.DialHost(ctx, dst)
+		},
 		OnDenied: func(ev egress.Event) {
 			// At most egressLogRate a second (burst twice that), the rest
 			// counted in the next entry, as the kernel's denials are.
@@ -538,11 +548,16 @@ func (n *sandboxNets) serveEgress(ctx context.Context, id string, subnet netip.P
 			n.record(store.NetLogEntry{SandboxID: id, Time: time.Now(), Kind: api.NetLogConnection, Destination: ev.Dst.String() + "/tcp",
 				Reason: ev.Reason, Detail: ev.Detail, Suppressed: int(suppressed.Swap(0))})
 		},
-		Log: n.log,
+		Log:      n.log,
+		MaxConns: egressConns,
 	})
 	n.egress[id] = &egressProxy{ln: ln, p: p}
 	go p.Serve(&callerOnly{Listener: ln, caller: network.SandboxAddr(subnet)})
 }
+
+// egressConns bounds a sandbox's connections through its egress proxy at
+// once (each holds two descriptors and two goroutines of the daemon's).
+const egressConns = 1024
 
 // egressLogRate is how many refusals of its egress proxy a sandbox's
 // network log takes a second.

@@ -38,15 +38,28 @@ func (c *PolicyChecker) Name(name string, dst netip.AddrPort) (bool, string) {
 }
 
 // Raw implements Checker.
-func (c *PolicyChecker) Raw(dst netip.AddrPort) bool {
+func (c *PolicyChecker) Raw(dst netip.AddrPort) (string, bool) {
+	p, ok := c.Policy()
+	if !ok {
+		return "", false
+	}
+	for _, name := range c.Names.For(dst.Addr()) {
+		if p.AllowsRaw(name, dst.Port()) {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// Still implements Checker.
+func (c *PolicyChecker) Still(name string, dst netip.AddrPort, raw bool) bool {
 	p, ok := c.Policy()
 	if !ok {
 		return false
 	}
-	for _, name := range c.Names.For(dst.Addr()) {
-		if p.AllowsRaw(name, dst.Port()) {
-			return true
-		}
+	if raw {
+		return p.AllowsRaw(name, dst.Port())
 	}
-	return false
+	allowed, ports, _ := p.AllowsName(name)
+	return allowed && policy.PortsContain(ports, dst.Port())
 }

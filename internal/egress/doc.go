@@ -33,4 +33,25 @@
 // A refusal is a TCP reset (the client fails at once) and an Event for
 // the sandbox's network log with its reason. Both directions then copy
 // socket to socket, which Go does with splice(2).
+//
+// What it refuses besides names: a ClientHello offering Encrypted Client
+// Hello (its outer name is not the real one; Chrome sends one by default:
+// --disable-features=EncryptedClientHello), a server name or Host that is
+// not plain ASCII (what goes upstream is what was checked), a Host with
+// anything around its name and numeric port (each request goes upstream
+// with the Host that was checked), an Upgrade other than WebSocket as a
+// connection's first request (h2c would carry any authority), HTTP
+// headers over 64 KiB, and a destination that is the host itself or a
+// sandbox (the proxy dials from the host). The daemon holds at most 1024
+// of a sandbox's connections at once; headers get 10 s (the first) and 2
+// minutes (later ones).
+//
+// What it cannot see: TLS is not decrypted, so a server that routes by
+// the HTTP Host inside TLS rather than by the server name (domain
+// fronting: some CDNs, default nginx virtual hosts) can still be asked
+// for another site under an allowed server name; a connection admitted
+// to a name carries what the client sends after the ClientHello (on a
+// rule's other ports too: give domain rules the ports they need). UDP
+// other than QUIC reaches a domain rule's addresses unchecked (there is
+// no name to check).
 package egress

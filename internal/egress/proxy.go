@@ -9,14 +9,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/idna"
 	"golang.org/x/sys/unix"
 )
@@ -25,11 +28,20 @@ import (
 const (
 	ReasonName     = "name"     // the name asked for is not allowed, or did not resolve to the address
 	ReasonProtocol = "protocol" // neither TLS nor HTTP, and no rule allows raw TCP there
-	ReasonNoName   = "no-name"  // TLS without a server name, HTTP without a Host
+	ReasonNoName   = "no-name"  // TLS without a server name, HTTP without a valid Host
+	ReasonECH      = "ech"      // TLS Encrypted Client Hello: the real name is hidden
 	ReasonMismatch = "mismatch" // a later HTTP request on the connection named another host
 	ReasonUpstream = "upstream" // the destination did not answer
-	peekTimeout    = 10 * time.Second
-	maxHello       = 64 << 10 // bytes read to find a ClientHello's server name
+)
+
+// Limits of one connection.
+const (
+	peekTimeout  = 10 * time.Second // for the first bytes, the ClientHello, the first request's headers
+	idleTimeout  = 2 * time.Minute  // between HTTP requests, and for each one's headers
+	drainTimeout = 2 * time.Minute  // an upstream's answer after the client stopped sending
+	dialTimeout  = 15 * time.Second
+	maxHello     = 32 << 10 // bytes read to find a ClientHello's server name
+	maxHeader    = 64 << 10 // an HTTP request's line and headers
 )
 
 // Checker decides what a sandbox may reach.
@@ -38,9 +50,14 @@ type Checker interface {
 	// sandbox's policy on dst's port, and resolved through its resolver
 	// to dst's address; why says why not.
 	Name(name string, dst netip.AddrPort) (ok bool, why string)
-	// Raw reports whether dst may be reached with any TCP protocol: an
-	// address a rule that allows raw TCP (NAME:PORT/tcp) resolved to.
-	Raw(dst netip.AddrPort) bool
+	// Raw returns the name whose rule (NAME:PORT/tcp) lets dst be reached
+	// with any TCP protocol: a name the sandbox resolved to dst's address.
+	Raw(dst netip.AddrPort) (name string, ok bool)
+	// Still reports whether the policy, as it is now, still allows a
+	// connection admitted to name at dst (raw: as raw TCP). Unlike Name,
+	// it does not ask for the name's resolution again: a connection
+	// outlives its address's TTL, as it does without the proxy.
+	Still(name string, dst netip.AddrPort, raw bool) bool
 }
 
 // Event is a refused connection.
@@ -63,6 +80,9 @@ type Config struct {
 	// conntrack original destination, SO_ORIGINAL_DST).
 	Target func(c net.Conn) (netip.AddrPort, error)
 	Log    *slog.Logger
+	// MaxConns bounds the connections held at once (0: no bound); more
+	// wait in the listener's backlog.
+	MaxConns int
 }
 
 // Proxy checks and splices one sandbox's redirected connections.
@@ -72,25 +92,25 @@ type Proxy struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]*flow
 	closed bool
+	gen    uint64 // Recheck's count: a flow checked before one is checked again
 	wg     sync.WaitGroup
 }
 
 // flow is what a connection was admitted for, to judge it again when the
 // policy changes; up is its upstream connection.
 type flow struct {
-	name string // "" until admitted; rawName for raw TCP
-	dst  netip.AddrPort
-	up   net.Conn
+	name     string // "" until admitted
+	raw      bool
+	dst      netip.AddrPort
+	up       net.Conn
+	checkGen uint64 // gen when it was checked
 }
-
-// rawName marks a flow admitted as raw TCP.
-const rawName = "\x00raw"
 
 // New returns a Proxy.
 func New(cfg Config) *Proxy {
 	if cfg.Dial == nil {
 		cfg.Dial = func(ctx context.Context, dst netip.AddrPort) (net.Conn, error) {
-			return (&net.Dialer{Timeout: 10 * time.Second}).DialContext(ctx, "tcp4", dst.String())
+			return (&net.Dialer{}).DialContext(ctx, "tcp4", dst.String())
 		}
 	}
 	if cfg.Target == nil {
@@ -105,20 +125,48 @@ func New(cfg Config) *Proxy {
 	return &Proxy{cfg: cfg, conns: map[net.Conn]*flow{}}
 }
 
-// Serve handles the connections ln accepts until it is closed.
+// Serve handles the connections ln accepts until it is closed. A
+// temporary failure to accept (no descriptors left) is retried, backing
+// off, as net/http does.
 func (p *Proxy) Serve(ln net.Listener) error {
+	var delay time.Duration
+	var slots chan struct{}
+	if p.cfg.MaxConns > 0 {
+		slots = make(chan struct{}, p.cfg.MaxConns)
+	}
 	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return err
+		if slots != nil {
+			slots <- struct{}{}
 		}
+		c, err := ln.Accept()
+		if err != nil && slots != nil {
+			<-slots
+		}
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			p.cfg.Log.Warn("egress: accept", "err", err, "retry", delay)
+			time.Sleep(delay)
+			continue
+		}
+		delay = 0
 		if !p.track(c) {
 			c.Close()
+			if slots != nil {
+				<-slots
+			}
 			return net.ErrClosed
 		}
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
+			defer func() {
+				if slots != nil {
+					<-slots
+				}
+			}()
 			defer p.untrack(c)
 			p.handle(c)
 		}()
@@ -139,27 +187,19 @@ func (p *Proxy) Close() {
 	p.wg.Wait()
 }
 
-// Recheck closes the connections the Checker would no longer admit (the
-// policy changed, or a name's resolution expired is not a reason: a
-// connection outlives its address's TTL, as without the proxy).
+// Recheck ends the connections the policy no longer allows (it changed);
+// connections still being admitted are checked again before they are.
 func (p *Proxy) Recheck() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.gen++
 	for c, f := range p.conns {
-		if f.name == "" {
+		if f.name == "" || p.cfg.Check.Still(f.name, f.dst, f.raw) {
 			continue
 		}
-		ok := false
-		if f.name == rawName {
-			ok = p.cfg.Check.Raw(f.dst)
-		} else {
-			ok, _ = p.cfg.Check.Name(f.name, f.dst)
-		}
-		if !ok {
-			reset(c)
-			if f.up != nil {
-				f.up.Close()
-			}
+		reset(c)
+		if f.up != nil {
+			f.up.Close()
 		}
 	}
 }
@@ -174,16 +214,30 @@ func (p *Proxy) track(c net.Conn) bool {
 	return true
 }
 
+// checking notes that c's check starts now (a Recheck after it makes
+// admitted check it again).
+func (p *Proxy) checking(c net.Conn) {
+	p.mu.Lock()
+	if f := p.conns[c]; f != nil {
+		f.checkGen = p.gen
+	}
+	p.mu.Unlock()
+}
+
 // admitted records what c was let through for, and its upstream
-// connection; false if the proxy closed meanwhile.
-func (p *Proxy) admitted(c net.Conn, name string, dst netip.AddrPort, up net.Conn) bool {
+// connection; false if the proxy closed meanwhile, or the policy changed
+// since the check and no longer allows it.
+func (p *Proxy) admitted(c net.Conn, name string, raw bool, dst netip.AddrPort, up net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	f := p.conns[c]
 	if p.closed || f == nil {
 		return false
 	}
-	f.name, f.dst, f.up = name, dst, up
+	if f.checkGen != p.gen && !p.cfg.Check.Still(name, dst, raw) {
+		return false
+	}
+	f.name, f.raw, f.dst, f.up = name, raw, dst, up
 	return true
 }
 
@@ -204,13 +258,15 @@ func (p *Proxy) handle(c net.Conn) {
 		reset(c)
 		return
 	}
-	if p.cfg.Check.Raw(dst) {
+	p.checking(c)
+	if name, ok := p.cfg.Check.Raw(dst); ok {
 		// Server-first protocols (SMTP, MySQL) send nothing to peek at.
-		p.splice(c, nil, rawName, dst)
+		p.splice(c, nil, name, true, dst)
 		return
 	}
 	c.SetReadDeadline(time.Now().Add(peekTimeout))
-	br := bufio.NewReaderSize(c, 4096)
+	lr := &io.LimitedReader{R: c, N: maxHello}
+	br := bufio.NewReaderSize(lr, 4096)
 	first, err := br.Peek(1)
 	if err != nil {
 		reset(c)
@@ -218,32 +274,45 @@ func (p *Proxy) handle(c net.Conn) {
 	}
 	switch {
 	case first[0] == 0x16: // a TLS handshake record
-		name, hello, err := readHello(br)
-		if err != nil || name == "" {
+		hello, raw, err := readHello(br)
+		if err != nil || hello.ServerName == "" {
 			p.refuse(c, Event{Dst: dst, Reason: ReasonNoName, Detail: "TLS without a server name (SNI)"})
 			return
 		}
-		if ok, why := p.check(name, dst); !ok {
+		name := hello.ServerName
+		if hasECH(hello.Extensions) {
+			p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonECH,
+				Detail: "TLS Encrypted Client Hello hides the server name from the check (Chrome: --disable-features=EncryptedClientHello)"})
+			return
+		}
+		if !plainName(name) {
+			p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName, Detail: fmt.Sprintf("TLS server name %q is not a plain ASCII name", name)})
+			return
+		}
+		n, ok, why := p.check(name, dst)
+		if !ok {
 			p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName, Detail: "TLS server name " + why})
 			return
 		}
 		c.SetReadDeadline(time.Time{})
 		buffered, _ := br.Peek(br.Buffered())
-		p.splice(c, append(hello, buffered...), name, dst)
+		p.splice(c, append(raw, buffered...), n, false, dst)
 	case isTokenByte(first[0]):
-		p.proxyHTTP(c, br, dst)
+		p.proxyHTTP(c, lr, br, dst)
 	default:
 		p.refuse(c, Event{Dst: dst, Reason: ReasonProtocol, Detail: "neither TLS nor HTTP (allow raw TCP with a rule NAME:PORT/tcp)"})
 	}
 }
 
-// check normalizes a name the client sent and asks the Checker.
-func (p *Proxy) check(name string, dst netip.AddrPort) (bool, string) {
+// check normalizes a name the client sent and asks the Checker; it
+// returns the normalized name.
+func (p *Proxy) check(name string, dst netip.AddrPort) (string, bool, string) {
 	n, err := NormalizeName(name)
 	if err != nil {
-		return false, fmt.Sprintf("%q is not a valid name: %v", name, err)
+		return "", false, fmt.Sprintf("%q is not a valid name: %v", name, err)
 	}
-	return p.cfg.Check.Name(n, dst)
+	ok, why := p.cfg.Check.Name(n, dst)
+	return n, ok, why
 }
 
 // NormalizeName is a name as the policy compares it: IDNA's ASCII form,
@@ -260,27 +329,50 @@ func NormalizeName(name string) (string, error) {
 	return strings.ToLower(ascii), nil
 }
 
+// plainName reports whether a name the client sent is plain ASCII
+// (letters, digits, '-', '_', '.'): what the upstream receives is what was
+// checked, not a Unicode form that normalizes to it.
+func plainName(name string) bool {
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// hasECH reports whether a ClientHello offers Encrypted Client Hello
+// (the extension of RFC 9849, or an earlier draft's).
+func hasECH(exts []uint16) bool {
+	for _, e := range exts {
+		if e == 0xfe0d || e == 0xffce {
+			return true
+		}
+	}
+	return false
+}
+
 // errHello ends the handshake once the ClientHello is read.
 var errHello = errors.New("client hello read")
 
 // readHello reads a TLS ClientHello with crypto/tls's own parser and
-// returns its server name and the bytes read, to replay upstream.
-func readHello(r io.Reader) (string, []byte, error) {
-	rec := &recorder{r: io.LimitReader(r, maxHello)}
-	var name string
-	var seen bool
+// returns it and the bytes read, to replay upstream.
+func readHello(r io.Reader) (*tls.ClientHelloInfo, []byte, error) {
+	rec := &recorder{r: r}
+	var hello *tls.ClientHelloInfo
 	srv := tls.Server(rec, &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-		name, seen = h.ServerName, true
+		hello = h
 		return nil, errHello
 	}})
 	err := srv.Handshake()
-	if !seen {
+	if hello == nil {
 		if err == nil {
 			err = errors.New("no ClientHello")
 		}
-		return "", nil, err
+		return nil, nil, err
 	}
-	return name, rec.buf, nil
+	return hello, rec.buf, nil
 }
 
 // recorder is the conn crypto/tls reads the ClientHello from: it keeps
@@ -307,11 +399,14 @@ func (r *recorder) SetWriteDeadline(time.Time) error { return nil }
 func isTokenByte(b byte) bool { return b >= 'A' && b <= 'Z' }
 
 // proxyHTTP forwards plain HTTP request by request, each one's Host
-// checked: a keep-alive connection cannot switch to another host. An
-// upgraded connection (WebSocket) is spliced after its 101.
-func (p *Proxy) proxyHTTP(c net.Conn, br *bufio.Reader, dst netip.AddrPort) {
+// checked: a keep-alive connection cannot switch to another host. Every
+// request goes upstream with the Host that was checked, in Go's framing
+// (a smuggled second request cannot hide in the first). A WebSocket
+// upgrade, as the connection's first request only, is spliced once the
+// upstream answers 101; any other upgrade (h2c) is refused.
+func (p *Proxy) proxyHTTP(c net.Conn, lr *io.LimitedReader, br *bufio.Reader, dst netip.AddrPort) {
 	var up net.Conn
-	var host string
+	var host string // the checked name, normalized
 	defer func() {
 		if up != nil {
 			up.Close()
@@ -319,6 +414,10 @@ func (p *Proxy) proxyHTTP(c net.Conn, br *bufio.Reader, dst netip.AddrPort) {
 	}()
 	respDone := make(chan struct{})
 	for {
+		if up != nil {
+			c.SetReadDeadline(time.Now().Add(idleTimeout))
+		}
+		lr.N = maxHeader
 		req, err := http.ReadRequest(br)
 		if err != nil {
 			if up == nil && !errors.Is(err, io.EOF) {
@@ -331,59 +430,121 @@ func (p *Proxy) proxyHTTP(c net.Conn, br *bufio.Reader, dst netip.AddrPort) {
 			}
 			return
 		}
+		lr.N = math.MaxInt64 // the body
 		c.SetReadDeadline(time.Time{})
-		h := req.Host
-		if hh, _, err := net.SplitHostPort(h); err == nil {
-			h = hh
-		}
-		if h == "" {
-			p.refuse(c, Event{Dst: dst, Reason: ReasonNoName, Detail: "HTTP request without a Host"})
+		name, port, ok := splitHost(req.Host)
+		if !ok {
+			p.refuse(c, Event{Dst: dst, Reason: ReasonNoName, Detail: fmt.Sprintf("HTTP request without a valid Host (%q)", req.Host)})
 			return
 		}
 		if req.Method == http.MethodConnect {
-			p.refuse(c, Event{Dst: dst, Name: h, Reason: ReasonProtocol, Detail: "HTTP CONNECT"})
+			p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonProtocol, Detail: "HTTP CONNECT"})
 			return
 		}
-		if host != "" && !strings.EqualFold(h, host) {
-			p.refuse(c, Event{Dst: dst, Name: h, Reason: ReasonMismatch, Detail: fmt.Sprintf("a request for %s on a connection to %s", h, host)})
+		n, nerr := NormalizeName(name)
+		if host != "" && (nerr != nil || n != host) {
+			p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonMismatch, Detail: fmt.Sprintf("a request for %s on a connection to %s", name, host)})
+			return
+		}
+		upgrade := req.Header.Get("Upgrade")
+		if upgrade != "" && (host != "" || !strings.EqualFold(strings.TrimSpace(upgrade), "websocket")) {
+			p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonProtocol, Detail: fmt.Sprintf("HTTP Upgrade: %s (only websocket, as a connection's first request)", upgrade)})
 			return
 		}
 		if host == "" {
-			if ok, why := p.check(h, dst); !ok {
-				p.refuse(c, Event{Dst: dst, Name: h, Reason: ReasonName, Detail: "HTTP Host " + why})
+			n, ok, why := p.check(name, dst)
+			if !ok {
+				p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName, Detail: "HTTP Host " + why})
 				return
 			}
-			host = h
-			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
 			up, err = p.cfg.Dial(ctx, dst)
 			cancel()
 			if err != nil {
-				p.refuse(c, Event{Dst: dst, Name: h, Reason: ReasonUpstream, Detail: err.Error()})
+				p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonUpstream, Detail: err.Error()})
 				return
 			}
-			if n, _ := NormalizeName(h); !p.admitted(c, cmpOr(n, h), dst, up) {
+			if !p.admitted(c, n, false, dst, up) {
+				reset(c)
 				return
 			}
-			go func() {
-				defer close(respDone)
-				io.Copy(c, up)
-				closeWrite(c)
-			}()
+			host = n
+			if upgrade == "" {
+				go func() {
+					defer close(respDone)
+					io.Copy(c, up)
+					closeWrite(c)
+				}()
+			}
 		}
-		upgrade := req.Header.Get("Upgrade") != ""
-		// The request as the client sent it, framing normalized by Go's
-		// parser (a smuggled second request cannot hide in the first).
+		// The name that was checked, nothing the client wrote around it.
+		req.Host = host
+		if port != "" {
+			req.Host += ":" + port
+		}
+		if _, ok := req.Header["User-Agent"]; !ok {
+			req.Header["User-Agent"] = []string{""} // not Go's own
+		}
 		if err := req.Write(&protoWriter{w: up, proto: req.Proto}); err != nil {
 			return
 		}
-		if upgrade {
-			// A tunnel to the same host from here on.
-			io.Copy(up, br)
-			closeWrite(up)
-			<-respDone
+		if upgrade != "" {
+			p.upgrade(c, br, up, req)
 			return
 		}
 	}
+}
+
+// upgrade finishes a WebSocket handshake: a tunnel only if the upstream
+// answers 101; any other answer is passed on and the connection ends.
+func (p *Proxy) upgrade(c net.Conn, br *bufio.Reader, up net.Conn, req *http.Request) {
+	up.SetReadDeadline(time.Now().Add(idleTimeout))
+	ubr := bufio.NewReader(up)
+	resp, err := http.ReadResponse(ubr, req)
+	if err != nil {
+		return
+	}
+	up.SetReadDeadline(time.Time{})
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		resp.Write(c)
+		return
+	}
+	resp.Write(c)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if b, _ := ubr.Peek(ubr.Buffered()); len(b) > 0 {
+			c.Write(b)
+		}
+		io.Copy(c, up)
+		closeWrite(c)
+	}()
+	if b, _ := br.Peek(br.Buffered()); len(b) > 0 {
+		up.Write(b)
+	}
+	io.Copy(up, c)
+	closeWrite(up)
+	up.SetReadDeadline(time.Now().Add(drainTimeout))
+	<-done
+}
+
+// splitHost splits a Host header into a name and a numeric port ("":
+// none); false when it is not a valid host (userinfo, spaces, junk after
+// the port).
+func splitHost(h string) (name, port string, ok bool) {
+	if h == "" || !httpguts.ValidHostHeader(h) || strings.ContainsAny(h, "@/[]") {
+		return "", "", false
+	}
+	name, port, err := net.SplitHostPort(h)
+	if err != nil {
+		name, port = h, ""
+	} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return "", "", false
+	}
+	if name == "" || !plainName(name) {
+		return "", "", false
+	}
+	return name, port, true
 }
 
 // protoWriter puts the client's own protocol version (an HTTP/1.0
@@ -422,8 +583,8 @@ func (p *protoWriter) Write(b []byte) (int, error) {
 
 // splice connects the client to dst, sending what was read from it
 // already first. Both directions copy socket to socket (splice(2)).
-func (p *Proxy) splice(c net.Conn, pending []byte, name string, dst netip.AddrPort) {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+func (p *Proxy) splice(c net.Conn, pending []byte, name string, raw bool, dst netip.AddrPort) {
+	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
 	up, err := p.cfg.Dial(ctx, dst)
 	cancel()
 	if err != nil {
@@ -431,7 +592,8 @@ func (p *Proxy) splice(c net.Conn, pending []byte, name string, dst netip.AddrPo
 		return
 	}
 	defer up.Close()
-	if n, _ := NormalizeName(name); !p.admitted(c, cmpOr(n, name), dst, up) {
+	if !p.admitted(c, name, raw, dst, up) {
+		reset(c)
 		return
 	}
 	done := make(chan struct{})
@@ -447,17 +609,6 @@ func (p *Proxy) splice(c net.Conn, pending []byte, name string, dst netip.AddrPo
 	// The client is done sending: the answer has this long to end.
 	up.SetReadDeadline(time.Now().Add(drainTimeout))
 	<-done
-}
-
-// drainTimeout bounds how long an upstream may keep sending after the
-// client stopped.
-const drainTimeout = 2 * time.Minute
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func closeWrite(c net.Conn) {

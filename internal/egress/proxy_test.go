@@ -29,7 +29,10 @@ func (f fakeCheck) Name(name string, dst netip.AddrPort) (bool, string) {
 	}
 	return false, name + " is not allowed"
 }
-func (f fakeCheck) Raw(netip.AddrPort) bool { return f.raw }
+func (f fakeCheck) Raw(netip.AddrPort) (string, bool) { return "raw.test", f.raw }
+func (f fakeCheck) Still(name string, _ netip.AddrPort, raw bool) bool {
+	return raw && f.raw || f.ok[name]
+}
 
 // harness runs a Proxy whose every connection "was going to" upstream.
 type harness struct {
@@ -297,7 +300,8 @@ type toggleCheck struct{ allow *atomic.Bool }
 func (t toggleCheck) Name(string, netip.AddrPort) (bool, string) {
 	return t.allow.Load(), "toggled off"
 }
-func (t toggleCheck) Raw(netip.AddrPort) bool { return t.allow.Load() }
+func (t toggleCheck) Raw(netip.AddrPort) (string, bool)       { return "raw.test", t.allow.Load() }
+func (t toggleCheck) Still(string, netip.AddrPort, bool) bool { return t.allow.Load() }
 
 // A policy change ends the connections it no longer allows.
 func TestRecheck(t *testing.T) {
@@ -354,4 +358,94 @@ func serveTCP(t *testing.T, handle func(net.Conn)) net.Listener {
 		}
 	}()
 	return ln
+}
+
+// The attacks a review found, as tests: a request smuggled behind an
+// Upgrade the upstream does not answer with 101, an h2c upgrade, junk
+// around the Host's name, a header without end.
+func TestHTTPAttacks(t *testing.T) {
+	var mu sync.Mutex
+	var hosts []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hosts = append(hosts, r.Host)
+		mu.Unlock()
+		fmt.Fprint(w, "vhost="+r.Host)
+	}))
+	defer up.Close()
+	h := newHarness(t, fakeCheck{ok: map[string]bool{"allowed.test": true}}, strings.TrimPrefix(up.URL, "http://"))
+	send := func(raw string) string {
+		c, err := net.Dial("tcp4", h.proxyAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprint(c, raw)
+		b, _ := io.ReadAll(c)
+		return string(b)
+	}
+	for what, raw := range map[string]string{
+		"a request behind an Upgrade": "GET / HTTP/1.1\r\nHost: allowed.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nGET /secret HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+		"h2c":                         "GET / HTTP/1.1\r\nHost: allowed.test\r\nUpgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n",
+		"userinfo after the port":     "GET / HTTP/1.1\r\nHost: allowed.test:1@evil.test\r\n\r\n",
+		"a non-numeric port":          "GET / HTTP/1.1\r\nHost: allowed.test:x\r\n\r\n",
+		"an upgrade second":           "GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\nGET / HTTP/1.1\r\nHost: allowed.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+	} {
+		got := send(raw)
+		servedOnce := what == "an upgrade second" || what == "a request behind an Upgrade"
+		if strings.Contains(got, "evil.test") || strings.Count(got, "vhost=") > 1 || !servedOnce && strings.Contains(got, "vhost=") {
+			t.Errorf("%s: %q", what, got)
+		}
+	}
+	mu.Lock()
+	for _, hh := range hosts {
+		if hh != "allowed.test" {
+			t.Errorf("the upstream served Host %q", hh)
+		}
+	}
+	mu.Unlock()
+	// Headers without end: cut at the limit, not buffered.
+	c, err := net.Dial("tcp4", h.proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: allowed.test\r\nX: ")
+	junk := []byte(strings.Repeat("a", 1<<20))
+	sent := 0
+	c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	for sent < 8<<20 {
+		n, err := c.Write(junk)
+		sent += n
+		if err != nil {
+			break
+		}
+	}
+	if sent >= 8<<20 {
+		t.Fatalf("the proxy took %d MiB of one header", sent>>20)
+	}
+}
+
+func TestNameShapes(t *testing.T) {
+	if !hasECH([]uint16{0, 0xfe0d}) || !hasECH([]uint16{0xffce}) || hasECH([]uint16{0, 16, 43}) {
+		t.Fatal("hasECH")
+	}
+	for name, want := range map[string]bool{"allowed.test": true, "ALLOWED.test.": true, "a_b.test": true,
+		"ＡＬＬＯＷＥＤ.test": false, "allowed.test\u200b": false, "allowed.test\x00": false, "a b.test": false} {
+		if plainName(name) != want {
+			t.Errorf("plainName(%q) = %v", name, !want)
+		}
+	}
+	for host, want := range map[string]string{"allowed.test": "allowed.test|", "allowed.test:8080": "allowed.test|8080",
+		"allowed.test:1@evil.test": "", "allowed.test:x": "", "[::1]:80": "", "": "", "a b": "", "allowed.test:99999": ""} {
+		name, port, ok := splitHost(host)
+		got := ""
+		if ok {
+			got = name + "|" + port
+		}
+		if got != want {
+			t.Errorf("splitHost(%q) = %q, want %q", host, got, want)
+		}
+	}
 }

@@ -165,7 +165,8 @@ func (e *env) sandbox(id string) (netns.NsHandle, netip.Prefix) {
 type passAll struct{ seen *atomic.Int32 }
 
 func (passAll) Name(string, netip.AddrPort) (bool, string) { return true, "" }
-func (p passAll) Raw(netip.AddrPort) bool                  { p.seen.Add(1); return true }
+func (p passAll) Raw(netip.AddrPort) (string, bool)        { p.seen.Add(1); return "any", true }
+func (passAll) Still(string, netip.AddrPort, bool) bool    { return true }
 
 // Only connections to learned addresses (domain rules') go through the
 // egress proxy; a CIDR rule's go straight out as before.

@@ -146,7 +146,9 @@ type Manager struct {
 	pool *Pool
 	lay  *layout
 	host netns.NsHandle
-	nl   *netlink.Handle
+	// ownNetns: host is the process's own network namespace.
+	ownNetns bool
+	nl       *netlink.Handle
 	// conns holds idle lasting nftables connections (lasting).
 	conns chan *nftables.Conn
 	// addrSock reads one link's addresses (linkAddrs); addrMu serializes
@@ -227,6 +229,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		if err != nil {
 			return nil, fmt.Errorf("open host netns: %w", err)
 		}
+	}
+	if own, err := netns.GetFromPath("/proc/self/ns/net"); err == nil {
+		m.ownNetns = own.Equal(m.host)
+		own.Close()
 	}
 	ok := false
 	defer func() {

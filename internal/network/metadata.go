@@ -71,6 +71,11 @@ func (m *Manager) ListenGateway(ctx context.Context, subnet netip.Prefix, port u
 // DialHost connects to dst from the host's network namespace (the egress
 // proxy's connections upstream).
 func (m *Manager) DialHost(ctx context.Context, dst netip.AddrPort) (net.Conn, error) {
+	if m.ownNetns {
+		// The daemon's own namespace (as in production): no thread held
+		// in another namespace while the connect waits.
+		return (&net.Dialer{}).DialContext(ctx, "tcp4", dst.String())
+	}
 	var c net.Conn
 	err := inNetns(m.host, func() error {
 		var err error
