@@ -398,8 +398,10 @@ func TestIdentity(t *testing.T) {
 		tcp = string(b)
 		return nil
 	})
-	if strings.Contains(strings.ToUpper(tcp), fmt.Sprintf(":%04X 00000000:0000 0A", network.MetadataPort)) {
-		t.Errorf("a metadata endpoint still listens:\n%s", tcp)
+	for _, port := range []uint16{network.MetadataPort, network.EgressPort} {
+		if strings.Contains(strings.ToUpper(tcp), fmt.Sprintf(":%04X 00000000:0000 0A", port)) {
+			t.Errorf("a gateway service (port %d) still listens:\n%s", port, tcp)
+		}
 	}
 	checkNoNetworkLeft(t, w, d)
 }
