@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -44,31 +45,54 @@ type tokenKeeper struct {
 	nudge chan struct{}
 	stop  chan struct{}
 	done  chan struct{}
+	first chan struct{} // closed once the first fetch ended, well or not
+	// ctx ends with stop: a fetch in flight ends at once.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // keepToken starts keeping cfg's token fresh, in place of what kept one
 // before; nil stops it.
 func (s *Server) keepToken(cfg *IdentityConfig) {
+	if k := s.startKeeper(cfg); k != nil {
+		// The file is there when the sandbox is handed over (the first
+		// fetch is a round trip to the host), unless the host is slow.
+		select {
+		case <-k.first:
+		case <-time.After(firstTokenWait):
+		}
+	}
+}
+
+// firstTokenWait bounds how long a configure waits for the first token.
+const firstTokenWait = 5 * time.Second
+
+// startKeeper replaces the keeper; it returns the new one (nil: none
+// started).
+func (s *Server) startKeeper(cfg *IdentityConfig) *tokenKeeper {
 	s.tokenMu.Lock()
 	defer s.tokenMu.Unlock()
 	if s.token != nil {
 		if cfg != nil && s.token.cfg == *cfg {
 			s.token.wake()
-			return
+			return nil
 		}
 		close(s.token.stop)
+		s.token.cancel()
 		<-s.token.done
 		s.token = nil
 	}
 	if cfg == nil || cfg.File == "" || cfg.URL == "" {
-		return
+		return nil
 	}
 	// Another identity (a fork's first configure): the token there is the
 	// parent's, gone before the fork's is fetched.
 	os.Remove(cfg.File)
-	k := &tokenKeeper{cfg: *cfg, log: s.log, nudge: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	k := &tokenKeeper{cfg: *cfg, log: s.log, nudge: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), first: make(chan struct{})}
+	k.ctx, k.cancel = context.WithCancel(context.Background())
 	s.token = k
 	go k.run()
+	return k
 }
 
 // wakeToken fetches the token again now (the sandbox woke from a pause:
@@ -91,8 +115,11 @@ func (k *tokenKeeper) wake() {
 func (k *tokenKeeper) run() {
 	defer close(k.done)
 	retry := tokenRetryMin
-	for {
+	for first := true; ; first = false {
 		exp, err := k.fetch()
+		if first {
+			close(k.first)
+		}
 		var wait time.Duration
 		if err != nil {
 			k.log.Warn("identity token file: fetch failed", "file", k.cfg.File, "err", err, "retry", retry)
@@ -117,7 +144,7 @@ func (k *tokenKeeper) run() {
 // fetch gets a token and writes it to the file (replaced whole, so a
 // reader never sees half of one); it returns the token's expiry.
 func (k *tokenKeeper) fetch() (time.Time, error) {
-	b, err := httpGet(k.cfg.URL, map[string]string{"Nook-Metadata": "true"}, 10*time.Second)
+	b, err := httpGet(k.ctx, k.cfg.URL, map[string]string{"Nook-Metadata": "true"}, 10*time.Second)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -137,13 +164,17 @@ func (k *tokenKeeper) fetch() (time.Time, error) {
 	if err := os.Chmod(tmp, 0o644); err != nil {
 		return time.Time{}, err
 	}
+	if k.ctx.Err() != nil {
+		os.Remove(tmp)
+		return time.Time{}, k.ctx.Err() // stopped: another identity's keeper owns the file now
+	}
 	return exp, os.Rename(tmp, k.cfg.File)
 }
 
 // httpGet is a plain HTTP/1.0 GET of rawURL (http only), answering the
 // body of a 200 (at most 64 KiB). The agent has no net/http: it keeps the
 // binary small and its start fast.
-func httpGet(rawURL string, headers map[string]string, timeout time.Duration) ([]byte, error) {
+func httpGet(ctx context.Context, rawURL string, headers map[string]string, timeout time.Duration) ([]byte, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Scheme != "http" || u.Host == "" {
 		return nil, fmt.Errorf("not an http URL: %q", rawURL)
@@ -152,11 +183,13 @@ func httpGet(rawURL string, headers map[string]string, timeout time.Duration) ([
 	if u.Port() == "" {
 		addr = net.JoinHostPort(u.Hostname(), "80")
 	}
-	c, err := net.DialTimeout("tcp", addr, timeout)
+	c, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
 	c.SetDeadline(time.Now().Add(timeout))
 	var req strings.Builder
 	fmt.Fprintf(&req, "GET %s HTTP/1.0\r\nHost: %s\r\n", u.RequestURI(), u.Hostname())

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/base64"
 	"fmt"
 	"log/slog"
@@ -74,10 +75,10 @@ func TestHTTPGetAndExpiry(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	if _, err := httpGet(srv.URL+"/denied", nil, 5*time.Second); err == nil {
+	if _, err := httpGet(context.Background(), srv.URL+"/denied", nil, 5*time.Second); err == nil {
 		t.Fatal("a 403 was taken")
 	}
-	b, err := httpGet(srv.URL+"/ok", nil, 5*time.Second)
+	b, err := httpGet(context.Background(), srv.URL+"/ok", nil, 5*time.Second)
 	if err != nil || string(b) != "not a jwt" {
 		t.Fatalf("GET: %q %v", b, err)
 	}
@@ -86,7 +87,7 @@ func TestHTTPGetAndExpiry(t *testing.T) {
 			t.Errorf("tokenExpiry(%q) took it", tok)
 		}
 	}
-	if _, err := httpGet("https://example.invalid/", nil, time.Second); err == nil {
+	if _, err := httpGet(context.Background(), "https://example.invalid/", nil, time.Second); err == nil {
 		t.Fatal("an https URL was taken")
 	}
 }

@@ -89,7 +89,9 @@ func (m *Manager) IdentityToken(ctx context.Context, name string, req api.Identi
 // issue signs a token for sb and logs it.
 func (m *Manager) issue(ctx context.Context, sb *core.Sandbox, audience string, ttl time.Duration, via string) (identity.Token, error) {
 	switch sb.State {
-	case core.StateDestroying, core.StateFailed, core.StateCreating:
+	case core.StateDestroying, core.StateFailed:
+		// (A creating sandbox has its identity already: its agent fetches
+		// its token file before the create answers.)
 		return identity.Token{}, errdefs.Precondition("sandbox %s is %s: it gets no identity tokens", sb.Name, sb.State)
 	}
 	var digest string

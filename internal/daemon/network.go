@@ -203,15 +203,15 @@ func (n *sandboxNets) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	n.metaMu.Lock()
-	for id, srv := range n.metaSrv {
-		srv.Close()
-		delete(n.metaSrv, id)
-	}
-	for id, ep := range n.egress {
-		ep.close()
-		delete(n.egress, id)
-	}
+	srvs, eps := n.metaSrv, n.egress
+	n.metaSrv, n.egress = map[string]*http.Server{}, map[string]*egressProxy{}
 	n.metaMu.Unlock()
+	for _, srv := range srvs {
+		srv.Close()
+	}
+	for _, ep := range eps {
+		ep.close()
+	}
 	n.dns.Close(ctx)
 	n.mgr.Close()
 	close(n.stop)

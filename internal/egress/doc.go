@@ -53,5 +53,7 @@
 // to a name carries what the client sends after the ClientHello (on a
 // rule's other ports too: give domain rules the ports they need). UDP
 // other than QUIC reaches a domain rule's addresses unchecked (there is
-// no name to check).
+// no name to check). The proxy lives in the daemon: sandboxes outlive a
+// daemon restart, but their connections through it (to domain rules'
+// addresses) do not; clients reconnect.
 package egress

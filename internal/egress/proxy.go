@@ -89,6 +89,10 @@ type Config struct {
 type Proxy struct {
 	cfg Config
 
+	// ctx ends with Close: dials in progress stop.
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	mu     sync.Mutex
 	conns  map[net.Conn]*flow
 	closed bool
@@ -122,7 +126,8 @@ func New(cfg Config) *Proxy {
 	if cfg.OnDenied == nil {
 		cfg.OnDenied = func(Event) {}
 	}
-	return &Proxy{cfg: cfg, conns: map[net.Conn]*flow{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Proxy{cfg: cfg, conns: map[net.Conn]*flow{}, ctx: ctx, cancel: cancel}
 }
 
 // Serve handles the connections ln accepts until it is closed. A
@@ -159,7 +164,6 @@ func (p *Proxy) Serve(ln net.Listener) error {
 			}
 			return net.ErrClosed
 		}
-		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
 			defer func() {
@@ -175,6 +179,7 @@ func (p *Proxy) Serve(ln net.Listener) error {
 
 // Close closes every connection the proxy holds and waits for them.
 func (p *Proxy) Close() {
+	p.cancel()
 	p.mu.Lock()
 	p.closed = true
 	for c, f := range p.conns {
@@ -211,6 +216,7 @@ func (p *Proxy) track(c net.Conn) bool {
 		return false
 	}
 	p.conns[c] = &flow{}
+	p.wg.Add(1) // under mu: Close's Wait sees it, or closed was set first
 	return true
 }
 
@@ -321,6 +327,12 @@ func NormalizeName(name string) (string, error) {
 	name = strings.TrimSuffix(name, ".")
 	if name == "" || len(name) > 253 {
 		return "", errors.New("empty or too long")
+	}
+	if plainName(name) {
+		// ASCII as the resolver takes it (names such as
+		// r3---sn-x.googlevideo.com or a_b.example.com, which IDNA's
+		// stricter rules refuse, resolve and are checked the same).
+		return strings.ToLower(name), nil
 	}
 	ascii, err := idna.Lookup.ToASCII(name)
 	if err != nil {
@@ -457,7 +469,7 @@ func (p *Proxy) proxyHTTP(c net.Conn, lr *io.LimitedReader, br *bufio.Reader, ds
 				p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName, Detail: "HTTP Host " + why})
 				return
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+			ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
 			up, err = p.cfg.Dial(ctx, dst)
 			cancel()
 			if err != nil {
@@ -472,7 +484,9 @@ func (p *Proxy) proxyHTTP(c net.Conn, lr *io.LimitedReader, br *bufio.Reader, ds
 			if upgrade == "" {
 				go func() {
 					defer close(respDone)
-					io.Copy(c, up)
+					// While an answer flows, the client is not idle: its
+					// next request's deadline moves on with every write.
+					io.Copy(&activeWriter{c: c}, up)
 					closeWrite(c)
 				}()
 			}
@@ -493,6 +507,21 @@ func (p *Proxy) proxyHTTP(c net.Conn, lr *io.LimitedReader, br *bufio.Reader, ds
 			return
 		}
 	}
+}
+
+// activeWriter writes to c and moves c's read deadline idleTimeout past
+// each write.
+type activeWriter struct {
+	c    net.Conn
+	last time.Time
+}
+
+func (w *activeWriter) Write(b []byte) (int, error) {
+	if now := time.Now(); now.Sub(w.last) > time.Second {
+		w.last = now
+		w.c.SetReadDeadline(now.Add(idleTimeout))
+	}
+	return w.c.Write(b)
 }
 
 // upgrade finishes a WebSocket handshake: a tunnel only if the upstream
@@ -584,7 +613,7 @@ func (p *protoWriter) Write(b []byte) (int, error) {
 // splice connects the client to dst, sending what was read from it
 // already first. Both directions copy socket to socket (splice(2)).
 func (p *Proxy) splice(c net.Conn, pending []byte, name string, raw bool, dst netip.AddrPort) {
-	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+	ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
 	up, err := p.cfg.Dial(ctx, dst)
 	cancel()
 	if err != nil {

@@ -60,7 +60,7 @@
 //	  iifname . ip daddr . l4proto . th dport @allowp  goto admit   CIDR x port ranges
 //	  ip daddr @private                           goto deny-private
 //	  iifname @public                             goto admit   Policy.Public
-//	  udp dport 443                               goto deny-quic  (QUIC hides its name)
+//	  udp dport 443 iifname . ip daddr [. ...] @learn, @learnp  goto deny-quic  (QUIC hides its name)
 //	  iifname . ip daddr @learn                   goto admit   DNS-learned, with timeouts (UDP: TCP was redirected)
 //	  iifname . ip daddr . l4proto . th dport @learnp  goto admit
 //	  goto deny-policy

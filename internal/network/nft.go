@@ -371,6 +371,16 @@ func markedOnly(ifaces *nftables.Set, port uint16) []expr.Any {
 	}, denyTo(ReasonHost))
 }
 
+// isQUIC matches UDP to port 443.
+func isQUIC() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoUDP}},
+		dport(reg1),
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, 443)},
+	}
+}
+
 func isTCP() []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
@@ -459,12 +469,8 @@ func (l *layout) sandboxRules(ch *nftables.Chain) []*nftables.Rule {
 		cat(metaIn(expr.MetaKeyIIFNAME, set(setPublic)), admitted()),
 		// QUIC to a domain rule's address: its name is encrypted; refused
 		// at once so that clients fall back to TCP, where it is checked.
-		cat(ipv4Only(), []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoUDP}},
-			dport(reg1),
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, 443)},
-		}, denyTo(ReasonQUIC)),
+		cat(isQUIC(), lookupIfAddr(set(setLearn)), denyTo(ReasonQUIC)),
+		cat(isQUIC(), lookupIfAddrPort(set(setLearnPorts)), denyTo(ReasonQUIC)),
 		cat(lookupIfAddr(set(setLearn)), admitted()),
 		cat(lookupIfAddrPort(set(setLearnPorts)), admitted()),
 		denyTo(ReasonPolicy),

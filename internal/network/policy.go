@@ -352,7 +352,13 @@ func verdict(c *compiled, pool netip.Prefix, learned map[netip.Addr]learnedEntry
 	case inPrefixes(privateRanges, dst):
 		return ReasonPrivate
 	}
+	if c.public {
+		return reasonAccepted
+	}
 	if e, ok := learned[dst]; ok && now.Before(e.expires) {
+		if proto == protoUDP && port == 443 {
+			return ReasonQUIC
+		}
 		if len(e.ports) == 0 {
 			return reasonAccepted
 		}

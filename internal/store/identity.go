@@ -28,8 +28,11 @@ func (s *Store) AppendIdentityLog(ctx context.Context, es []IdentityLogEntry, ke
 	defer tx.Rollback()
 	trim := map[string]bool{}
 	for _, e := range es {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO identity_log (sandbox_id, time, audience, jti, expires_at, via) VALUES (?,?,?,?,?,?)`,
-			e.SandboxID, e.Time.UnixNano(), e.Audience, e.JTI, e.ExpiresAt.UnixNano(), e.Via); err != nil {
+		// Only for a sandbox that still exists: an entry written after its
+		// removal would outlive it (the delete trigger ran already).
+		if _, err := tx.ExecContext(ctx, `INSERT INTO identity_log (sandbox_id, time, audience, jti, expires_at, via)
+			SELECT ?,?,?,?,?,? WHERE EXISTS (SELECT 1 FROM sandboxes WHERE id = ?)`,
+			e.SandboxID, e.Time.UnixNano(), e.Audience, e.JTI, e.ExpiresAt.UnixNano(), e.Via, e.SandboxID); err != nil {
 			return err
 		}
 		trim[e.SandboxID] = true

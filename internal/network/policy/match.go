@@ -82,7 +82,7 @@ func (p Policy) AllowsRaw(name string, port uint16) bool {
 		return false
 	}
 	name = NormalizeName(name)
-	for _, r := range p.Allow {
+	for _, r := range expand(p.Allow) {
 		if r.Raw && r.matchesName(name) && PortsContain(r.Ports, port) {
 			return true
 		}

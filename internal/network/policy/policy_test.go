@@ -310,8 +310,9 @@ func TestPresets(t *testing.T) {
 		t.Errorf("PresetNames() = %v", got)
 	}
 	// PresetRules returns a copy.
+	was := presets[PresetRegistries][0].Ports[0].From
 	PresetRules(PresetRegistries)[0].Ports[0].From = 1
-	if presets[PresetRegistries][0].Ports[0].From != 22 {
+	if presets[PresetRegistries][0].Ports[0].From != was {
 		t.Error("PresetRules leaked the preset table")
 	}
 }
@@ -545,5 +546,24 @@ func TestRawRules(t *testing.T) {
 		if got := p.AllowsRaw(tc.name, tc.port); got != tc.want {
 			t.Errorf("AllowsRaw(%s, %d) = %v, want %v", tc.name, tc.port, got, tc.want)
 		}
+	}
+}
+
+// @registries keeps git over SSH to GitHub: its port 22 is raw TCP (no
+// name to check), its web ports TLS and HTTP only.
+func TestRegistriesSSH(t *testing.T) {
+	p, err := Parse("", []string{"@registries"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.AllowsRaw("github.com", 22) || p.AllowsRaw("github.com", 443) || p.AllowsRaw("api.github.com", 22) {
+		t.Error("@registries: raw TCP should be github.com:22 alone")
+	}
+	if ok, ports, _ := p.AllowsName("github.com"); !ok || FormatPorts(ports) != "22,80,443" {
+		t.Errorf("github.com: %v %s", ok, FormatPorts(ports))
+	}
+	narrowed, _ := Parse("", []string{"@registries:443"}, nil)
+	if narrowed.AllowsRaw("github.com", 443) {
+		t.Error("@registries:443 made github.com:443 raw")
 	}
 }

@@ -28,7 +28,8 @@ var webPorts = []PortRange{{From: 80, To: 80}, {From: 443, To: 443}}
 var presets = map[string][]Rule{
 	PresetRegistries: {
 		// GitHub: web, API, git over HTTPS and SSH, raw files, release assets.
-		{Kind: KindDomain, Name: "github.com", Ports: []PortRange{{From: 22, To: 22}, {From: 80, To: 80}, {From: 443, To: 443}}},
+		{Kind: KindDomain, Name: "github.com", Ports: webPorts},
+		{Kind: KindDomain, Name: "github.com", Ports: []PortRange{{From: 22, To: 22}}, Raw: true}, // SSH: any TCP
 		{Kind: KindWildcard, Name: "github.com", Ports: webPorts},
 		{Kind: KindWildcard, Name: "githubusercontent.com", Ports: webPorts},
 		// Debian archive (apt uses plain HTTP by default).
@@ -87,7 +88,10 @@ func expand(rules []Rule) []Rule {
 		}
 		for _, pr := range PresetRules(r.Name) {
 			if r.Ports != nil {
+				// The user's ports: HTTP and TLS on them, as the rule's
+				// name says nothing of other protocols.
 				pr.Ports = slices.Clone(r.Ports)
+				pr.Raw = false
 			}
 			out = append(out, pr)
 		}
