@@ -515,11 +515,7 @@ func (n *sandboxNets) serveEgress(ctx context.Context, id string, subnet netip.P
 		n.log.Error("sandbox egress proxy: not served (its connections to domain rules' addresses are refused)", "sandbox", id, "err", err)
 		return
 	}
-	names := n.names[id]
-	if names == nil {
-		names = egress.NewNames(egressNames)
-		n.names[id] = names
-	}
+	names := n.namesFor(id)
 	limiter := rate.NewLimiter(egressLogRate, 2*egressLogRate)
 	var suppressed atomic.Int64
 	p := egress.New(egress.Config{
@@ -567,14 +563,21 @@ const egressLogRate = 10
 // its egress proxy, as the kernel's learned sets are bounded.
 const egressNames = 4096
 
-// learnName tells a sandbox's egress proxy what its resolver answered.
-func (n *sandboxNets) learnName(id string, r dns.Resolved) {
-	n.metaMu.Lock()
+// namesFor returns what a sandbox's resolver answered it, made on first
+// use. The caller holds metaMu.
+func (n *sandboxNets) namesFor(id string) *egress.Names {
 	names := n.names[id]
 	if names == nil {
 		names = egress.NewNames(egressNames)
 		n.names[id] = names
 	}
+	return names
+}
+
+// learnName tells a sandbox's egress proxy what its resolver answered.
+func (n *sandboxNets) learnName(id string, r dns.Resolved) {
+	n.metaMu.Lock()
+	names := n.namesFor(id)
 	n.metaMu.Unlock()
 	names.Learn(r.Name, r.Addrs, r.TTL)
 }

@@ -22,6 +22,8 @@ import (
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/idna"
 	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/network/policy"
 )
 
 // Refusal reasons, as the net log shows them.
@@ -332,7 +334,7 @@ func NormalizeName(name string) (string, error) {
 		// ASCII as the resolver takes it (names such as
 		// r3---sn-x.googlevideo.com or a_b.example.com, which IDNA's
 		// stricter rules refuse, resolve and are checked the same).
-		return strings.ToLower(name), nil
+		return policy.NormalizeName(name), nil
 	}
 	ascii, err := idna.Lookup.ToASCII(name)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -123,15 +124,7 @@ func TestTLSServerName(t *testing.T) {
 // Plain HTTP: every request's Host is checked, so a keep-alive
 // connection to an allowed host cannot turn to another.
 func TestHTTPHost(t *testing.T) {
-	var mu sync.Mutex
-	var hosts []string
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		hosts = append(hosts, r.Host)
-		mu.Unlock()
-		fmt.Fprint(w, "ok")
-	}))
-	defer up.Close()
+	up, hosts := hostRecorder(t, func(string) string { return "ok" })
 	h := newHarness(t, fakeCheck{ok: map[string]bool{"allowed.test": true}}, strings.TrimPrefix(up.URL, "http://"))
 	c, err := net.Dial("tcp4", h.proxyAddr)
 	if err != nil {
@@ -156,9 +149,7 @@ func TestHTTPHost(t *testing.T) {
 	if ev := h.lastEvent(); ev.Reason != ReasonMismatch || ev.Name != "evil.test" {
 		t.Fatalf("event %+v", ev)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, hh := range hosts {
+	for _, hh := range hosts() {
 		if hh != "allowed.test" {
 			t.Fatalf("the upstream saw Host %q", hh)
 		}
@@ -364,15 +355,7 @@ func serveTCP(t *testing.T, handle func(net.Conn)) net.Listener {
 // Upgrade the upstream does not answer with 101, an h2c upgrade, junk
 // around the Host's name, a header without end.
 func TestHTTPAttacks(t *testing.T) {
-	var mu sync.Mutex
-	var hosts []string
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		hosts = append(hosts, r.Host)
-		mu.Unlock()
-		fmt.Fprint(w, "vhost="+r.Host)
-	}))
-	defer up.Close()
+	up, hosts := hostRecorder(t, func(host string) string { return "vhost=" + host })
 	h := newHarness(t, fakeCheck{ok: map[string]bool{"allowed.test": true}}, strings.TrimPrefix(up.URL, "http://"))
 	send := func(raw string) string {
 		c, err := net.Dial("tcp4", h.proxyAddr)
@@ -398,13 +381,11 @@ func TestHTTPAttacks(t *testing.T) {
 			t.Errorf("%s: %q", what, got)
 		}
 	}
-	mu.Lock()
-	for _, hh := range hosts {
+	for _, hh := range hosts() {
 		if hh != "allowed.test" {
 			t.Errorf("the upstream served Host %q", hh)
 		}
 	}
-	mu.Unlock()
 	// Headers without end: cut at the limit, not buffered.
 	c, err := net.Dial("tcp4", h.proxyAddr)
 	if err != nil {
@@ -447,5 +428,24 @@ func TestNameShapes(t *testing.T) {
 		if got != want {
 			t.Errorf("splitHost(%q) = %q, want %q", host, got, want)
 		}
+	}
+}
+
+// hostRecorder is an HTTP upstream answering body(Host), and the Hosts
+// it served so far.
+func hostRecorder(t *testing.T, body func(host string) string) (*httptest.Server, func() []string) {
+	var mu sync.Mutex
+	var hosts []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hosts = append(hosts, r.Host)
+		mu.Unlock()
+		fmt.Fprint(w, body(r.Host))
+	}))
+	t.Cleanup(up.Close)
+	return up, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(hosts)
 	}
 }
