@@ -66,6 +66,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 10s ./internal/dockerignore
 	$(GO) test -run '^$$' -fuzz FuzzConnectEnvelope -fuzztime 20s ./internal/e2b
 	$(GO) test -run '^$$' -fuzz FuzzUploadFileName -fuzztime 10s ./internal/e2b
+	$(GO) test -run '^$$' -fuzz FuzzParseBinding -fuzztime 10s ./internal/secrets
+	$(GO) test -run '^$$' -fuzz FuzzRewrite -fuzztime 20s ./internal/secrets
+	$(GO) test -run '^$$' -fuzz FuzzReplacer -fuzztime 10s ./internal/secrets
 	$(GO) test -run '^$$' -fuzz FuzzParseNames -fuzztime 10s ./internal/e2b
 	$(GO) test -run '^$$' -fuzz FuzzMetadataRequest -fuzztime 20s ./internal/identity
 	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 20s ./internal/egress

@@ -80,7 +80,53 @@ type Sandbox struct {
 	Network *Network `json:"network,omitempty"`
 	// Volumes are the volumes it mounts.
 	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// Secrets are its secret bindings (never a value: the placeholder
+	// its environment variable of the secret's name holds).
+	Secrets []SecretBinding `json:"secrets,omitempty"`
+	// Repo is the repository cloned into it at create.
+	Repo *Repo `json:"repo,omitempty"`
 }
+
+// SecretBinding is a secret bound to a sandbox: Binding is the
+// NAME@HOST[,HOST...][:option...] it was bound with.
+type SecretBinding struct {
+	Secret      string `json:"secret"`
+	Binding     string `json:"binding"`
+	Placeholder string `json:"placeholder"`
+}
+
+// Repo is a repository cloned into a sandbox at create.
+type Repo struct {
+	URL    string `json:"url"`
+	Branch string `json:"branch,omitempty"`
+	Path   string `json:"path"`
+	Commit string `json:"commit,omitempty"`
+}
+
+// Secret is a secret as the API shows it: never its value.
+type Secret struct {
+	Name      string    `json:"name"`
+	Owner     string    `json:"owner"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// SecretList is the answer of GET /v1/secrets.
+type SecretList struct {
+	Secrets []Secret `json:"secrets"`
+}
+
+// SecretCAFile and SecretCABundle are where a sandbox with secrets
+// finds its CA, and a bundle of the system's roots and it (the
+// variables in SecretCAEnv name the bundle).
+const (
+	SecretCAFile   = "/etc/nook/secrets-ca.crt"
+	SecretCABundle = "/etc/nook/ca-bundle.crt"
+)
+
+// SecretCAEnv are the variables set to SecretCABundle in a sandbox with
+// secrets, for the tools that read their own.
+var SecretCAEnv = []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO", "PIP_CERT", "CURL_CA_BUNDLE"}
 
 // VolumeMount is a volume (Name), or a directory of the host (HostPath,
 // --mount), that a sandbox mounts at Path.
@@ -157,6 +203,19 @@ type CreateSandboxRequest struct {
 	// or "/host/dir:/path:ro", under a directory the daemon allows
 	// (nook serve --allow-host-mounts).
 	Mounts []string `json:"mounts,omitempty"`
+	// Secrets bind secrets to hosts, each
+	// NAME@HOST[,HOST...][:header=H][:format='Bearer {}'][:path=/p][:methods=GET,POST][:query][:body][:inherit]:
+	// the sandbox sees a placeholder in the variable NAME, which nook
+	// replaces by the value only in requests to those hosts (over TLS,
+	// which it terminates with a CA the sandbox trusts).
+	Secrets []string `json:"secrets,omitempty"`
+	// Repo is a git repository to clone into the sandbox at create (after
+	// its network and secrets are in place), Branch its branch (default:
+	// the remote's HEAD) and RepoPath where (default /workspace). A
+	// secret bound to the repository's host is its credential.
+	Repo     string `json:"repo,omitempty"`
+	Branch   string `json:"branch,omitempty"`
+	RepoPath string `json:"repo_path,omitempty"`
 }
 
 // Inits: what runs as a sandbox's PID 1.

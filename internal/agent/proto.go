@@ -114,6 +114,12 @@ type ConfigureRequest struct {
 	WakeOnly bool `json:"wake_only,omitempty"`
 	// Identity: keep an identity token fresh in a file (identity.go).
 	Identity *IdentityConfig `json:"identity,omitempty"`
+	// Unset are variables to drop from every process's environment (a
+	// fork's secret bindings it did not inherit).
+	Unset []string `json:"unset,omitempty"`
+	// TrustCA is a CA certificate (PEM) the sandbox trusts: the CA nook
+	// terminates TLS to the hosts of its secrets with (trust.go).
+	TrustCA string `json:"trust_ca,omitempty"`
 }
 
 // NetConfig is a sandbox's IPv4 network.
@@ -238,8 +244,11 @@ func (c *ConfigureRequest) validate() error {
 	if !c.WakeOnly && !hostnameRE.MatchString(c.Hostname) {
 		return fmt.Errorf("hostname %q is not a DNS label", c.Hostname)
 	}
-	if len(c.Env) > maxEnv {
+	if len(c.Env) > maxEnv || len(c.Unset) > maxEnv {
 		return fmt.Errorf("too many environment variables")
+	}
+	if len(c.TrustCA) > 16<<10 || c.TrustCA != "" && !strings.HasPrefix(c.TrustCA, "-----BEGIN CERTIFICATE-----") {
+		return fmt.Errorf("trust_ca is not a PEM certificate")
 	}
 	if len(c.Seed) > 512 {
 		return fmt.Errorf("seed is longer than 512 bytes")

@@ -194,6 +194,9 @@ func (s *Server) handle(st net.Conn) {
 
 func (s *Server) configure(c *ConfigureRequest) error {
 	s.mu.Lock()
+	for _, k := range c.Unset {
+		delete(s.baseEnv, k)
+	}
 	for k, v := range c.Env {
 		s.baseEnv[k] = v
 	}
@@ -222,6 +225,11 @@ func (s *Server) configure(c *ConfigureRequest) error {
 		}
 	}
 	s.keepToken(c.Identity) // once a vm's eth0 is up
+	if c.TrustCA != "" {
+		if err := trustCA(c.TrustCA, api.SecretCAFile, api.SecretCABundle, systemBundles); err != nil {
+			return fmt.Errorf("trust the secrets CA: %w", err)
+		}
+	}
 	if cur, _ := os.Hostname(); cur != c.Hostname {
 		if err := syscall.Sethostname([]byte(c.Hostname)); err != nil {
 			return fmt.Errorf("set hostname: %w", err)

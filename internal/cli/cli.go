@@ -130,7 +130,7 @@ as ` + "`nook info`" + ` shows it on the host) or NOOK_TLS_CA=FILE.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), stopCmd(true), stopCmd(false), ttlCmd(), rmCmd(), templateCmd(), volumeCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd(), identityCmd(), oidcCmd())
+	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), stopCmd(true), stopCmd(false), ttlCmd(), rmCmd(), templateCmd(), volumeCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd(), identityCmd(), oidcCmd(), secretCmd())
 	return root
 }
 
@@ -306,6 +306,10 @@ func createCmd() *cobra.Command {
 	f.StringVar(&req.OnExpire, "on-expire", "", "what the TTL does when it runs out: destroy (default), pause or stop (kept until a new TTL is set)")
 	f.StringVar(&req.Init, "init", "", "PID 1: systemd (vm sandboxes whose template has it, e.g. dev: services, timers, journald) or agent (fastest start); default: systemd where the template has it")
 	f.StringArrayVar(&env, "env", nil, "environment variable K=V for every process (repeatable)")
+	f.StringArrayVar(&req.Secrets, "secret", nil, "bind a secret (nook secret set) to hosts: NAME@HOST[,HOST...][:header=H][:format='Bearer {}'][:path=/p][:methods=GET,POST][:query][:body][:inherit]; the sandbox's $NAME is a placeholder nook replaces only in requests to those hosts (repeatable)")
+	f.StringVar(&req.Repo, "repo", "", "clone this https git repository into the sandbox at create (a secret bound to its host is the credential)")
+	f.StringVar(&req.Branch, "branch", "", "the branch --repo clones (default: the remote's HEAD)")
+	f.StringVar(&req.RepoPath, "path", "", "where --repo clones to (default /workspace)")
 	f.StringVar(&req.IdentityAudience, "identity-audience", "", "keep an identity token for this audience fresh in /run/nook/identity/token (path in NOOK_IDENTITY_TOKEN_FILE), e.g. sts.amazonaws.com for AWS_WEB_IDENTITY_TOKEN_FILE")
 	f.StringArrayVar(&labels, "label", nil, "a label K=V kept with the sandbox, shown by inspect (repeatable)")
 	f.StringVar(&req.Net, "net", "", "network mode: allowlist (default: only what --allow names) or none (nothing leaves the sandbox)")

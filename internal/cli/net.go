@@ -16,8 +16,8 @@ import (
 	"github.com/nookhq/nook/sdk"
 )
 
-// serveNetFlags are serve's networking flags; --net-pool and
-// --dns-upstream are hidden test switches.
+// serveNetFlags are serve's networking flags; --net-pool is a hidden
+// test switch.
 type serveNetFlags struct {
 	enabled        bool
 	pool           string
@@ -29,11 +29,10 @@ type serveNetFlags struct {
 func (f *serveNetFlags) add(c *cobra.Command) {
 	c.Flags().BoolVar(&f.enabled, "network", true, "give every sandbox its own network with an egress policy (false: loopback only)")
 	c.Flags().StringVar(&f.pool, "net-pool", "", "IPv4 prefix sandbox subnets come from (default 10.89.0.0/16)")
-	c.Flags().StringArrayVar(&f.upstreams, "dns-upstream", nil, "resolver ADDR:PORT for allowed DNS queries (default: /etc/resolv.conf)")
+	c.Flags().StringArrayVar(&f.upstreams, "dns-upstream", nil, "resolver ADDR:PORT sandboxes' allowed DNS queries go to, repeatable (default: the nameservers of /etc/resolv.conf); the egress name check trusts what it answers")
 	c.Flags().IntVar(&f.conntrackLimit, "net-conntrack-limit", 4096, "connections one sandbox may have open (tracked) at once; more are refused")
 	c.Flags().IntVar(&f.learnedLimit, "net-learned-limit", 4096, "addresses one sandbox may have learned through DNS at once (an address for some ports counts 2 per port); the least recently learned make room")
 	c.Flags().MarkHidden("net-pool")
-	c.Flags().MarkHidden("dns-upstream")
 }
 
 func (f *serveNetFlags) apply(cfg *daemon.NetConfig) error {

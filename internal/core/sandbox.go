@@ -93,6 +93,18 @@ type Sandbox struct {
 	// IdentityAudience: its agent keeps a token for this audience in
 	// api.IdentityTokenFile ("": none); a fork has its parent's.
 	IdentityAudience string
+	// Repo is the repository cloned into it at create (zero: none); a
+	// fork has its parent's.
+	Repo Repo
+}
+
+// Repo is a repository cloned into a sandbox at create, and the commit
+// it checked out.
+type Repo struct {
+	URL    string `json:"url"`
+	Branch string `json:"branch,omitempty"`
+	Path   string `json:"path"`
+	Commit string `json:"commit,omitempty"`
 }
 
 // VolumeMount is a volume a sandbox mounts (Name's files), or a
@@ -115,6 +127,9 @@ func (sb *Sandbox) API() api.Sandbox {
 	}
 	if v.OnExpire == "" {
 		v.OnExpire = OnExpireDestroy
+	}
+	if sb.Repo != (Repo{}) {
+		v.Repo = &api.Repo{URL: sb.Repo.URL, Branch: sb.Repo.Branch, Path: sb.Repo.Path, Commit: sb.Repo.Commit}
 	}
 	if sb.IdlePause > 0 {
 		v.IdlePause = FormatDuration(sb.IdlePause)

@@ -3,7 +3,6 @@ package daemon
 import (
 	"archive/tar"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -102,35 +101,15 @@ func (r *stepRunner) Run(ctx context.Context, templateID string, step template.R
 			return fmt.Errorf("the secret at %s: %w", sm.Target, err)
 		}
 	}
-	p, err := c.Exec(ctx, &agent.ExecRequest{Argv: step.Argv, Env: env, User: step.User, Cwd: step.Cwd})
+	st, err := execTo(ctx, c, &agent.ExecRequest{Argv: step.Argv, Env: env, User: step.User, Cwd: step.Cwd}, out)
 	if err != nil {
-		return fmt.Errorf("the step did not start: %w", err)
+		return fmt.Errorf("the step: %w", err)
 	}
-	defer p.Close()
-	for {
-		kind, data, err := p.Next()
-		if err != nil {
-			return fmt.Errorf("the step's output: %w", err)
-		}
-		switch kind {
-		case api.FrameStdout, api.FrameStderr:
-			out.Write(data)
-			continue
-		case api.FrameExit:
-		default:
-			continue
-		}
-		var st api.ExitStatus
-		if err := json.Unmarshal(data, &st); err != nil {
-			return err
-		}
-		if st.Signal != "" {
-			return errdefs.Invalid("killed by SIG%s (see its output above)%s", st.Signal, r.denied(ctx, sb))
-		}
-		if st.ExitCode != 0 {
-			return errdefs.Invalid("exited with code %d (see its output above)%s", st.ExitCode, r.denied(ctx, sb))
-		}
-		break
+	if st.Signal != "" {
+		return errdefs.Invalid("killed by SIG%s (see its output above)%s", st.Signal, r.denied(ctx, sb))
+	}
+	if st.ExitCode != 0 {
+		return errdefs.Invalid("exited with code %d (see its output above)%s", st.ExitCode, r.denied(ctx, sb))
 	}
 	for _, cm := range step.Caches {
 		if cm.ReadOnly {

@@ -105,6 +105,7 @@ func (m *Manager) issue(ctx context.Context, sb *core.Sandbox, audience string, 
 	tok, err := m.issuer.Issue(identity.Subject{
 		ID: sb.ID, Name: sb.Name, Template: sb.Template, TemplateID: sb.TemplateID, TemplateDigest: digest, Isolation: sb.Isolation,
 		Creator: sb.Creator, Labels: sb.Labels, ParentID: sb.ParentID, LineageID: sb.LineageID, ExpiresAt: exp,
+		Repository: sb.Repo.URL, Commit: sb.Repo.Commit,
 	}, audience, ttl)
 	if err != nil {
 		return identity.Token{}, err

@@ -206,5 +206,6 @@ func (m *Manager) deleteSandbox(ctx context.Context, id string) error {
 		return err
 	}
 	m.limits.remove(id)
+	m.secrets.forget(id)
 	return nil
 }

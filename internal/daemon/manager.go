@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -39,6 +40,7 @@ import (
 	"github.com/nookhq/nook/internal/keylock"
 	"github.com/nookhq/nook/internal/network"
 	"github.com/nookhq/nook/internal/runcbin"
+	"github.com/nookhq/nook/internal/secrets"
 	"github.com/nookhq/nook/internal/store"
 	"github.com/nookhq/nook/internal/template"
 	"github.com/nookhq/nook/internal/volume"
@@ -186,8 +188,9 @@ type Manager struct {
 
 	limits *ledger // the host limits and their use (limits.go)
 
-	issuer *identity.Issuer // sandboxes' identity tokens (identity.go)
-	idlog  *identityLog
+	issuer  *identity.Issuer // sandboxes' identity tokens (identity.go)
+	secrets *secretStore     // secrets and sandboxes' bindings (secrets.go)
+	idlog   *identityLog
 }
 
 // DefaultCRIU is where scripts/criu.sh installs the CRIU nook builds.
@@ -305,6 +308,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		st.Close()
 		return nil, err
 	}
+	if m.secrets, err = openSecrets(cfg, st); err != nil {
+		st.Close()
+		return nil, err
+	}
 	m.idlog = newIdentityLog(st, cfg.Log)
 	var hooks core.NetHooks // stays a nil interface when networking is off
 	if cfg.Net.Enabled {
@@ -313,6 +320,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 			st.Close()
 			return nil, err
 		}
+		m.net.intercept = m.secrets.interceptor
+		m.secrets.refused = m.net.secretRefused
 		hooks = m.net
 	}
 	criu, err := m.containerPause(ctx)
@@ -564,6 +573,23 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err := core.ValidateEnv(req.Env); err != nil {
 		return nil, err
 	}
+	env := maps.Clone(req.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	var bound []secrets.Bound
+	if len(req.Secrets) > 0 {
+		if m.net == nil {
+			return nil, errdefs.Invalid("secrets need sandbox networking (nook terminates TLS to their hosts on the sandbox's path out): nook serve --network")
+		}
+		if bound, err = m.secrets.bind(ctx, req.Secrets, env); err != nil {
+			return nil, err
+		}
+	}
+	repo, err := checkRepo(req)
+	if err != nil {
+		return nil, err
+	}
 	vols, err := m.parseVolumes(req.Volumes, req.Mounts, req.Isolation)
 	if err != nil {
 		return nil, err
@@ -629,11 +655,8 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	sb := &core.Sandbox{
 		ID: newID(), Name: req.Name, Template: tpl.Name, TemplateID: tpl.ID, Isolation: req.Isolation,
 		State: core.StateCreating, CPUs: cpus, MemoryBytes: mem, DiskBytes: disk, PidsLimit: 4096,
-		Env: req.Env, CreatedAt: now, ExpiresAt: now.Add(ttl), IdlePause: idlePause, OnExpire: onExpire,
+		Env: env, CreatedAt: now, ExpiresAt: now.Add(ttl), IdlePause: idlePause, OnExpire: onExpire,
 		Volumes: vols, Labels: req.Labels, Creator: creatorFrom(ctx), IdentityAudience: req.IdentityAudience,
-	}
-	if sb.Env == nil {
-		sb.Env = map[string]string{}
 	}
 	if sb.Init, err = chooseInit(b, sb, req.Init); err != nil {
 		return nil, err
@@ -683,6 +706,17 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	// Finish even if the client goes away: a create is never left half done.
 	cctx := context.WithoutCancel(ctx)
+	if len(bound) > 0 {
+		// Its CA and bindings, before its network asks for them.
+		var ca *secrets.CA
+		if ca, err = secrets.NewCA(sb.Name, hostsOf(bound)); err == nil {
+			err = m.secrets.record(cctx, sb.ID, bound, ca)
+		}
+		if err != nil {
+			m.abandonCreate(cctx, b, sb)
+			return nil, fmt.Errorf("create sandbox %s: its secrets: %w", sb.Name, err)
+		}
+	}
 	start := time.Now()
 	err = b.Create(cctx, sb)
 	backendDone := time.Now()
@@ -694,6 +728,9 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	if err == nil {
 		err = m.startService(cctx, sb)
+	}
+	if err == nil && repo != nil {
+		err = m.cloneRepo(cctx, sb, *repo, progress)
 	}
 	if err == nil {
 		sb.State = core.StateRunning
@@ -736,6 +773,12 @@ func (m *Manager) waitAgent(ctx context.Context, sb *core.Sandbox) error {
 // it, or (wake) only what a vm woken from a pause needs, the time and
 // fresh entropy.
 func (m *Manager) configureAgent(ctx context.Context, sb *core.Sandbox, wake bool) error {
+	return m.configureAgentUnset(ctx, sb, wake, nil)
+}
+
+// configureAgentUnset is configureAgent; unset are variables its
+// processes' environment loses (a fork's parent had them).
+func (m *Manager) configureAgentUnset(ctx context.Context, sb *core.Sandbox, wake bool, unset []string) error {
 	c, err := m.agentFor(sb)
 	if err != nil {
 		return err
@@ -760,7 +803,10 @@ func (m *Manager) configureAgent(ctx context.Context, sb *core.Sandbox, wake boo
 	for k, v := range sb.Env {
 		env[k] = v
 	}
-	req := &agent.ConfigureRequest{Hostname: sb.Name, Env: env, Identity: ident}
+	req := &agent.ConfigureRequest{Hostname: sb.Name, Env: env, Identity: ident, Unset: unset}
+	if ss := m.secrets.sandbox(sb.ID); ss != nil {
+		req.TrustCA = string(ss.CA.CertPEM)
+	}
 	if wake {
 		req = &agent.ConfigureRequest{WakeOnly: true}
 	}
@@ -871,6 +917,7 @@ func (m *Manager) View(sb *core.Sandbox) api.Sandbox {
 	if m.net != nil {
 		v.Network = m.net.view(sb.ID)
 	}
+	v.Secrets = m.secretBindings(sb.ID)
 	if d, ok := m.backends[sb.Isolation].(core.Describer); ok {
 		d.Describe(sb, &v)
 	}

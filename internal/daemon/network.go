@@ -28,6 +28,7 @@ import (
 	"github.com/nookhq/nook/internal/network"
 	"github.com/nookhq/nook/internal/network/dns"
 	"github.com/nookhq/nook/internal/network/policy"
+	"github.com/nookhq/nook/internal/secrets"
 	"github.com/nookhq/nook/internal/store"
 )
 
@@ -120,6 +121,10 @@ type sandboxNets struct {
 	// names what each sandbox's resolver answered it (metaMu).
 	egress map[string]*egressProxy
 	names  map[string]*egress.Names
+	// intercept returns a sandbox's interceptor (secrets.go; nil: it has
+	// no secrets bound): its TCP to ports 80 and 443 goes to its egress
+	// proxy whatever its policy.
+	intercept func(id string) egress.Interceptor
 
 	logc chan store.NetLogEntry
 	// qmu guards queued (entries of each sandbox in logc) and dropped
@@ -400,6 +405,7 @@ func (n *sandboxNets) apply(ctx context.Context, id string, subnet netip.Prefix,
 // later network.Manager.CutFlows.
 func (n *sandboxNets) applyKeep(ctx context.Context, id string, subnet netip.Prefix, p policy.Policy, resetLearned, keepFlows bool) error {
 	kp := n.kernelPolicy(p)
+	kp.Intercept = p.Mode != policy.None && n.intercept != nil && n.intercept(id) != nil
 	kp.ResetLearned = resetLearned
 	kp.KeepFlows = keepFlows
 	if err := n.mgr.SetPolicy(ctx, id, kp); err != nil {
@@ -546,6 +552,12 @@ func (n *sandboxNets) serveEgress(ctx context.Context, id string, subnet netip.P
 		},
 		Log:      n.log,
 		MaxConns: egressConns,
+		Intercept: func() egress.Interceptor {
+			if n.intercept == nil {
+				return nil
+			}
+			return n.intercept(id)
+		},
 	})
 	n.egress[id] = &egressProxy{ln: ln, p: p}
 	go p.Serve(&callerOnly{Listener: ln, caller: network.SandboxAddr(subnet)})
@@ -671,6 +683,16 @@ func (n *sandboxNets) resolved(ctx context.Context, id string, r dns.Resolved) e
 		}
 	}
 	return nil
+}
+
+// secretRefused logs a request to a bound host refused for a secret.
+func (n *sandboxNets) secretRefused(id string, r secrets.Refusal) {
+	detail := r.Reason
+	if r.Secret != "" {
+		detail = "secret " + r.Secret + ": " + detail
+	}
+	n.record(store.NetLogEntry{SandboxID: id, Time: time.Now(), Kind: api.NetLogConnection, Destination: r.Host + ":443/tcp",
+		Reason: egress.ReasonSecret, Detail: detail})
 }
 
 func (n *sandboxNets) dnsDenied(id string, ev dns.Event) {

@@ -335,11 +335,16 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, err
 	}
+	// New placeholders for the bindings it inherits; the others' go.
+	env, bound, ca, err := m.secrets.forkBindings(ctx, src)
+	if err != nil {
+		return nil, err
+	}
 	now := time.Now()
 	sb := &core.Sandbox{
 		ID: newID(), Name: name, Template: src.Template, TemplateID: src.TemplateID, Isolation: src.Isolation,
 		State: core.StateCreating, CPUs: src.CPUs, MemoryBytes: src.MemoryBytes, DiskBytes: src.DiskBytes, PidsLimit: src.PidsLimit,
-		Env: src.Env, CreatedAt: now, ExpiresAt: now.Add(src.ExpiresAt.Sub(src.CreatedAt)), IdlePause: src.IdlePause, OnExpire: src.OnExpire,
+		Env: env, Repo: src.Repo, CreatedAt: now, ExpiresAt: now.Add(src.ExpiresAt.Sub(src.CreatedAt)), IdlePause: src.IdlePause, OnExpire: src.OnExpire,
 		Volumes: src.Volumes, // a fork mounts the same volumes (they are in no snapshot)
 		Labels:  src.Labels,
 		// A new identity: its own subject, its parent's line.
@@ -363,14 +368,27 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 	if err != nil {
 		return nil, err
 	}
-	err = s.Fork(ctx, sb, sn.ID)
+	if len(bound) > 0 {
+		err = m.secrets.record(ctx, sb.ID, bound, ca)
+	}
+	if err == nil {
+		err = s.Fork(ctx, sb, sn.ID)
+	}
 	if err == nil && m.net != nil && pol != nil {
 		// Forks inherit the policy, on an address of their own.
 		err = m.net.setup(ctx, sb, *pol)
 	}
 	if err == nil {
 		m.markRestored(sb)
-		err = m.waitAgent(ctx, sb)
+		// Its parent's variables it does not have (the secret bindings
+		// it did not inherit) go from its processes' environment.
+		var unset []string
+		for k := range src.Env {
+			if _, ok := sb.Env[k]; !ok {
+				unset = append(unset, k)
+			}
+		}
+		err = m.configureAgentUnset(ctx, sb, false, unset)
 	}
 	if err == nil {
 		err = m.store.SetSnapshotHead(ctx, sb.ID, sn.ID)

@@ -54,6 +54,8 @@ type daemon struct {
 	// args are the flags it was first started with: start() without
 	// flags (a restart) uses them again.
 	args []string
+	// env is added to the daemon's environment.
+	env []string
 }
 
 // logBuffer holds a daemon's output: written by the copying goroutines
@@ -84,11 +86,18 @@ func newDaemon(t *testing.T, extra ...string) *daemon {
 // the host's, without sandbox networking).
 func newDaemonIn(t *testing.T, netnsPath string, extra ...string) *daemon {
 	t.Helper()
+	return newDaemonInEnv(t, netnsPath, nil, extra...)
+}
+
+// newDaemonInEnv is newDaemonIn with env added to the daemon's
+// environment.
+func newDaemonInEnv(t *testing.T, netnsPath string, env []string, extra ...string) *daemon {
+	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequireRunc(t)
 	testutil.BaseTemplate(t)
 	root := filepath.Join(testutil.TempRoot(t), testutil.RandomName("d"))
-	d := &daemon{t: t, bin: binaries(t), data: filepath.Join(root, "data"), run: filepath.Join(root, "run"), cgroup: testutil.RandomName("nook-e2e-"), netns: netnsPath, args: extra}
+	d := &daemon{t: t, bin: binaries(t), data: filepath.Join(root, "data"), run: filepath.Join(root, "run"), cgroup: testutil.RandomName("nook-e2e-"), netns: netnsPath, args: extra, env: env}
 	testutil.CleanupCgroupParent(t, d.cgroup)
 	d.start(extra...)
 	t.Cleanup(func() {
@@ -161,6 +170,9 @@ func (d *daemon) start(extra ...string) {
 		d.cmd = exec.Command("nsenter", append([]string{"--net=" + d.netns, d.bin}, args...)...)
 	}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	if len(d.env) > 0 {
+		d.cmd.Env = append(os.Environ(), d.env...)
+	}
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)
 	}

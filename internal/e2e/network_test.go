@@ -38,6 +38,7 @@ const (
 	worldDNS   = "203.0.113.53"  // the upstream resolver
 	metadataIP = "169.254.169.254"
 	debMirror  = "203.0.113.80" // deb.debian.org in the world: a proxy of Debian's mirror (serveMirror)
+	webSecret  = "203.0.113.30" // *.secret.test: the hosts of secrets_test.go, one address
 	hostPort   = "9090"         // a host service on 0.0.0.0 in the simulated host
 )
 
@@ -53,7 +54,7 @@ func newWorld(t *testing.T) *world {
 	t.Helper()
 	nettest.RequireRoot(t)
 	w := &world{topo: nettest.New(t)}
-	for _, a := range []string{webAllowed, webCIDR, webDenied, worldDNS, metadataIP, debMirror} {
+	for _, a := range []string{webAllowed, webCIDR, webDenied, worldDNS, metadataIP, debMirror, webSecret} {
 		w.topo.AddWorldAddr(t, netip.MustParseAddr(a))
 	}
 	w.serveHTTP(t, w.topo.World, webAllowed+":80", "allowed-web")
@@ -101,7 +102,8 @@ func (w *world) serveDNS(t *testing.T) {
 	// evil.test and raw.test share allowed.test's address, as sites on one
 	// CDN do.
 	zone := map[string]string{"allowed.test.": webAllowed, "www.allowed.test.": webAllowed, "denied.test.": webDenied, "deb.debian.org.": debMirror,
-		"evil.test.": webAllowed, "raw.test.": webAllowed}
+		"evil.test.": webAllowed, "raw.test.": webAllowed,
+		"api.secret.test.": webSecret, "other.secret.test.": webSecret, "git.secret.test.": webSecret, "pypi.secret.test.": webSecret}
 	handler := dns.HandlerFunc(func(rw dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)

@@ -63,3 +63,39 @@ func (c *PolicyChecker) Still(name string, dst netip.AddrPort, raw bool) bool {
 	allowed, ports, _ := p.AllowsName(name)
 	return allowed && policy.PortsContain(ports, dst.Port())
 }
+
+// Open implements Checker: a CIDR rule or @internet allows dst, and no
+// deny rule refuses it.
+func (c *PolicyChecker) Open(dst netip.AddrPort) bool {
+	p, ok := c.Policy()
+	if !ok {
+		return false
+	}
+	a, port := dst.Addr(), dst.Port()
+	allow, deny := p.CIDRs()
+	in := func(r policy.CIDRRule) bool {
+		return r.Prefix.Contains(a) && (r.Ports == nil || policy.PortsContain(r.Ports, port))
+	}
+	for _, r := range deny {
+		if in(r) {
+			return false
+		}
+	}
+	for _, r := range allow {
+		if in(r) {
+			return true
+		}
+	}
+	for _, pf := range append(policy.AlwaysBlocked(), policy.Private()...) {
+		if pf.Contains(a) {
+			return false
+		}
+	}
+	internet, ports := p.Internet()
+	return internet && (ports == nil || policy.PortsContain(ports, port))
+}
+
+// Resolved implements Checker.
+func (c *PolicyChecker) Resolved(name string, a netip.Addr) bool {
+	return c.Names.Resolved(name, a)
+}

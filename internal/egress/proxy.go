@@ -34,6 +34,7 @@ const (
 	ReasonECH      = "ech"      // TLS Encrypted Client Hello: the real name is hidden
 	ReasonMismatch = "mismatch" // a later HTTP request on the connection named another host
 	ReasonUpstream = "upstream" // the destination did not answer
+	ReasonSecret   = "secret"   // a secret's placeholder where it may not go
 )
 
 // Limits of one connection.
@@ -60,6 +61,25 @@ type Checker interface {
 	// it does not ask for the name's resolution again: a connection
 	// outlives its address's TTL, as it does without the proxy.
 	Still(name string, dst netip.AddrPort, raw bool) bool
+	// Open reports whether the policy lets the sandbox reach dst whatever
+	// the name (a CIDR rule or @internet): a connection redirected only
+	// to be intercepted.
+	Open(dst netip.AddrPort) bool
+	// Resolved reports whether the sandbox's resolver resolved name to a.
+	Resolved(name string, a netip.Addr) bool
+}
+
+// Interceptor terminates a sandbox's TLS connections to the hosts its
+// secrets are bound to (internal/secrets).
+type Interceptor interface {
+	// Binds reports whether a secret is bound to name (normalized).
+	Binds(name string) bool
+	// InRequest returns the secret whose placeholder r carries, and
+	// where ("" if none): such a request is not sent on plain HTTP.
+	InRequest(r *http.Request) (secret, where string)
+	// Serve handles the TLS connection c to name until it ends, its
+	// upstream connections made with dial.
+	Serve(ctx context.Context, c net.Conn, name string, dial func(context.Context) (net.Conn, error))
 }
 
 // Event is a refused connection.
@@ -85,6 +105,9 @@ type Config struct {
 	// MaxConns bounds the connections held at once (0: no bound); more
 	// wait in the listener's backlog.
 	MaxConns int
+	// Intercept returns the sandbox's interceptor (nil: it has no
+	// secrets bound), asked at each connection.
+	Intercept func() Interceptor
 }
 
 // Proxy checks and splices one sandbox's redirected connections.
@@ -107,9 +130,19 @@ type Proxy struct {
 type flow struct {
 	name     string // "" until admitted
 	raw      bool
+	open     bool // admitted because the policy opens dst whatever the name
 	dst      netip.AddrPort
 	up       net.Conn
 	checkGen uint64 // gen when it was checked
+	admitted bool
+}
+
+// still reports whether the policy as it is now allows f.
+func (p *Proxy) still(f *flow) bool {
+	if f.open {
+		return p.cfg.Check.Open(f.dst)
+	}
+	return p.cfg.Check.Still(f.name, f.dst, f.raw)
 }
 
 // New returns a Proxy.
@@ -127,6 +160,9 @@ func New(cfg Config) *Proxy {
 	}
 	if cfg.OnDenied == nil {
 		cfg.OnDenied = func(Event) {}
+	}
+	if cfg.Intercept == nil {
+		cfg.Intercept = func() Interceptor { return nil }
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Proxy{cfg: cfg, conns: map[net.Conn]*flow{}, ctx: ctx, cancel: cancel}
@@ -201,7 +237,7 @@ func (p *Proxy) Recheck() {
 	defer p.mu.Unlock()
 	p.gen++
 	for c, f := range p.conns {
-		if f.name == "" || p.cfg.Check.Still(f.name, f.dst, f.raw) {
+		if !f.admitted || p.still(f) {
 			continue
 		}
 		reset(c)
@@ -235,18 +271,28 @@ func (p *Proxy) checking(c net.Conn) {
 // admitted records what c was let through for, and its upstream
 // connection; false if the proxy closed meanwhile, or the policy changed
 // since the check and no longer allows it.
-func (p *Proxy) admitted(c net.Conn, name string, raw bool, dst netip.AddrPort, up net.Conn) bool {
+func (p *Proxy) admitted(c net.Conn, a admission, up net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	f := p.conns[c]
 	if p.closed || f == nil {
 		return false
 	}
-	if f.checkGen != p.gen && !p.cfg.Check.Still(name, dst, raw) {
+	next := flow{name: a.name, raw: a.raw, open: a.open, dst: a.dst, up: up, checkGen: f.checkGen, admitted: true}
+	if f.checkGen != p.gen && !p.still(&next) {
 		return false
 	}
-	f.name, f.raw, f.dst, f.up = name, raw, dst, up
+	*f = next
 	return true
+}
+
+// admission is what a connection is let through for: a name (as raw TCP
+// or not) at dst, or dst whatever the name (open).
+type admission struct {
+	name string
+	raw  bool
+	open bool
+	dst  netip.AddrPort
 }
 
 func (p *Proxy) untrack(c net.Conn) {
@@ -259,6 +305,11 @@ func (p *Proxy) untrack(c net.Conn) {
 // handle decides on one connection: raw TCP where a rule allows it;
 // else TLS whose server name, or HTTP whose every request's Host, is an
 // allowed name that resolved to the destination; anything else is reset.
+// A destination the policy opens whatever the name (a CIDR rule,
+// @internet: the connection came only to be intercepted) is spliced
+// unchecked, but for TLS to a host a secret is bound to, which the
+// Interceptor terminates, and plain HTTP, whose requests must not carry
+// a secret's placeholder.
 func (p *Proxy) handle(c net.Conn) {
 	dst, err := p.cfg.Target(c)
 	if err != nil {
@@ -267,10 +318,14 @@ func (p *Proxy) handle(c net.Conn) {
 		return
 	}
 	p.checking(c)
-	if name, ok := p.cfg.Check.Raw(dst); ok {
-		// Server-first protocols (SMTP, MySQL) send nothing to peek at.
-		p.splice(c, nil, name, true, dst)
-		return
+	open := p.cfg.Check.Open(dst)
+	ic := p.cfg.Intercept()
+	if !open {
+		if name, ok := p.cfg.Check.Raw(dst); ok {
+			// Server-first protocols (SMTP, MySQL) send nothing to peek at.
+			p.splice(c, nil, admission{name: name, raw: true, dst: dst})
+			return
+		}
 	}
 	c.SetReadDeadline(time.Now().Add(peekTimeout))
 	lr := &io.LimitedReader{R: c, N: maxHello}
@@ -280,9 +335,17 @@ func (p *Proxy) handle(c net.Conn) {
 		reset(c)
 		return
 	}
+	pending := func() []byte { b, _ := br.Peek(br.Buffered()); return b }
 	switch {
 	case first[0] == 0x16: // a TLS handshake record
 		hello, raw, err := readHello(br)
+		if err != nil || hello.ServerName == "" || hasECH(hello.Extensions) || !plainName(hello.ServerName) {
+			if open {
+				c.SetReadDeadline(time.Time{})
+				p.splice(c, append(raw, pending()...), admission{open: true, dst: dst})
+				return
+			}
+		}
 		if err != nil || hello.ServerName == "" {
 			p.refuse(c, Event{Dst: dst, Reason: ReasonNoName, Detail: "TLS without a server name (SNI)"})
 			return
@@ -297,19 +360,76 @@ func (p *Proxy) handle(c net.Conn) {
 			p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName, Detail: fmt.Sprintf("TLS server name %q is not a plain ASCII name", name)})
 			return
 		}
-		n, ok, why := p.check(name, dst)
-		if !ok {
-			p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName, Detail: "TLS server name " + why})
-			return
+		a := admission{open: true, dst: dst}
+		if open {
+			if a.name, err = NormalizeName(name); err != nil {
+				p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName, Detail: fmt.Sprintf("TLS server name %q: %v", name, err)})
+				return
+			}
+		} else {
+			n, ok, why := p.check(name, dst)
+			if !ok {
+				p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName, Detail: "TLS server name " + why})
+				return
+			}
+			a = admission{name: n, dst: dst}
 		}
 		c.SetReadDeadline(time.Time{})
-		buffered, _ := br.Peek(br.Buffered())
-		p.splice(c, append(raw, buffered...), n, false, dst)
+		if ic != nil && ic.Binds(a.name) {
+			if !p.cfg.Check.Resolved(a.name, dst.Addr()) {
+				p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName,
+					Detail: fmt.Sprintf("TLS server name %s (a secret is bound to it) did not resolve to %s through the sandbox's resolver", a.name, dst.Addr())})
+				return
+			}
+			p.intercept(c, append(raw, pending()...), a, ic)
+			return
+		}
+		p.splice(c, append(raw, pending()...), a)
 	case isTokenByte(first[0]):
-		p.proxyHTTP(c, lr, br, dst)
+		p.proxyHTTP(c, lr, br, dst, open, ic)
+	case open:
+		c.SetReadDeadline(time.Time{})
+		p.splice(c, pending(), admission{open: true, dst: dst})
 	default:
 		p.refuse(c, Event{Dst: dst, Reason: ReasonProtocol, Detail: "neither TLS nor HTTP (allow raw TCP with a rule NAME:PORT/tcp)"})
 	}
+}
+
+// dial connects to dst, ending with the proxy.
+func (p *Proxy) dial(ctx context.Context, dst netip.AddrPort) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	stop := context.AfterFunc(p.ctx, cancel)
+	defer stop()
+	return p.cfg.Dial(ctx, dst)
+}
+
+// intercept hands a TLS connection to a bound host to the Interceptor,
+// with what was read of it already.
+func (p *Proxy) intercept(c net.Conn, pending []byte, a admission, ic Interceptor) {
+	if !p.admitted(c, a, nil) {
+		reset(c)
+		return
+	}
+	ic.Serve(p.ctx, &replayConn{Conn: c, pending: pending}, a.name, func(ctx context.Context) (net.Conn, error) {
+		return p.dial(ctx, a.dst)
+	})
+}
+
+// replayConn is a connection whose first reads return what was read from
+// it already.
+type replayConn struct {
+	net.Conn
+	pending []byte
+}
+
+func (r *replayConn) Read(b []byte) (int, error) {
+	if len(r.pending) > 0 {
+		n := copy(b, r.pending)
+		r.pending = r.pending[n:]
+		return n, nil
+	}
+	return r.Conn.Read(b)
 }
 
 // check normalizes a name the client sent and asks the Checker; it
@@ -418,7 +538,11 @@ func isTokenByte(b byte) bool { return b >= 'A' && b <= 'Z' }
 // (a smuggled second request cannot hide in the first). A WebSocket
 // upgrade, as the connection's first request only, is spliced once the
 // upstream answers 101; any other upgrade (h2c) is refused.
-func (p *Proxy) proxyHTTP(c net.Conn, lr *io.LimitedReader, br *bufio.Reader, dst netip.AddrPort) {
+//
+// With open, the destination is open whatever the name: the first Host is
+// not checked. With an Interceptor, a request that carries a secret's
+// placeholder gets a 403 naming the secret and the connection ends.
+func (p *Proxy) proxyHTTP(c net.Conn, lr *io.LimitedReader, br *bufio.Reader, dst netip.AddrPort, open bool, ic Interceptor) {
 	var up net.Conn
 	var host string // the checked name, normalized
 	defer func() {
@@ -465,20 +589,41 @@ func (p *Proxy) proxyHTTP(c net.Conn, lr *io.LimitedReader, br *bufio.Reader, ds
 			p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonProtocol, Detail: fmt.Sprintf("HTTP Upgrade: %s (only websocket, as a connection's first request)", upgrade)})
 			return
 		}
-		if host == "" {
-			n, ok, why := p.check(name, dst)
-			if !ok {
-				p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName, Detail: "HTTP Host " + why})
+		if ic != nil {
+			if sec, where := ic.InRequest(req); sec != "" {
+				if up != nil { // the answers before it go first
+					closeWrite(up)
+					up.SetReadDeadline(time.Now().Add(drainTimeout))
+					<-respDone
+				}
+				p.forbid(c, Event{Dst: dst, Name: name, Reason: ReasonSecret,
+					Detail: fmt.Sprintf("secret %s: its placeholder in %s of a plain HTTP request (a secret goes only over TLS, to the hosts it is bound to)", sec, where)})
 				return
 			}
-			ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
-			up, err = p.cfg.Dial(ctx, dst)
-			cancel()
+		}
+		if host == "" {
+			a := admission{open: true, dst: dst}
+			if open {
+				if nerr != nil {
+					p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonNoName, Detail: fmt.Sprintf("HTTP Host %q: %v", name, nerr)})
+					return
+				}
+				a.name = n
+			} else {
+				n, ok, why := p.check(name, dst)
+				if !ok {
+					p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName, Detail: "HTTP Host " + why})
+					return
+				}
+				a = admission{name: n, dst: dst}
+			}
+			n := a.name
+			up, err = p.dial(p.ctx, dst)
 			if err != nil {
 				p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonUpstream, Detail: err.Error()})
 				return
 			}
-			if !p.admitted(c, n, false, dst, up) {
+			if !p.admitted(c, a, up) {
 				reset(c)
 				return
 			}
@@ -614,16 +759,14 @@ func (p *protoWriter) Write(b []byte) (int, error) {
 
 // splice connects the client to dst, sending what was read from it
 // already first. Both directions copy socket to socket (splice(2)).
-func (p *Proxy) splice(c net.Conn, pending []byte, name string, raw bool, dst netip.AddrPort) {
-	ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
-	up, err := p.cfg.Dial(ctx, dst)
-	cancel()
+func (p *Proxy) splice(c net.Conn, pending []byte, a admission) {
+	up, err := p.dial(p.ctx, a.dst)
 	if err != nil {
-		p.refuse(c, Event{Dst: dst, Reason: ReasonUpstream, Detail: err.Error()})
+		p.refuse(c, Event{Dst: a.dst, Reason: ReasonUpstream, Detail: err.Error()})
 		return
 	}
 	defer up.Close()
-	if !p.admitted(c, name, raw, dst, up) {
+	if !p.admitted(c, a, up) {
 		reset(c)
 		return
 	}
@@ -648,6 +791,16 @@ func closeWrite(c net.Conn) {
 		return
 	}
 	c.Close()
+}
+
+// forbid answers an HTTP request with a 403 that says why, reports it,
+// and ends the connection.
+func (p *Proxy) forbid(c net.Conn, ev Event) {
+	p.cfg.OnDenied(ev)
+	body := "nook: refused: " + ev.Detail + "\n"
+	fmt.Fprintf(c, "HTTP/1.1 403 Forbidden\r\nNook-Refused: %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		ev.Detail, len(body), body)
+	closeWrite(c)
 }
 
 // refuse resets the connection and reports why.

@@ -20,9 +20,13 @@ import (
 
 // fakeCheck allows the names in ok at any destination, raw TCP to raw.
 type fakeCheck struct {
-	ok  map[string]bool
-	raw bool
+	ok   map[string]bool
+	raw  bool
+	open bool // every destination is open whatever the name
 }
+
+func (f fakeCheck) Open(netip.AddrPort) bool                { return f.open }
+func (f fakeCheck) Resolved(name string, _ netip.Addr) bool { return f.ok[name] }
 
 func (f fakeCheck) Name(name string, dst netip.AddrPort) (bool, string) {
 	if f.ok[name] {
@@ -43,12 +47,17 @@ type harness struct {
 }
 
 func newHarness(t *testing.T, check Checker, upstream string) *harness {
+	return newHarnessWith(t, check, upstream, nil)
+}
+
+func newHarnessWith(t *testing.T, check Checker, upstream string, ic Interceptor) *harness {
 	t.Helper()
 	h := &harness{}
 	dst := netip.MustParseAddrPort(upstream)
 	p := New(Config{Check: check,
-		Target:   func(net.Conn) (netip.AddrPort, error) { return dst, nil },
-		OnDenied: func(ev Event) { h.mu.Lock(); h.events = append(h.events, ev); h.mu.Unlock() },
+		Intercept: func() Interceptor { return ic },
+		Target:    func(net.Conn) (netip.AddrPort, error) { return dst, nil },
+		OnDenied:  func(ev Event) { h.mu.Lock(); h.events = append(h.events, ev); h.mu.Unlock() },
 	})
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
@@ -293,6 +302,8 @@ func (t toggleCheck) Name(string, netip.AddrPort) (bool, string) {
 }
 func (t toggleCheck) Raw(netip.AddrPort) (string, bool)       { return "raw.test", t.allow.Load() }
 func (t toggleCheck) Still(string, netip.AddrPort, bool) bool { return t.allow.Load() }
+func (t toggleCheck) Open(netip.AddrPort) bool                { return false }
+func (t toggleCheck) Resolved(string, netip.Addr) bool        { return false }
 
 // A policy change ends the connections it no longer allows.
 func TestRecheck(t *testing.T) {

@@ -77,7 +77,10 @@ type Subject struct {
 	Labels         map[string]string
 	ParentID       string // the sandbox it was forked from
 	LineageID      string // the first sandbox of its line of forks (its own ID when it is no fork)
-	ExpiresAt      time.Time
+	// Repository and Commit are the repository cloned into it at create
+	// and the commit checked out.
+	Repository, Commit string
+	ExpiresAt          time.Time
 }
 
 // Claims are a token's claims.
@@ -100,6 +103,8 @@ type Claims struct {
 	Labels         map[string]string `json:"labels,omitempty"`
 	ParentID       string            `json:"parent_id,omitempty"`
 	LineageID      string            `json:"lineage_id"`
+	Repository     string            `json:"repository,omitempty"`
+	Commit         string            `json:"commit,omitempty"`
 }
 
 // Token is a signed token and what it says.
@@ -226,6 +231,7 @@ func (is *Issuer) Issue(s Subject, audience string, ttl time.Duration) (Token, e
 		IssuedAt: now.Unix(), NotBefore: now.Unix(), Expiry: exp.Unix(), ID: hex.EncodeToString(jti[:]),
 		SandboxID: s.ID, SandboxName: s.Name, Template: s.Template, TemplateBuild: s.TemplateID, TemplateDigest: s.TemplateDigest,
 		Isolation: s.Isolation, Creator: s.Creator, Labels: s.Labels, ParentID: s.ParentID, LineageID: lineage,
+		Repository: s.Repository, Commit: s.Commit,
 	}
 	signer, kid, err := is.ring.current()
 	if err != nil {

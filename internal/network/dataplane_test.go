@@ -161,12 +161,15 @@ func (e *env) sandbox(id string) (netns.NsHandle, netip.Prefix) {
 }
 
 // passAll lets every redirected connection through, as raw TCP, and
-// counts them.
+// counts them. Open is false so that every connection is judged by Raw,
+// which splices without reading first (the world's servers speak first).
 type passAll struct{ seen *atomic.Int32 }
 
 func (passAll) Name(string, netip.AddrPort) (bool, string) { return true, "" }
 func (p passAll) Raw(netip.AddrPort) (string, bool)        { p.seen.Add(1); return "any", true }
 func (passAll) Still(string, netip.AddrPort, bool) bool    { return true }
+func (passAll) Open(netip.AddrPort) bool                   { return false }
+func (passAll) Resolved(string, netip.Addr) bool           { return true }
 
 // Only connections to learned addresses (domain rules') go through the
 // egress proxy; a CIDR rule's go straight out as before.
@@ -184,6 +187,100 @@ func TestEgressRedirect(t *testing.T) {
 	e.reach(ns, webB.String()+":80", "world:")
 	if n := e.proxied.Load(); n != 1 {
 		t.Fatalf("a learned address's connection: %d through the proxy, want 1", n)
+	}
+}
+
+// An intercepting policy sends TCP to ports 80 and 443 that a CIDR rule
+// or @internet admits to the egress proxy; other ports go straight out,
+// and what the policy refuses is refused as before, not redirected.
+func TestInterceptRedirect(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	nettest.Serve(t, e.topo.World, webA.String()+":8080", "world:"+webA.String())
+	ns, _ := e.sandbox("sb-icpt")
+	// via asserts that addr answers, through the egress proxy or not.
+	via := func(addr string, proxied bool) {
+		t.Helper()
+		before := e.proxied.Load()
+		e.reach(ns, addr, "world:")
+		want := before
+		if proxied {
+			want++
+		}
+		if got := e.proxied.Load(); got != want {
+			t.Fatalf("%s: %d connections through the proxy, want %d", addr, got-before, want-before)
+		}
+	}
+	// refused asserts that addr is refused by the kernel, not redirected.
+	refused := func(addr string) {
+		t.Helper()
+		before := e.proxied.Load()
+		e.refused(ns, addr)
+		if got := e.proxied.Load(); got != before {
+			t.Fatalf("%s: refused, but %d connections through the proxy", addr, got-before)
+		}
+	}
+	a := func(port int) string { return fmt.Sprintf("%s:%d", webA, port) }
+
+	e.setPolicy("sb-icpt", Policy{Public: true})
+	via(a(443), false)
+	e.setPolicy("sb-icpt", Policy{Public: true, Intercept: true})
+	via(a(443), true)
+	via(a(80), true)
+	via(a(8080), false)
+	// What the forward chain refuses stays refused there: a private range
+	// no allow rule names, the always-blocked ranges, a deny rule.
+	refused(privIP.String() + ":443")
+	refused(metadata.String() + ":443")
+	e.setPolicy("sb-icpt", Policy{Public: true, Intercept: true, Deny: []Rule{{Prefix: netip.PrefixFrom(webB, 32)}}})
+	refused(webB.String() + ":443")
+	via(a(443), true)
+	// A CIDR rule's addresses are intercepted too, a private one as well;
+	// what nothing admits is refused.
+	e.setPolicy("sb-icpt", Policy{Intercept: true, Allow: []Rule{
+		{Prefix: netip.MustParsePrefix("10.99.0.0/24")},
+		{Prefix: netip.PrefixFrom(webA, 32), Ports: []PortRange{Port(443), Port(8080)}},
+	}})
+	via(privIP.String()+":443", true)
+	via(a(443), true)
+	via(a(8080), false)
+	refused(a(80))
+	refused(webB.String() + ":443")
+	// A domain rule's address goes to the proxy on every port, as before.
+	if err := e.m.AllowLearned(ctx, "sb-icpt", webB, nil, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	via(webB.String()+":443", true)
+	// Without Intercept, straight out again.
+	e.setPolicy("sb-icpt", Policy{Public: true, ResetLearned: true})
+	via(a(443), false)
+	via(a(80), false)
+
+	// The intercept set holds a sandbox's interface while its policy
+	// intercepts, and nothing of it after a policy change or a teardown.
+	c := e.m.nft()
+	elems := func(id string) int {
+		t.Helper()
+		return len(liveElements(t, c, e.m.lay.sharedSets[setIntercept], IfaceName(id)))
+	}
+	if n := elems("sb-icpt"); n != 0 {
+		t.Fatalf("intercept set: %d elements of a sandbox that no longer intercepts", n)
+	}
+	ns2, _ := e.sandbox("sb-icpt2")
+	e.setPolicy("sb-icpt2", Policy{Public: true, Intercept: true})
+	if n := elems("sb-icpt2"); n != 1 {
+		t.Fatalf("intercept set: %d elements of an intercepting sandbox, want 1", n)
+	}
+	before := e.proxied.Load()
+	e.reach(ns2, a(443), "world:")
+	if e.proxied.Load() != before+1 {
+		t.Fatal("the second sandbox's connection did not go through the proxy")
+	}
+	if err := e.m.Teardown(ctx, "sb-icpt2"); err != nil {
+		t.Fatal(err)
+	}
+	if n := elems("sb-icpt2"); n != 0 {
+		t.Fatalf("intercept set: %d elements left after Teardown", n)
 	}
 }
 
@@ -973,6 +1070,12 @@ func TestVerdictMatchesKernel(t *testing.T) {
 		{Allow: []Rule{{Prefix: pfx("203.0.113.0/24"), Ports: []PortRange{Port(443)}}, {Prefix: pfx("10.0.0.0/8")}}},
 		{Public: true, Deny: []Rule{{Prefix: pfx("198.51.100.0/24"), Ports: []PortRange{{First: 80, Last: 100}}}}},
 		{Allow: []Rule{{Prefix: pfx("0.0.0.0/0"), Ports: []PortRange{Port(80), Port(53)}}}, Deny: []Rule{{Prefix: pfx("203.0.113.20/32")}}},
+	}
+	// Intercepting admits the same (the test's proxy lets everything
+	// through): it changes where a connection goes, not whether.
+	for _, p := range policies { // the range is the list before the appends
+		p.Intercept = true
+		policies = append(policies, p)
 	}
 	for i, p := range policies {
 		e.setPolicy("sb-verdict", p)

@@ -32,8 +32,9 @@
 // gateway . proto . port: its own resolver on 53, its metadata endpoint
 // on MetadataPort and its egress proxy on EgressPort), allow and deny (interface .
 // CIDR ranges), allowp and denyp (interface . CIDR ranges . proto . port
-// ranges), learn and learnp (DNS-learned, with timeouts) and public
-// (interfaces whose policy is public). Setting a sandbox up, changing its
+// ranges), learn and learnp (DNS-learned, with timeouts), public
+// (interfaces whose policy is public) and intercept (interfaces whose
+// policy intercepts: Policy.Intercept). Setting a sandbox up, changing its
 // policy and removing it only add and delete elements: there is no chain
 // per sandbox, so no commit makes the kernel revalidate the table (which
 // a chain per sandbox, reached through a verdict map, cost: linear in the
@@ -81,11 +82,18 @@
 //	chain prerouting (nat; a connection's first packet)
 //	  iifname @ifaces ip daddr 169.254.169.254 tcp dport 80 redirect to :MetadataPort
 //	      (to the incoming interface's address: the sandbox's own gateway)
+//	  l4proto . th dport @dnsports accept         the forward chain refuses these,
+//	  ip daddr @pool, @blocked accept             learned, intercepted or not
+//	  iifname . ip daddr [. l4proto . th dport] @deny, @denyp accept
+//	  iifname @intercept tcp dport 80, 443 iifname . ip daddr [. l4proto . th dport]
+//	      @allow, @allowp redirect to :EgressPort
+//	  ip daddr @private accept                    (the forward chain decides: learned or not)
+//	  iifname @intercept tcp dport 80, 443 iifname @public redirect to :EgressPort
+//	      Policy.Intercept: what a CIDR rule or @internet admits, to the sandbox's
+//	      egress proxy (which terminates TLS for hosts secrets are bound to)
 //	  iifname @public accept                      no name checks under @internet
-//	  l4proto . th dport @dnsports accept         the forward chain refuses it
-//	  ip daddr @pool, @blocked, @private accept   (the forward chain decides: learned or not)
-//	  iifname . ip daddr [. l4proto . th dport] @deny, @denyp, @allow, @allowp accept
-//	                                              a deny rule refuses it, a CIDR rule opens it as before
+//	  iifname . ip daddr [. l4proto . th dport] @allow, @allowp accept
+//	                                              a CIDR rule opens it as before
 //	  tcp iifname . ip daddr [. l4proto . th dport] @learn, @learnp redirect to :EgressPort
 //	      a domain rule's address: to the sandbox's egress proxy (internal/egress),
 //	      which checks the TLS server name or HTTP Host and splices
@@ -128,6 +136,18 @@
 // the daemon's SO_MARK (which needs CAP_NET_ADMIN), so where the port is
 // not privileged (ip_unprivileged_port_start lowered; the daemon warns)
 // a socket someone else bound gets nothing.
+//
+// A policy that intercepts (Policy.Intercept) sends every new TCP
+// connection to port 80 or 443 that a CIDR rule or @internet admits to
+// the sandbox's egress proxy instead (a domain rule's addresses go there
+// on every TCP port anyway). What the forward chain refuses is not
+// redirected, and is refused as before: DNS ports, another sandbox, the
+// always-blocked ranges, a deny rule, a private range no allow rule
+// names, an address nothing admits. An intercepted connection never
+// reaches the forward chain: the proxy, which dials from the host,
+// judges it. Turning Intercept on or off cuts no connection by itself
+// (the userspace verdict knows nothing of interception): existing ones
+// keep going where they went.
 //
 // A policy lives in the sets alone: SetPolicy replaces its elements in
 // one transaction without touching rules (replacing rules costs an RCU

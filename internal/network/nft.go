@@ -38,16 +38,17 @@ const (
 	// deletes elements, so a commit never revalidates the table (which a
 	// chain per sandbox, reached through a verdict map, cost: linear in
 	// the sandboxes alive).
-	setSrc         = "src"    // ifname . ipv4_addr: the sandbox's own address
-	setAllow       = "allow"  // ifname . ipv4_addr interval
-	setAllowPorts  = "allowp" // ifname . ipv4_addr . inet_proto . inet_service interval
-	setDeny        = "deny"   // ifname . ipv4_addr interval
-	setDenyPorts   = "denyp"  // ifname . ipv4_addr . inet_proto . inet_service interval
-	setLearn       = "learn"  // ifname . ipv4_addr, timeout
-	setLearnPorts  = "learnp" // ifname . ipv4_addr . inet_proto . inet_service, timeout
-	setPublic      = "public" // ifname: sandboxes whose policy is public
-	legacySetFwd   = "fwd"    // nook before 2026-11-25: ifname : verdict, goto the sandbox chain
-	legacyChainPfx = "sb-"    // nook before 2026-11-25: a chain per sandbox, with its own sets
+	setSrc         = "src"       // ifname . ipv4_addr: the sandbox's own address
+	setAllow       = "allow"     // ifname . ipv4_addr interval
+	setAllowPorts  = "allowp"    // ifname . ipv4_addr . inet_proto . inet_service interval
+	setDeny        = "deny"      // ifname . ipv4_addr interval
+	setDenyPorts   = "denyp"     // ifname . ipv4_addr . inet_proto . inet_service interval
+	setLearn       = "learn"     // ifname . ipv4_addr, timeout
+	setLearnPorts  = "learnp"    // ifname . ipv4_addr . inet_proto . inet_service, timeout
+	setPublic      = "public"    // ifname: sandboxes whose policy is public
+	setIntercept   = "intercept" // ifname: sandboxes whose TCP to ports 80 and 443 goes to their egress proxy
+	legacySetFwd   = "fwd"       // nook before 2026-11-25: ifname : verdict, goto the sandbox chain
+	legacyChainPfx = "sb-"       // nook before 2026-11-25: a chain per sandbox, with its own sets
 
 	// Dynamic sets the kernel fills itself, one element per sandbox
 	// interface, so setting up a sandbox writes nothing to them.
@@ -72,7 +73,7 @@ var (
 
 	// policySets are the sets keyed by a sandbox's interface, in the order
 	// they are filled and emptied.
-	policySets = []string{setIfaces, setSrc, setDNS, setDeny, setDenyPorts, setAllow, setAllowPorts, setLearn, setLearnPorts, setPublic}
+	policySets = []string{setIfaces, setSrc, setDNS, setDeny, setDenyPorts, setAllow, setAllowPorts, setLearn, setLearnPorts, setPublic, setIntercept}
 
 	denyReasons = []string{ReasonSandbox, ReasonBlocked, ReasonDNS, ReasonDenied, ReasonPrivate, ReasonPolicy, ReasonHost, ReasonInbound, ReasonNotIPv4, ReasonConntrack, ReasonQUIC}
 )
@@ -132,6 +133,7 @@ func newLayout(pool netip.Prefix, logGroup uint16, logRate uint64, connLimit uin
 		setLearn:      {Table: t, Name: setLearn, KeyType: typeIfAddr, Concatenation: true, HasTimeout: true},
 		setLearnPorts: {Table: t, Name: setLearnPorts, KeyType: typeIfAddrPort, Concatenation: true, HasTimeout: true},
 		setPublic:     {Table: t, Name: setPublic, KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian},
+		setIntercept:  {Table: t, Name: setIntercept, KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian},
 	}
 	return l
 }
@@ -298,9 +300,10 @@ func (l *layout) installBase(c *nftables.Conn, existing []*nftables.Set, chains 
 	for _, r := range l.sandboxRules(sbChain) {
 		c.AddRule(r)
 	}
-	// prerouting: the metadata address, and domain rules' TCP to the
-	// sandbox's egress proxy (the gateway's own ports; the input rules
-	// admit them through the sandbox's elements of the dns set).
+	// prerouting: the metadata address, and intercepted TCP and domain
+	// rules' TCP to the sandbox's egress proxy (the gateway's own ports;
+	// the input rules admit them through the sandbox's elements of the
+	// dns set).
 	for _, r := range l.preroutingRules(pre) {
 		c.AddRule(r)
 	}
@@ -398,11 +401,15 @@ func redirectTo(port uint16) []expr.Any {
 }
 
 // preroutingRules are the nat prerouting chain's: the metadata address
-// to the sandbox's gateway, and every new TCP connection to a DNS-learned
-// address (a domain rule's), unless a CIDR rule, @internet or a deny rule
-// decides it, to the sandbox's egress proxy on its gateway, which checks
-// the name the connection asks for (internal/egress). What it accepts
-// goes on unchanged to the forward chain.
+// to the sandbox's gateway; for a sandbox whose policy intercepts, every
+// new TCP connection to port 80 or 443 that a CIDR rule or @internet
+// admits to its egress proxy (the forward chain would admit it; what the
+// forward chain refuses is not redirected); and every new TCP connection
+// to a DNS-learned address (a domain rule's), unless a CIDR rule,
+// @internet or a deny rule decides it, to the egress proxy too. The
+// proxy, on the sandbox's gateway, checks the name the connection asks
+// for (internal/egress). What the chain accepts goes on unchanged to the
+// forward chain.
 func (l *layout) preroutingRules(ch *nftables.Chain) []*nftables.Rule {
 	set := func(name string) *nftables.Set { return l.sharedSets[name] }
 	dnsPortSet := set(setDNSPorts)
@@ -414,29 +421,62 @@ func (l *layout) preroutingRules(ch *nftables.Chain) []*nftables.Rule {
 			dport(reg1),
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, 80)},
 		}, redirectTo(MetadataPort)),
-		cat(metaIn(expr.MetaKeyIIFNAME, set(setPublic)), accept()),
+		// What the forward chain refuses whatever was learned or
+		// intercepted: DNS to anywhere but the gateway, other sandboxes,
+		// the always-blocked ranges, and what a deny rule names.
 		cat(ipv4Only(), []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 			dport(reg32_1),
 			&expr.Lookup{SourceRegister: reg1, SetName: dnsPortSet.Name, SetID: dnsPortSet.ID},
 		}, accept()),
-		// What the forward chain refuses whatever was learned: other
-		// sandboxes, the always-blocked and the private ranges.
 		cat(ipv4Only(), lookupAddr(set(setPool)), accept()),
 		cat(ipv4Only(), lookupAddr(set(setBlocked)), accept()),
-		cat(ipv4Only(), lookupAddr(set(setPrivate)), accept()),
 		cat(ipv4Only(), lookupIfAddr(set(setDeny)), accept()),
 		cat(ipv4Only(), lookupIfAddrPort(set(setDenyPorts)), accept()),
+	}
+	// Intercepted: what a CIDR rule admits (a private address too), then,
+	// past the private ranges (the forward chain refuses those no allow
+	// rule names), what @internet admits.
+	exprs = append(exprs, l.intercepted(lookupIfAddr(set(setAllow)))...)
+	exprs = append(exprs, l.intercepted(lookupIfAddrPort(set(setAllowPorts)))...)
+	exprs = append(exprs, cat(ipv4Only(), lookupAddr(set(setPrivate)), accept()))
+	exprs = append(exprs, l.intercepted(metaIn(expr.MetaKeyIIFNAME, set(setPublic)))...)
+	exprs = append(exprs,
+		cat(metaIn(expr.MetaKeyIIFNAME, set(setPublic)), accept()),
 		cat(ipv4Only(), lookupIfAddr(set(setAllow)), accept()),
 		cat(ipv4Only(), lookupIfAddrPort(set(setAllowPorts)), accept()),
 		cat(ipv4Only(), isTCP(), lookupIfAddr(set(setLearn)), redirectTo(EgressPort)),
 		cat(ipv4Only(), isTCP(), lookupIfAddrPort(set(setLearnPorts)), redirectTo(EgressPort)),
-	}
+	)
 	rules := make([]*nftables.Rule, len(exprs))
 	for i, e := range exprs {
 		rules[i] = &nftables.Rule{Table: l.table, Chain: ch, Exprs: e}
 	}
 	return rules
+}
+
+// interceptPorts are the TCP ports an intercepting policy sends to the
+// sandbox's egress proxy.
+var interceptPorts = []uint16{80, 443}
+
+// intercepted returns the rules, one per port of interceptPorts, that
+// redirect a new TCP connection from a sandbox in the intercept set to
+// that port to the sandbox's egress proxy, when the connection also
+// matches every expression list of also.
+func (l *layout) intercepted(also ...[]expr.Any) [][]expr.Any {
+	var out [][]expr.Any
+	for _, port := range interceptPorts {
+		out = append(out, cat(
+			metaIn(expr.MetaKeyIIFNAME, l.sharedSets[setIntercept]), ipv4Only(), isTCP(),
+			[]expr.Any{
+				dport(reg1),
+				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, port)},
+			},
+			cat(also...),
+			redirectTo(EgressPort),
+		))
+	}
+	return out
 }
 
 func (l *layout) sandboxRules(ch *nftables.Chain) []*nftables.Rule {
@@ -512,6 +552,9 @@ func policyElements(iface string, p *compiled) map[string][]nftables.SetElement 
 	}
 	if p.public {
 		out[setPublic] = []nftables.SetElement{{Key: name}}
+	}
+	if p.intercept {
+		out[setIntercept] = []nftables.SetElement{{Key: name}}
 	}
 	return out
 }

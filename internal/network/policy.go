@@ -41,6 +41,11 @@ type Policy struct {
 	// Public allows every public address: everything except the
 	// always-blocked ranges, the pool and private ranges not named in Allow.
 	Public bool
+	// Intercept sends every new TCP connection to ports 80 and 443 that
+	// the policy does not refuse to the sandbox's egress proxy, whatever
+	// Allow or Public says (the proxy terminates TLS for hosts that
+	// secrets are bound to).
+	Intercept bool
 	// ResetLearned also drops every DNS-learned address in the same
 	// transaction, for a policy change that removes domains.
 	ResetLearned bool
@@ -98,6 +103,7 @@ type compiled struct {
 	denyAny   []ivl
 	denyPort  []box
 	public    bool
+	intercept bool
 }
 
 // validateRules checks rules and, for allow rules, refuses a rule that only
@@ -138,6 +144,7 @@ func compilePolicy(p Policy, pool netip.Prefix) (compiled, error) {
 	c.allowAny, c.allowPort = compileRules(p.Allow)
 	c.denyAny, c.denyPort = compileRules(p.Deny)
 	c.public = p.Public
+	c.intercept = p.Intercept
 	return c, nil
 }
 

@@ -104,6 +104,9 @@ func (s *Server) routes() []route {
 		{"POST /v1/sandboxes/{name}/identity/token", accessSandboxWrite, s.identityToken},
 		{"GET /v1/sandboxes/{name}/identity/log", accessSandboxRead, s.identityLog},
 		{"POST /v1/identity/rotate", accessHost, s.rotateIdentityKeys},
+		{"GET /v1/secrets", accessAdmin, s.listSecrets},
+		{"PUT /v1/secrets/{secret}", accessAdmin, s.setSecret},
+		{"DELETE /v1/secrets/{secret}", accessAdmin, s.deleteSecret},
 		{"GET /.well-known/openid-configuration", accessPublic, s.discovery},
 		{"GET /.well-known/jwks.json", accessPublic, s.jwks},
 		{"POST /v1/sandboxes/{name}/expose", accessAdmin, s.expose},
@@ -607,6 +610,36 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.m.RemoveVolume(r.Context(), r.PathValue("name"), force); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
+	list, err := s.m.ListSecrets(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.SecretList{Secrets: list})
+}
+
+func (s *Server) setSecret(w http.ResponseWriter, r *http.Request) {
+	v, err := io.ReadAll(io.LimitReader(r.Body, 64<<10+1))
+	if err != nil {
+		s.fail(w, r, errdefs.Invalid("read the secret's value: %v", err))
+		return
+	}
+	if err := s.m.SetSecret(r.Context(), r.PathValue("secret"), v); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
+	if err := s.m.DeleteSecret(r.Context(), r.PathValue("secret")); err != nil {
 		s.fail(w, r, err)
 		return
 	}

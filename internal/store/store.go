@@ -131,6 +131,27 @@ var migrations = []string{
 	CREATE TRIGGER sandboxes_delete_identity_log AFTER DELETE ON sandboxes BEGIN
 		DELETE FROM identity_log WHERE sandbox_id = old.id;
 	END;`,
+	// 9: secrets (sealed values, by name, and the token that set them),
+	// each sandbox's bindings of them with its placeholders and its CA
+	// (the key sealed), and the repository a sandbox cloned at create
+	// (JSON, {} when none).
+	`CREATE TABLE secrets (
+		name       TEXT PRIMARY KEY,
+		owner      TEXT NOT NULL,
+		sealed     BLOB NOT NULL,
+		created_at INTEGER NOT NULL,
+		updated_at INTEGER NOT NULL
+	);
+	CREATE TABLE sandbox_secrets (
+		sandbox_id TEXT PRIMARY KEY,
+		bound      TEXT NOT NULL,
+		ca_cert    BLOB NOT NULL,
+		ca_key     BLOB NOT NULL
+	);
+	CREATE TRIGGER sandboxes_delete_secrets AFTER DELETE ON sandboxes BEGIN
+		DELETE FROM sandbox_secrets WHERE sandbox_id = old.id;
+	END;
+	ALTER TABLE sandboxes ADD COLUMN repo TEXT NOT NULL DEFAULT '{}';`,
 }
 
 // Store is the daemon's database.
@@ -211,7 +232,7 @@ func (s *Store) migrate(ctx context.Context) error {
 	return nil
 }
 
-const sandboxCols = `id, name, template, template_id, isolation, state, reason, cpus, memory_bytes, disk_bytes, pids_limit, env, created_at, expires_at, backend_state, idle_pause, on_expire, expired, volumes, labels, creator, parent_id, lineage_id, identity_audience`
+const sandboxCols = `id, name, template, template_id, isolation, state, reason, cpus, memory_bytes, disk_bytes, pids_limit, env, created_at, expires_at, backend_state, idle_pause, on_expire, expired, volumes, labels, creator, parent_id, lineage_id, identity_audience, repo`
 
 // InsertSandbox records a new sandbox. A taken name is an ErrAlreadyExists.
 func (s *Store) InsertSandbox(ctx context.Context, sb *core.Sandbox) error {
@@ -232,10 +253,10 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *core.Sandbox) error {
 			return err
 		}
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Name, sb.Template, sb.TemplateID, sb.Isolation, string(sb.State), sb.Reason, sb.CPUs,
 		sb.MemoryBytes, sb.DiskBytes, sb.PidsLimit, string(env), sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.BackendState,
-		int64(sb.IdlePause), onExpire(sb), sb.Expired, string(vols), string(labels), sb.Creator, sb.ParentID, sb.LineageID, sb.IdentityAudience)
+		int64(sb.IdlePause), onExpire(sb), sb.Expired, string(vols), string(labels), sb.Creator, sb.ParentID, sb.LineageID, sb.IdentityAudience, repoJSON(sb.Repo))
 	if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed: sandboxes.name") {
 		return ErrNameTaken(sb.Name)
 	}
@@ -266,6 +287,20 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *core.Sandbox) error {
 		return errdefs.NotFound("sandbox %s not found", sb.Name)
 	}
 	return nil
+}
+
+// SetSandboxRepo records the repository a sandbox cloned.
+func (s *Store) SetSandboxRepo(ctx context.Context, id string, r core.Repo) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET repo = ? WHERE id = ?`, repoJSON(r), id)
+	return err
+}
+
+func repoJSON(r core.Repo) string {
+	if r == (core.Repo{}) {
+		return "{}"
+	}
+	b, _ := json.Marshal(r)
+	return string(b)
 }
 
 // DeleteSandbox removes a sandbox's record.
@@ -330,16 +365,21 @@ func (s *Store) query(ctx context.Context, where string, args ...any) ([]*core.S
 	var out []*core.Sandbox
 	for rows.Next() {
 		var sb core.Sandbox
-		var state, env, vols, labels string
+		var state, env, vols, labels, repo string
 		var created, expires, idle int64
 		if err := rows.Scan(&sb.ID, &sb.Name, &sb.Template, &sb.TemplateID, &sb.Isolation, &state, &sb.Reason, &sb.CPUs,
 			&sb.MemoryBytes, &sb.DiskBytes, &sb.PidsLimit, &env, &created, &expires, &sb.BackendState,
-			&idle, &sb.OnExpire, &sb.Expired, &vols, &labels, &sb.Creator, &sb.ParentID, &sb.LineageID, &sb.IdentityAudience); err != nil {
+			&idle, &sb.OnExpire, &sb.Expired, &vols, &labels, &sb.Creator, &sb.ParentID, &sb.LineageID, &sb.IdentityAudience, &repo); err != nil {
 			return nil, err
 		}
 		if labels != "{}" {
 			if err := json.Unmarshal([]byte(labels), &sb.Labels); err != nil {
 				return nil, fmt.Errorf("sandbox %s: its labels: %w", sb.Name, err)
+			}
+		}
+		if repo != "{}" {
+			if err := json.Unmarshal([]byte(repo), &sb.Repo); err != nil {
+				return nil, fmt.Errorf("sandbox %s: its repository: %w", sb.Name, err)
 			}
 		}
 		if err := json.Unmarshal([]byte(vols), &sb.Volumes); err != nil {

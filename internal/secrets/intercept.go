@@ -1,0 +1,392 @@
+package secrets
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nookhq/nook/internal/network/policy"
+)
+
+// RefusedHeader names, on the 403 a refused request gets, the rule that
+// refused it.
+const RefusedHeader = "Nook-Refused"
+
+// placeholderPrefix starts every placeholder: letters, digits and _
+// only, so it reads the same raw, URL-encoded and in JSON.
+const placeholderPrefix = "nook_secret_"
+
+// NewPlaceholder returns a new random placeholder.
+func NewPlaceholder() string {
+	b := make([]byte, 20)
+	rand.Read(b)
+	return placeholderPrefix + hex.EncodeToString(b)
+}
+
+// Bound is a binding as one sandbox holds it, with its placeholder.
+type Bound struct {
+	Binding
+	Placeholder string `json:"placeholder"`
+}
+
+// Refusal is a request refused because of a placeholder or a host.
+type Refusal struct {
+	Host, Secret, Reason string
+}
+
+// Sandbox intercepts one sandbox's connections to the hosts its secrets
+// are bound to.
+type Sandbox struct {
+	CA    *CA
+	Bound []Bound
+	// Value returns a secret's value (an error: it is gone).
+	Value func(secret string) ([]byte, error)
+	// RootCAs verify upstreams (nil: the host's trust store, which Go
+	// reads from SSL_CERT_FILE when that is set).
+	RootCAs   *x509.CertPool
+	OnRefused func(Refusal)
+	Log       *slog.Logger
+}
+
+// Binds reports whether a secret is bound to name (normalized): its
+// TLS connections are terminated.
+func (s *Sandbox) Binds(name string) bool {
+	for _, b := range s.Bound {
+		if b.MatchesHost(name) {
+			return true
+		}
+	}
+	return false
+}
+
+// find returns the secret whose placeholder is in v ("" if none).
+func (s *Sandbox) find(v string) string {
+	for _, b := range s.Bound {
+		if strings.Contains(v, b.Placeholder) {
+			return b.Secret
+		}
+	}
+	return ""
+}
+
+// InRequest returns the secret whose placeholder a request carries
+// anywhere a server reads it (its target, a header, a Basic credential)
+// and where; "" if none. A request that is not intercepted must not
+// carry one.
+func (s *Sandbox) InRequest(r *http.Request) (secret, where string) {
+	if sec := s.find(r.RequestURI + r.URL.String()); sec != "" {
+		return sec, "the request target"
+	}
+	if u, err := url.PathUnescape(r.URL.RawQuery); err == nil {
+		if sec := s.find(u); sec != "" {
+			return sec, "the query"
+		}
+	}
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			if sec := s.find(v); sec != "" {
+				return sec, "header " + k
+			}
+			if dec, ok := basic(v); ok {
+				if sec := s.find(dec); sec != "" {
+					return sec, "header " + k + " (Basic)"
+				}
+			}
+		}
+	}
+	return "", ""
+}
+
+// basic decodes a Basic credential's "user:password".
+func basic(v string) (string, bool) {
+	scheme, cred, ok := strings.Cut(strings.TrimSpace(v), " ")
+	if !ok || !strings.EqualFold(scheme, "Basic") {
+		return "", false
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+	if err != nil {
+		return "", false
+	}
+	return string(b), true
+}
+
+// handshakeTimeout bounds the client's TLS handshake.
+const handshakeTimeout = 10 * time.Second
+
+// Serve terminates the TLS connection c, whose ClientHello named name
+// (a bound host, normalized), with a certificate from the sandbox's CA,
+// and forwards its requests (HTTP/1.1, HTTP/2, WebSocket) to name over
+// TLS verified against the host's trust store, through dial (the
+// connection's checked destination), with placeholders replaced where
+// their bindings say and refused anywhere else. It returns when c ends.
+func (s *Sandbox) Serve(ctx context.Context, c net.Conn, name string, dial func(context.Context) (net.Conn, error)) {
+	leaf, err := s.CA.Leaf(name)
+	if err != nil {
+		s.logger().Error("secrets: certificate", "host", name, "err", err)
+		return
+	}
+	tc := tls.Server(c, &tls.Config{
+		Certificates: []tls.Certificate{*leaf},
+		NextProtos:   []string{"h2", "http/1.1"},
+		MinVersion:   tls.VersionTLS12,
+	})
+	tc.SetDeadline(time.Now().Add(handshakeTimeout))
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return
+	}
+	tc.SetDeadline(time.Time{})
+
+	tr := &http.Transport{
+		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+		TLSClientConfig:     &tls.Config{RootCAs: s.RootCAs, MinVersion: tls.VersionTLS12},
+		ForceAttemptHTTP2:   true,
+		MaxIdleConnsPerHost: 8,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: handshakeTimeout,
+	}
+	defer tr.CloseIdleConnections()
+	h := &handler{s: s, host: name}
+	h.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "https"
+			pr.Out.URL.Host = pr.In.Host
+			pr.Out.Host = pr.In.Host
+		},
+		Transport:      tr,
+		FlushInterval:  -1, // server-sent events and streams as they come
+		ModifyResponse: h.scrubResponse,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			// Not the URL: it may hold a secret's value now.
+			s.logger().Debug("secrets: upstream", "host", name, "err", errors.Unwrap(err))
+			http.Error(w, fmt.Sprintf("nook: %s did not answer", name), http.StatusBadGateway)
+		},
+		ErrorLog: log.New(io.Discard, "", 0),
+	}
+	var handlers sync.WaitGroup
+	ln := &oneConn{c: tc, done: make(chan struct{})}
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			handlers.Add(1)
+			defer handlers.Done()
+			h.ServeHTTP(w, r)
+		}),
+		ReadHeaderTimeout: handshakeTimeout,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          log.New(io.Discard, "", 0),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				ln.Close()
+			}
+		},
+	}
+	srv.Serve(ln)
+	handlers.Wait() // a hijacked (WebSocket) connection's copy ends
+}
+
+func (s *Sandbox) logger() *slog.Logger {
+	if s.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Log
+}
+
+// oneConn is a listener that accepts one connection, then waits for
+// Close.
+type oneConn struct {
+	c    net.Conn
+	once sync.Once
+	mu   sync.Mutex
+	done chan struct{}
+	used bool
+}
+
+func (l *oneConn) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	if !l.used {
+		l.used = true
+		l.mu.Unlock()
+		return l.c, nil
+	}
+	l.mu.Unlock()
+	<-l.done
+	return nil, net.ErrClosed
+}
+func (l *oneConn) Close() error   { l.once.Do(func() { close(l.done) }); return nil }
+func (l *oneConn) Addr() net.Addr { return l.c.LocalAddr() }
+
+// handler forwards one intercepted connection's requests.
+type handler struct {
+	s    *Sandbox
+	host string
+	rp   *httputil.ReverseProxy
+}
+
+type scrubKey struct{}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	name, _, err := net.SplitHostPort(r.Host)
+	if err != nil {
+		name = r.Host
+	}
+	if policy.NormalizeName(name) != h.host {
+		sec, _ := h.s.InRequest(r)
+		h.refuse(w, Refusal{Host: h.host, Secret: sec, Reason: fmt.Sprintf("a request for host %q on a connection to %s", r.Host, h.host)})
+		return
+	}
+	pairs, ref := h.rewrite(r)
+	if ref != nil {
+		h.refuse(w, *ref)
+		return
+	}
+	// Answers come uncompressed (Go's transport asks for gzip and
+	// decodes it), so that they can be scrubbed of the values.
+	r.Header.Del("Accept-Encoding")
+	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), scrubKey{}, pairs)))
+}
+
+func (h *handler) refuse(w http.ResponseWriter, ref Refusal) {
+	if h.s.OnRefused != nil {
+		h.s.OnRefused(ref)
+	}
+	rule := "secret"
+	if ref.Secret != "" {
+		rule += " " + ref.Secret
+	}
+	w.Header().Set(RefusedHeader, rule+": "+ref.Reason)
+	http.Error(w, "nook: refused: "+rule+": "+ref.Reason, http.StatusForbidden)
+}
+
+// rewrite replaces the placeholders of the bindings that apply to r in
+// the places they name, and refuses r if a placeholder is left anywhere
+// else. It returns what answers are scrubbed of: each secret bound to
+// the host, in the forms it may come back in, becomes its placeholder.
+func (h *handler) rewrite(r *http.Request) ([]pair, *Refusal) {
+	var pairs []pair
+	values := map[string][]byte{}
+	refused := func(secret, why string) ([]pair, *Refusal) {
+		return nil, &Refusal{Host: h.host, Secret: secret, Reason: why}
+	}
+	for _, b := range h.s.Bound {
+		if !b.MatchesHost(h.host) {
+			continue
+		}
+		v, err := h.s.Value(b.Secret)
+		if err != nil {
+			continue // gone: its placeholder is refused below
+		}
+		values[b.Secret] = v
+		ph := []byte(b.Placeholder)
+		pairs = append(pairs,
+			pair{v, ph},
+			pair{[]byte(base64.StdEncoding.EncodeToString(v)), []byte(base64.StdEncoding.EncodeToString(ph))},
+			pair{[]byte(base64.RawURLEncoding.EncodeToString(v)), []byte(base64.RawURLEncoding.EncodeToString(ph))},
+			pair{[]byte(url.QueryEscape(string(v))), ph},
+		)
+	}
+	path := r.URL.EscapedPath()
+	for _, b := range h.s.Bound {
+		v, ok := values[b.Secret]
+		if !ok || !b.matchesRequest(r.Method, r.URL.Path) {
+			continue
+		}
+		for i, hv := range r.Header.Values(b.Header) {
+			if strings.Contains(hv, b.Placeholder) {
+				if b.Format != "" {
+					hv = strings.Replace(b.Format, "{}", string(v), 1)
+				} else {
+					hv = strings.ReplaceAll(hv, b.Placeholder, string(v))
+				}
+			} else if dec, ok := basic(hv); ok && strings.Contains(dec, b.Placeholder) {
+				sent := "Basic " + base64.StdEncoding.EncodeToString([]byte(strings.ReplaceAll(dec, b.Placeholder, string(v))))
+				pairs = append(pairs, pair{[]byte(sent), []byte(hv)}, pair{[]byte(strings.TrimPrefix(sent, "Basic ")), []byte(strings.TrimPrefix(strings.TrimSpace(hv), "Basic "))})
+				hv = sent
+			}
+			r.Header[b.Header][i] = hv
+		}
+		if b.Query && strings.Contains(r.URL.RawQuery, b.Placeholder) {
+			r.URL.RawQuery = strings.ReplaceAll(r.URL.RawQuery, b.Placeholder, url.QueryEscape(string(v)))
+		}
+		if b.Body && r.Body != nil && r.Body != http.NoBody {
+			r.Body = readCloser{newReplacer(r.Body, []pair{{[]byte(b.Placeholder), v}}), r.Body}
+			r.ContentLength = -1
+			r.Header.Del("Content-Length")
+		}
+	}
+	if sec := h.s.find(path); sec != "" {
+		return refused(sec, "a placeholder in the path")
+	}
+	if sec := h.s.find(r.URL.RawQuery); sec != "" {
+		return refused(sec, "a placeholder in the query (the binding does not say :query, or does not apply to this request)")
+	}
+	for k, vs := range r.Header {
+		for _, hv := range vs {
+			sec := h.s.find(hv)
+			if sec == "" {
+				if dec, ok := basic(hv); ok {
+					sec = h.s.find(dec)
+				}
+			}
+			if sec == "" {
+				continue
+			}
+			if _, ok := values[sec]; !ok && h.s.bindsSecret(sec, h.host) {
+				return refused(sec, "the secret is gone (nook secret set it again)")
+			}
+			return refused(sec, fmt.Sprintf("a placeholder in header %s, which no binding of it for %s %s%s names", k, r.Method, h.host, r.URL.Path))
+		}
+	}
+	return pairs, nil
+}
+
+// bindsSecret reports whether secret is bound to host.
+func (s *Sandbox) bindsSecret(secret, host string) bool {
+	for _, b := range s.Bound {
+		if b.Secret == secret && b.MatchesHost(host) {
+			return true
+		}
+	}
+	return false
+}
+
+// scrubResponse replaces what the request's scrub pairs name in the
+// answer's headers and body: a host that echoes the request gives back
+// placeholders, never values.
+func (h *handler) scrubResponse(resp *http.Response) error {
+	pairs, _ := resp.Request.Context().Value(scrubKey{}).([]pair)
+	if len(pairs) == 0 {
+		return nil
+	}
+	for k, vs := range resp.Header {
+		for i, v := range vs {
+			resp.Header[k][i] = string(replaceAll([]byte(v), pairs))
+		}
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody || resp.Request.Method == http.MethodHead {
+		return nil
+	}
+	resp.Body = readCloser{newReplacer(resp.Body, pairs), resp.Body}
+	resp.ContentLength = -1
+	resp.Header.Del("Content-Length")
+	return nil
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
