@@ -726,11 +726,13 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err == nil {
 		err = m.waitAgent(cctx, sb)
 	}
+	if err == nil && repo != nil {
+		// Before the template's service starts: nothing of the sandbox's
+		// own runs yet beside the clone.
+		err = m.cloneRepo(cctx, sb, *repo, progress)
+	}
 	if err == nil {
 		err = m.startService(cctx, sb)
-	}
-	if err == nil && repo != nil {
-		err = m.cloneRepo(cctx, sb, *repo, progress)
 	}
 	if err == nil {
 		sb.State = core.StateRunning

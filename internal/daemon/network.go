@@ -609,6 +609,13 @@ func (n *sandboxNets) kernelPolicy(p policy.Policy) network.Policy {
 		kp.Deny = append(kp.Deny, network.Rule{Prefix: r.Prefix, Ports: kernelPorts(r.Ports)})
 	}
 	if ok, ports := p.Internet(); ok {
+		if !p.NamesDoH() {
+			// Public DNS-over-HTTPS resolvers stay out of reach unless
+			// named (policy/doh.go); DNS over TLS is refused everywhere.
+			for _, a := range policy.DoHAddrs() {
+				kp.Deny = append(kp.Deny, network.Rule{Prefix: a, Ports: []network.PortRange{{First: 443, Last: 443}}})
+			}
+		}
 		if ports == nil {
 			kp.Public = true
 		} else {

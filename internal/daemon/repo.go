@@ -18,6 +18,9 @@ import (
 	"github.com/nookhq/nook/internal/network/policy"
 )
 
+// commitRE is a commit ID: SHA-1 or SHA-256.
+var commitRE = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
+
 var branchRE = regexp.MustCompile(`^[A-Za-z0-9._/][A-Za-z0-9._/-]{0,199}$`)
 
 // checkRepo checks a create's --repo, --branch and --path (nil: none).
@@ -96,6 +99,9 @@ func (m *Manager) cloneRepo(ctx context.Context, sb *core.Sandbox, repo core.Rep
 		return fmt.Errorf("clone %s: its commit: %w", repo.URL, err)
 	}
 	repo.Commit = strings.TrimSpace(out)
+	if !commitRE.MatchString(repo.Commit) {
+		return fmt.Errorf("clone %s: git rev-parse HEAD answered %q, not a commit", repo.URL, repo.Commit)
+	}
 	fmt.Fprintf(progress, "cloned %s at %s\n", repo.URL, repo.Commit)
 	sb.Repo = repo
 	return m.store.SetSandboxRepo(ctx, sb.ID, repo)

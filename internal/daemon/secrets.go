@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -37,7 +36,7 @@ type secretStore struct {
 	refused func(id string, r secrets.Refusal)
 
 	mu     sync.Mutex
-	values map[string][]byte
+	values map[string]secretValue // opened, by name
 	// sandboxes are the interceptors of sandboxes with bindings, by ID
 	// (a nil entry: the sandbox has none), made on first use.
 	sandboxes map[string]*secrets.Sandbox
@@ -48,7 +47,7 @@ func openSecrets(cfg Config, st *store.Store) (*secretStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &secretStore{store: st, box: box, log: cfg.Log, values: map[string][]byte{}, sandboxes: map[string]*secrets.Sandbox{}}, nil
+	return &secretStore{store: st, box: box, log: cfg.Log, values: map[string]secretValue{}, sandboxes: map[string]*secrets.Sandbox{}}, nil
 }
 
 func sealedAs(name string) string { return "secret:" + name }
@@ -75,21 +74,19 @@ func (m *Manager) SetSecret(ctx context.Context, name string, value []byte) erro
 		return errdefs.Invalid("secret %s: the value holds a line break or NUL (it goes into HTTP headers): strip the trailing newline", name)
 	}
 	now := time.Now()
-	rec := store.Secret{Name: name, Owner: creatorFrom(ctx), Sealed: s.box.Seal(sealedAs(name), value), CreatedAt: now, UpdatedAt: now}
-	if old, err := s.store.GetSecret(ctx, name); err == nil {
-		if err := mayUse(ctx, old); err != nil {
-			return err
-		}
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
+	caller := creatorFrom(ctx)
+	rec := store.Secret{Name: name, ID: newID(), Owner: caller, Sealed: s.box.Seal(sealedAs(name), value), CreatedAt: now, UpdatedAt: now}
+	ok, err := s.store.PutSecret(ctx, rec, caller == "host")
+	if err != nil {
 		return err
 	}
-	if err := s.store.PutSecret(ctx, rec); err != nil {
-		return err
+	if !ok {
+		return errdefs.Denied("secret %s belongs to another token: only it (or the host's socket) may replace it", name)
 	}
 	s.mu.Lock()
-	s.values[name] = value
+	delete(s.values, name) // read again, with its ID
 	s.mu.Unlock()
-	m.log.Info("secret set", "secret", name, "by", rec.Owner) // never the value
+	m.log.Info("secret set", "secret", name, "by", caller) // never the value
 	return nil
 }
 
@@ -110,43 +107,48 @@ func (m *Manager) ListSecrets(ctx context.Context) ([]api.Secret, error) {
 // refused from then on.
 func (m *Manager) DeleteSecret(ctx context.Context, name string) error {
 	s := m.secrets
-	sec, err := s.store.GetSecret(ctx, name)
-	if err != nil {
-		return err
-	}
-	if err := mayUse(ctx, sec); err != nil {
-		return err
-	}
-	if err := s.store.DeleteSecret(ctx, name); err != nil {
+	caller := creatorFrom(ctx)
+	if err := s.store.DeleteSecret(ctx, name, caller, caller == "host"); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	delete(s.values, name)
 	s.mu.Unlock()
-	m.log.Info("secret removed", "secret", name)
+	m.log.Info("secret removed", "secret", name, "by", caller)
 	return nil
 }
 
-// value returns a secret's value.
-func (s *secretStore) value(name string) ([]byte, error) {
+// value returns a binding's secret's value: an error when the secret
+// is gone, or was removed and made again (by anyone: a binding never
+// follows a name to another secret).
+func (s *secretStore) value(b secrets.Bound) ([]byte, error) {
 	s.mu.Lock()
-	v, ok := s.values[name]
+	v, ok := s.values[b.Secret]
 	s.mu.Unlock()
-	if ok {
-		return v, nil
+	if !ok {
+		sec, err := s.store.GetSecret(context.Background(), b.Secret)
+		if err != nil {
+			return nil, err
+		}
+		plain, err := s.box.Open(sealedAs(b.Secret), sec.Sealed)
+		if err != nil {
+			return nil, err
+		}
+		v = secretValue{id: sec.ID, value: plain}
+		s.mu.Lock()
+		s.values[b.Secret] = v
+		s.mu.Unlock()
 	}
-	sec, err := s.store.GetSecret(context.Background(), name)
-	if err != nil {
-		return nil, err
+	if v.id != b.SecretID {
+		return nil, errdefs.NotFound("secret %s was removed and made again: the binding is gone", b.Secret)
 	}
-	v, err = s.box.Open(sealedAs(name), sec.Sealed)
-	if err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	s.values[name] = v
-	s.mu.Unlock()
-	return v, nil
+	return v.value, nil
+}
+
+// secretValue is an opened secret and its ID.
+type secretValue struct {
+	id    string
+	value []byte
 }
 
 // bind parses a create's secret bindings and checks that the caller may
@@ -172,7 +174,7 @@ func (s *secretStore) bind(ctx context.Context, specs []string, env map[string]s
 		if err := mayUse(ctx, sec); err != nil {
 			return nil, err
 		}
-		out = append(out, secrets.Bound{Binding: b, Placeholder: secrets.NewPlaceholder()})
+		out = append(out, secrets.Bound{Binding: b, Placeholder: secrets.NewPlaceholder(), SecretID: sec.ID})
 	}
 	setSecretEnv(env, out)
 	return out, nil
@@ -275,8 +277,12 @@ func (s *secretStore) sandbox(id string) *secrets.Sandbox {
 // forget drops a removed sandbox's interceptor.
 func (s *secretStore) forget(id string) {
 	s.mu.Lock()
+	sb := s.sandboxes[id]
 	delete(s.sandboxes, id)
 	s.mu.Unlock()
+	if sb != nil {
+		sb.Close()
+	}
 }
 
 // forkBindings returns what a fork of src holds: the bindings marked
@@ -296,7 +302,7 @@ func (s *secretStore) forkBindings(ctx context.Context, src *core.Sandbox) (map[
 	for _, b := range bound {
 		delete(env, b.Secret)
 		if b.Inherit {
-			out = append(out, secrets.Bound{Binding: b.Binding, Placeholder: secrets.NewPlaceholder()})
+			out = append(out, secrets.Bound{Binding: b.Binding, Placeholder: secrets.NewPlaceholder(), SecretID: b.SecretID})
 		}
 	}
 	setSecretEnv(env, out)

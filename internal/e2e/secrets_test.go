@@ -519,3 +519,28 @@ print(c.getresponse().status)"`)
 	d.must("secret", "rm", "TOKEN")
 	refused("a removed secret", `curl -sS -m 10 -o /dev/null -w '%{http_code}' https://api.secret.test/gone -H "Authorization: Bearer $TOKEN"`)
 }
+
+// The same in a vm: its agent trusts the CA, the host replaces the
+// placeholder on the way out.
+func TestSecretsVM(t *testing.T) {
+	requireVMInSimulatedHost(t)
+	w := newWorld(t)
+	sw := w.serveSecrets(t)
+	d := newDaemonInEnv(t, w.hostPath(), []string{"SSL_CERT_FILE=" + sw.caFile}, netDaemonArgs()...)
+	f := filepath.Join(t.TempDir(), "TOKEN")
+	if err := os.WriteFile(f, []byte(tokenValue), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.must("secret", "set", "TOKEN", "--file", f)
+	d.must("create", "--isolation", "vm", "--name", "guest", "--cpus", "1", "--memory", "512M",
+		"--allow", "api.secret.test", "--secret", "TOKEN@api.secret.test")
+	r := d.sh("guest", `curl -sS -m 20 https://api.secret.test/vm -H "Authorization: Bearer $TOKEN"; echo; echo "$TOKEN"`)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	ph := lines[len(lines)-1]
+	if r.code != 0 || !strings.HasPrefix(ph, "nook_secret_") || !strings.Contains(r.stdout, "Bearer "+ph) || leaksCanary([]byte(r.stdout)) != "" {
+		t.Fatalf("curl in the vm: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	if got := sw.received("api.secret.test"); !strings.Contains(got, "GET /vm") || !strings.Contains(got, "Bearer "+tokenValue) {
+		t.Fatalf("api.secret.test from the vm:\n%s", got)
+	}
+}

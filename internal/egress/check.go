@@ -72,6 +72,13 @@ func (c *PolicyChecker) Open(dst netip.AddrPort) bool {
 		return false
 	}
 	a, port := dst.Addr(), dst.Port()
+	// In the kernel's order: always blocked, then deny, then allow
+	// (private ranges only by an allow rule), then @internet.
+	for _, pf := range policy.AlwaysBlocked() {
+		if pf.Contains(a) {
+			return false
+		}
+	}
 	allow, deny := p.CIDRs()
 	in := func(r policy.CIDRRule) bool {
 		return r.Prefix.Contains(a) && (r.Ports == nil || policy.PortsContain(r.Ports, port))
@@ -86,12 +93,19 @@ func (c *PolicyChecker) Open(dst netip.AddrPort) bool {
 			return true
 		}
 	}
-	for _, pf := range append(policy.AlwaysBlocked(), policy.Private()...) {
+	for _, pf := range policy.Private() {
 		if pf.Contains(a) {
 			return false
 		}
 	}
 	internet, ports := p.Internet()
+	if internet && port == 443 && !p.NamesDoH() {
+		for _, d := range policy.DoHAddrs() {
+			if d.Contains(a) {
+				return false // as the kernel's deny set says (daemon.kernelPolicy)
+			}
+		}
+	}
 	return internet && (ports == nil || policy.PortsContain(ports, port))
 }
 

@@ -77,9 +77,9 @@ type Interceptor interface {
 	// InRequest returns the secret whose placeholder r carries, and
 	// where ("" if none): such a request is not sent on plain HTTP.
 	InRequest(r *http.Request) (secret, where string)
-	// Serve handles the TLS connection c to name until it ends, its
-	// upstream connections made with dial.
-	Serve(ctx context.Context, c net.Conn, name string, dial func(context.Context) (net.Conn, error))
+	// Serve handles the TLS connection c to name at dst until it ends,
+	// its upstream connections made with dial.
+	Serve(ctx context.Context, c net.Conn, name string, dst netip.AddrPort, dial func(context.Context) (net.Conn, error))
 }
 
 // Event is a refused connection.
@@ -411,7 +411,7 @@ func (p *Proxy) intercept(c net.Conn, pending []byte, a admission, ic Intercepto
 		reset(c)
 		return
 	}
-	ic.Serve(p.ctx, &replayConn{Conn: c, pending: pending}, a.name, func(ctx context.Context) (net.Conn, error) {
+	ic.Serve(p.ctx, &replayConn{Conn: c, pending: pending}, a.name, a.dst, func(ctx context.Context) (net.Conn, error) {
 		return p.dial(ctx, a.dst)
 	})
 }

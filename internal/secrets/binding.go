@@ -2,10 +2,13 @@ package secrets
 
 import (
 	"fmt"
+	"net/http"
 	"net/textproto"
 	"regexp"
 	"slices"
 	"strings"
+
+	"golang.org/x/net/publicsuffix"
 
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/network/policy"
@@ -178,8 +181,10 @@ func normalizeHost(h string) (string, error) {
 		}
 	}
 	if wild {
-		if !strings.Contains(n, ".") {
-			return "", fmt.Errorf("*.%s is too wide: name a domain below a top-level one", n)
+		// Not every name below a public suffix: *.github.io or
+		// *.amazonaws.com would send the secret to anyone's site there.
+		if ps, _ := publicsuffix.PublicSuffix(n); !strings.Contains(n, ".") || ps == n {
+			return "", fmt.Errorf("*.%s is too wide: %s is a public suffix (anyone can have a name below it); name the host, or a domain of your own", n, n)
 		}
 		return "*." + n, nil
 	}
@@ -201,17 +206,53 @@ func (b Binding) MatchesHost(name string) bool {
 	return false
 }
 
-// matchesRequest reports whether the binding applies to a request for
-// path with method (its host matched).
-func (b Binding) matchesRequest(method, path string) bool {
-	if len(b.Methods) > 0 && !slices.Contains(b.Methods, method) {
-		return false
+// matchesRequest reports whether the binding applies to r (its host
+// matched). A binding narrowed to methods does not apply to a request
+// that asks the server to take it as another (X-HTTP-Method-Override);
+// one narrowed to a path does not apply to a path a server could read
+// as another (dot segments, encoded slashes, backslashes, dots or
+// semicolons).
+func (b Binding) matchesRequest(r *http.Request) bool {
+	if len(b.Methods) > 0 {
+		if !slices.Contains(b.Methods, r.Method) {
+			return false
+		}
+		for _, h := range []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"} {
+			if _, ok := r.Header[h]; ok {
+				return false
+			}
+		}
 	}
 	if b.Path == "" {
 		return true
 	}
+	raw := r.URL.EscapedPath()
+	if !plainPath(raw) {
+		return false
+	}
 	p := strings.TrimSuffix(b.Path, "/")
-	return path == p || strings.HasPrefix(path, p+"/") || p == ""
+	return raw == p || strings.HasPrefix(raw, p+"/") || p == ""
+}
+
+// plainPath reports whether every server reads a request path the same:
+// absolute, no dot segments, nothing encoded that could turn into a
+// separator or a dot, no backslash or semicolon.
+func plainPath(raw string) bool {
+	if !strings.HasPrefix(raw, "/") || strings.ContainsAny(raw, "\\;") {
+		return false
+	}
+	low := strings.ToLower(raw)
+	for _, enc := range []string{"%2e", "%2f", "%5c", "%3b", "%00", "%25"} {
+		if strings.Contains(low, enc) {
+			return false
+		}
+	}
+	for _, seg := range strings.Split(raw, "/") {
+		if seg == "." || seg == ".." {
+			return false
+		}
+	}
+	return true
 }
 
 func validHeaderName(v string) bool { return v != "" && validToken(v) }

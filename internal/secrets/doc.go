@@ -9,13 +9,20 @@
 // used), each bound to its name as additional data; the daemon keeps
 // the sealed values in its database with the name of the token that set
 // each (its owner: only it, or the host's socket, binds, replaces or
-// removes it). Values are opened on first use and kept in the daemon's
-// memory only; they are never logged and no API returns them.
+// removes it, in one statement each: no check-then-write race). Each
+// secret has an ID, new each time its name is made: a binding holds the
+// ID, so a secret removed and made again under its name, by anyone, is
+// not the bound one (its requests are refused). Values are opened on
+// first use and kept in the daemon's memory only; they are never logged
+// and no API returns them.
 //
 // # Bindings and placeholders
 //
 // nook create --secret NAME@HOST[,HOST...][:option...] (ParseBinding)
-// binds a secret to exact names or *.suffix, in a header (Authorization
+// binds a secret to exact names or *.suffix (not a public suffix of the
+// Public Suffix List, such as *.github.io: anyone has names below it;
+// a domain whose subdomains hold public suffixes, such as amazonaws.com,
+// the list cannot tell: bind exact names there), in a header (Authorization
 // by default, where a Basic credential's password is replaced too), with
 // :format='Bearer {}' to write the whole header, :path=/prefix and
 // :methods=GET,POST to narrow it, :query and :body to replace the
@@ -45,18 +52,36 @@
 // replaced, and a placeholder left anywhere (another header, a cookie,
 // the path, a query without :query, a request the binding's path or
 // methods exclude, a removed secret) gets a 403 with a Nook-Refused
-// header naming the secret and why, and an entry in nook net log.
+// header naming the secret and why, and an entry in nook net log. A
+// binding's path applies only to a plain path (no dot segments, no
+// encoded slash, dot, backslash or percent, no backslash or semicolon),
+// its methods only without a method-override header; the bound header
+// given twice, or over 8 KiB, is refused; an upgrade other than
+// WebSocket is refused.
 // Plain HTTP carrying a placeholder is refused the same way by the proxy
-// (InRequest). Answers are asked for uncompressed and scrubbed, headers
-// and body, of each bound value raw, base64 and URL-encoded, and of the
-// exact Basic credential sent: an upstream that echoes the request
-// shows the placeholder. WebSocket upgrades pass through (their frames
-// are not scrubbed). Connections to hosts no secret is bound to are
-// never decrypted: they are spliced after the name check.
+// (InRequest). Answers are asked for uncompressed (Go's transport asks
+// for gzip and decodes it; any other Content-Encoding is a 502) and
+// scrubbed, headers (103 Early Hints' too), body and trailers, of each
+// bound value raw, base64 and URL-encoded, and of the exact Basic
+// credential sent: an upstream that echoes the request shows the
+// placeholder. A request that carried a value is sent without Range, so
+// no answer holds part of one. WebSocket upgrades pass through (their
+// frames are not scrubbed). Connections to hosts no secret is bound to
+// are never decrypted: they are spliced after the name check.
+//
+// Limits: an intercepted connection takes 16 HTTP/2 streams and 64 KiB
+// of headers; a sandbox keeps one transport per bound name and address
+// (at most 64), each at most 8 upstream connections (more requests
+// wait), answers' headers within 5 minutes. Its client connections
+// count in the egress proxy's 1024.
 //
 // What it does not do: a placeholder sent over TLS to a host it is not
 // bound to leaves as it is (nook does not decrypt that connection): it
 // is worthless there. A body's placeholder is not looked for without
 // :body. A value the upstream returns transformed (hashed, split,
-// re-encoded otherwise) is not recognized.
+// base64 at another offset or unpadded, JSON-escaped, hex) is not
+// recognized: bind secrets to hosts that do not echo them. The daemon
+// dials upstreams itself, so the host's own firewall rules for
+// forwarded traffic do not see intercepted connections (the dial
+// refuses the host's addresses and the sandboxes').
 package secrets

@@ -15,7 +15,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -38,10 +40,13 @@ func NewPlaceholder() string {
 	return placeholderPrefix + hex.EncodeToString(b)
 }
 
-// Bound is a binding as one sandbox holds it, with its placeholder.
+// Bound is a binding as one sandbox holds it, with its placeholder and
+// the ID of the secret it bound (a secret removed and made again under
+// its name, by anyone, is another).
 type Bound struct {
 	Binding
 	Placeholder string `json:"placeholder"`
+	SecretID    string `json:"secret_id"`
 }
 
 // Refusal is a request refused because of a placeholder or a host.
@@ -54,13 +59,17 @@ type Refusal struct {
 type Sandbox struct {
 	CA    *CA
 	Bound []Bound
-	// Value returns a secret's value (an error: it is gone).
-	Value func(secret string) ([]byte, error)
+	// Value returns a binding's secret's value (an error: it is gone,
+	// or is another secret now).
+	Value func(b Bound) ([]byte, error)
 	// RootCAs verify upstreams (nil: the host's trust store, which Go
 	// reads from SSL_CERT_FILE when that is set).
 	RootCAs   *x509.CertPool
 	OnRefused func(Refusal)
 	Log       *slog.Logger
+
+	mu        sync.Mutex
+	upstreams map[string]*upstream // by name@address
 }
 
 // Binds reports whether a secret is bound to name (normalized): its
@@ -114,6 +123,9 @@ func (s *Sandbox) InRequest(r *http.Request) (secret, where string) {
 
 // basic decodes a Basic credential's "user:password".
 func basic(v string) (string, bool) {
+	if len(v) > maxCredential {
+		return "", false
+	}
 	scheme, cred, ok := strings.Cut(strings.TrimSpace(v), " ")
 	if !ok || !strings.EqualFold(scheme, "Basic") {
 		return "", false
@@ -132,9 +144,11 @@ const handshakeTimeout = 10 * time.Second
 // (a bound host, normalized), with a certificate from the sandbox's CA,
 // and forwards its requests (HTTP/1.1, HTTP/2, WebSocket) to name over
 // TLS verified against the host's trust store, through dial (the
-// connection's checked destination), with placeholders replaced where
-// their bindings say and refused anywhere else. It returns when c ends.
-func (s *Sandbox) Serve(ctx context.Context, c net.Conn, name string, dial func(context.Context) (net.Conn, error)) {
+// connection's checked destination dst), with placeholders replaced
+// where their bindings say and refused anywhere else. It returns when c
+// ends. Upstream connections to name at dst are kept and reused by the
+// sandbox's later connections.
+func (s *Sandbox) Serve(ctx context.Context, c net.Conn, name string, dst netip.AddrPort, dial func(context.Context) (net.Conn, error)) {
 	leaf, err := s.CA.Leaf(name)
 	if err != nil {
 		s.logger().Error("secrets: certificate", "host", name, "err", err)
@@ -151,15 +165,7 @@ func (s *Sandbox) Serve(ctx context.Context, c net.Conn, name string, dial func(
 	}
 	tc.SetDeadline(time.Time{})
 
-	tr := &http.Transport{
-		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
-		TLSClientConfig:     &tls.Config{RootCAs: s.RootCAs, MinVersion: tls.VersionTLS12},
-		ForceAttemptHTTP2:   true,
-		MaxIdleConnsPerHost: 8,
-		IdleConnTimeout:     90 * time.Second,
-		TLSHandshakeTimeout: handshakeTimeout,
-	}
-	defer tr.CloseIdleConnections()
+	tr := s.transport(name, dst, dial)
 	h := &handler{s: s, host: name}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -167,13 +173,21 @@ func (s *Sandbox) Serve(ctx context.Context, c net.Conn, name string, dial func(
 			pr.Out.URL.Host = pr.In.Host
 			pr.Out.Host = pr.In.Host
 		},
-		Transport:      tr,
-		FlushInterval:  -1, // server-sent events and streams as they come
+		Transport: tr,
+		// Answers of unknown length (streams, server-sent events) are
+		// flushed at every write (ReverseProxy's own rule); others at
+		// least this often.
+		FlushInterval:  50 * time.Millisecond,
 		ModifyResponse: h.scrubResponse,
+		BufferPool:     copyBuffers,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			// Not the URL: it may hold a secret's value now.
 			s.logger().Debug("secrets: upstream", "host", name, "err", errors.Unwrap(err))
-			http.Error(w, fmt.Sprintf("nook: %s did not answer", name), http.StatusBadGateway)
+			msg := fmt.Sprintf("nook: %s did not answer", name)
+			if errors.Is(err, errEncoded) {
+				msg = "nook: " + err.Error()
+			}
+			http.Error(w, msg, http.StatusBadGateway)
 		},
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
@@ -187,6 +201,8 @@ func (s *Sandbox) Serve(ctx context.Context, c net.Conn, name string, dial func(
 		}),
 		ReadHeaderTimeout: handshakeTimeout,
 		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: 16},
 		ErrorLog:          log.New(io.Discard, "", 0),
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		ConnState: func(_ net.Conn, st http.ConnState) {
@@ -197,6 +213,96 @@ func (s *Sandbox) Serve(ctx context.Context, c net.Conn, name string, dial func(
 	}
 	srv.Serve(ln)
 	handlers.Wait() // a hijacked (WebSocket) connection's copy ends
+}
+
+// copyBuffers are the reverse proxy's buffers: large, so that a download
+// is written in few, large TLS writes.
+var copyBuffers = &bufferPool{}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, 256<<10)
+}
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
+
+// maxTransports bounds the upstreams (name and address) a sandbox keeps
+// connections to.
+const maxTransports = 64
+
+// upstream is the transport of a sandbox's requests to one name at one
+// address, and how it dials (the latest connection's way: a restarted
+// egress proxy dials anew).
+type upstream struct {
+	tr   *http.Transport
+	mu   sync.Mutex
+	dial func(context.Context) (net.Conn, error)
+	used time.Time
+}
+
+// transport returns the transport to name at dst, made on first use.
+func (s *Sandbox) transport(name string, dst netip.AddrPort, dial func(context.Context) (net.Conn, error)) *http.Transport {
+	key := name + "@" + dst.String()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.upstreams == nil {
+		s.upstreams = map[string]*upstream{}
+	}
+	u := s.upstreams[key]
+	if u == nil {
+		if len(s.upstreams) >= maxTransports {
+			var oldest string
+			for k, v := range s.upstreams {
+				if oldest == "" || v.used.Before(s.upstreams[oldest].used) {
+					oldest = k
+				}
+			}
+			s.upstreams[oldest].tr.CloseIdleConnections()
+			delete(s.upstreams, oldest)
+		}
+		u = &upstream{}
+		u.tr = &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				u.mu.Lock()
+				d := u.dial
+				u.mu.Unlock()
+				return d(ctx)
+			},
+			TLSClientConfig:     &tls.Config{RootCAs: s.RootCAs, MinVersion: tls.VersionTLS12},
+			ForceAttemptHTTP2:   true,
+			ReadBufferSize:      64 << 10,
+			WriteBufferSize:     64 << 10,
+			MaxIdleConnsPerHost: 8,
+			// A sandbox's requests to one host at once share these
+			// (beyond them they wait): its 1024 connections cannot
+			// become a thousand upstream ones each.
+			MaxConnsPerHost:       8,
+			ResponseHeaderTimeout: 5 * time.Minute,
+			IdleConnTimeout:       90 * time.Second,
+			TLSHandshakeTimeout:   handshakeTimeout,
+		}
+		s.upstreams[key] = u
+	}
+	u.used = time.Now()
+	u.mu.Lock()
+	u.dial = dial
+	u.mu.Unlock()
+	return u.tr
+}
+
+// Close closes the idle upstream connections the sandbox keeps (its
+// connections in use end with them).
+func (s *Sandbox) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, u := range s.upstreams {
+		u.tr.CloseIdleConnections()
+	}
+	s.upstreams = nil
 }
 
 func (s *Sandbox) logger() *slog.Logger {
@@ -239,6 +345,8 @@ type handler struct {
 
 type scrubKey struct{}
 
+var errEncoded = errors.New("an answer encoded")
+
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	name, _, err := net.SplitHostPort(r.Host)
 	if err != nil {
@@ -249,6 +357,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, Refusal{Host: h.host, Secret: sec, Reason: fmt.Sprintf("a request for host %q on a connection to %s", r.Host, h.host)})
 		return
 	}
+	if up := r.Header.Get("Upgrade"); up != "" && !strings.EqualFold(strings.TrimSpace(up), "websocket") {
+		sec, _ := h.s.InRequest(r)
+		h.refuse(w, Refusal{Host: h.host, Secret: sec, Reason: fmt.Sprintf("an upgrade to %q (only websocket)", up)})
+		return
+	}
 	pairs, ref := h.rewrite(r)
 	if ref != nil {
 		h.refuse(w, *ref)
@@ -257,7 +370,35 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Answers come uncompressed (Go's transport asks for gzip and
 	// decodes it), so that they can be scrubbed of the values.
 	r.Header.Del("Accept-Encoding")
-	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), scrubKey{}, pairs)))
+	h.rp.ServeHTTP(&scrubWriter{ResponseWriter: w, pairs: pairs}, r.WithContext(context.WithValue(r.Context(), scrubKey{}, pairs)))
+}
+
+// scrubWriter scrubs the headers of every answer written, the
+// informational ones (103 Early Hints) too, which the reverse proxy
+// passes on before the answer that ModifyResponse sees.
+type scrubWriter struct {
+	http.ResponseWriter
+	pairs []pair
+}
+
+func (w *scrubWriter) WriteHeader(code int) {
+	scrubHeader(w.Header(), w.pairs)
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *scrubWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *scrubWriter) Flush() { http.NewResponseController(w.ResponseWriter).Flush() }
+
+func scrubHeader(hdr http.Header, pairs []pair) {
+	if len(pairs) == 0 {
+		return
+	}
+	for k, vs := range hdr {
+		for i, v := range vs {
+			hdr[k][i] = string(replaceAll([]byte(v), pairs))
+		}
+	}
 }
 
 func (h *handler) refuse(w http.ResponseWriter, ref Refusal) {
@@ -286,7 +427,7 @@ func (h *handler) rewrite(r *http.Request) ([]pair, *Refusal) {
 		if !b.MatchesHost(h.host) {
 			continue
 		}
-		v, err := h.s.Value(b.Secret)
+		v, err := h.s.Value(b)
 		if err != nil {
 			continue // gone: its placeholder is refused below
 		}
@@ -300,12 +441,20 @@ func (h *handler) rewrite(r *http.Request) ([]pair, *Refusal) {
 		)
 	}
 	path := r.URL.EscapedPath()
+	substituted := false
 	for _, b := range h.s.Bound {
 		v, ok := values[b.Secret]
-		if !ok || !b.matchesRequest(r.Method, r.URL.Path) {
+		if !ok || !b.matchesRequest(r) {
 			continue
 		}
+		if hvs := r.Header.Values(b.Header); len(hvs) > 1 && slices.ContainsFunc(hvs, func(hv string) bool { return h.s.find(hv) != "" || len(hv) > maxCredential }) {
+			return refused(b.Secret, fmt.Sprintf("header %s given %d times", b.Header, len(hvs)))
+		}
 		for i, hv := range r.Header.Values(b.Header) {
+			if len(hv) > maxCredential {
+				continue // left as it is: a placeholder in it is refused below
+			}
+			substituted = substituted || strings.Contains(hv, b.Placeholder)
 			if strings.Contains(hv, b.Placeholder) {
 				if b.Format != "" {
 					hv = strings.Replace(b.Format, "{}", string(v), 1)
@@ -321,8 +470,10 @@ func (h *handler) rewrite(r *http.Request) ([]pair, *Refusal) {
 		}
 		if b.Query && strings.Contains(r.URL.RawQuery, b.Placeholder) {
 			r.URL.RawQuery = strings.ReplaceAll(r.URL.RawQuery, b.Placeholder, url.QueryEscape(string(v)))
+			substituted = true
 		}
 		if b.Body && r.Body != nil && r.Body != http.NoBody {
+			substituted = true
 			r.Body = readCloser{newReplacer(r.Body, []pair{{[]byte(b.Placeholder), v}}), r.Body}
 			r.ContentLength = -1
 			r.Header.Del("Content-Length")
@@ -351,8 +502,18 @@ func (h *handler) rewrite(r *http.Request) ([]pair, *Refusal) {
 			return refused(sec, fmt.Sprintf("a placeholder in header %s, which no binding of it for %s %s%s names", k, r.Method, h.host, r.URL.Path))
 		}
 	}
+	if substituted {
+		// The answer whole: a range of it could hold part of a value,
+		// which no scrubbing recognizes.
+		r.Header.Del("Range")
+		r.Header.Del("If-Range")
+	}
 	return pairs, nil
 }
+
+// maxCredential bounds a bound header's value that nook reads (and a
+// Basic credential it decodes).
+const maxCredential = 8 << 10
 
 // bindsSecret reports whether secret is bound to host.
 func (s *Sandbox) bindsSecret(secret, host string) bool {
@@ -372,16 +533,23 @@ func (h *handler) scrubResponse(resp *http.Response) error {
 	if len(pairs) == 0 {
 		return nil
 	}
-	for k, vs := range resp.Header {
-		for i, v := range vs {
-			resp.Header[k][i] = string(replaceAll([]byte(v), pairs))
-		}
-	}
+	scrubHeader(resp.Header, pairs)
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody || resp.Request.Method == http.MethodHead {
 		return nil
 	}
-	resp.Body = readCloser{newReplacer(resp.Body, pairs), resp.Body}
-	resp.ContentLength = -1
+	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		// Go's transport decodes the gzip it asked for; anything else
+		// cannot be scrubbed.
+		resp.Body.Close()
+		return fmt.Errorf("%w %q, which nook cannot scrub of the secret", errEncoded, ce)
+	}
+	rb := newReplacing(resp.Body, pairs)
+	rb.atEOF = func() { scrubHeader(resp.Trailer, pairs) } // the proxy sends them after the body
+	resp.Body = rb
+	// Its length may change: no Content-Length goes to the client (it
+	// gets the answer chunked, or in HTTP/2 frames). resp.ContentLength
+	// stays as the upstream said: the reverse proxy flushes an answer of
+	// unknown length (-1) at every write, which a known one need not be.
 	resp.Header.Del("Content-Length")
 	return nil
 }
@@ -389,4 +557,32 @@ func (h *handler) scrubResponse(resp *http.Response) error {
 type readCloser struct {
 	io.Reader
 	io.Closer
+}
+
+// replacing is a body read through a replacer, whose buffers go back to
+// their pool when it is closed.
+type replacing struct {
+	*replacer
+	body  io.Closer
+	once  sync.Once
+	atEOF func() // once the body is read to its end
+}
+
+func (r *replacing) Read(p []byte) (int, error) {
+	n, err := r.replacer.Read(p)
+	if err == io.EOF && r.atEOF != nil {
+		r.atEOF()
+		r.atEOF = nil
+	}
+	return n, err
+}
+
+func newReplacing(body io.ReadCloser, pairs []pair) *replacing {
+	return &replacing{replacer: newReplacer(body, pairs), body: body}
+}
+
+func (r *replacing) Close() error {
+	err := r.body.Close()
+	r.once.Do(r.replacer.release)
+	return err
 }

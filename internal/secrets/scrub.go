@@ -3,14 +3,15 @@ package secrets
 import (
 	"bytes"
 	"io"
+	"sync"
 )
 
 // pair is a byte string and what replaces it.
 type pair struct{ from, to []byte }
 
 // replacer rewrites a stream, replacing every occurrence of each pair's
-// from by its to, whatever the read boundaries (it holds back the last
-// len(longest)-1 bytes until more arrive).
+// from by its to, whatever the read boundaries (it holds back only an
+// end of what it read that could begin a from, until more arrives).
 type replacer struct {
 	r     io.Reader
 	pairs []pair
@@ -19,7 +20,29 @@ type replacer struct {
 	out   []byte
 	eof   bool
 	err   error
-	rbuf  []byte
+	// spare is the buffer in is not: out points into one while in
+	// fills the other, swapped as out empties.
+	spare []byte
+}
+
+// bufSize is the size of a replacer's two buffers, from bufs: large, so
+// that a download goes out in few, large writes.
+const bufSize = 256 << 10
+
+var bufs = sync.Pool{New: func() any { b := make([]byte, 0, bufSize); return &b }}
+
+func getBuf() []byte { return (*bufs.Get().(*[]byte))[:0] }
+
+// release gives the replacer's buffers back; it is not read again.
+func (s *replacer) release() {
+	for _, b := range [][]byte{s.in, s.spare} {
+		if cap(b) == bufSize {
+			b = b[:0]
+			bufs.Put(&b)
+		}
+	}
+	s.in, s.spare, s.out = nil, nil, nil
+	s.eof = true
 }
 
 func newReplacer(r io.Reader, pairs []pair) *replacer {
@@ -27,7 +50,7 @@ func newReplacer(r io.Reader, pairs []pair) *replacer {
 	for _, p := range pairs {
 		keep = max(keep, len(p.from)-1)
 	}
-	return &replacer{r: r, pairs: pairs, keep: keep, rbuf: make([]byte, 32<<10)}
+	return &replacer{r: r, pairs: pairs, keep: keep, in: getBuf(), spare: getBuf()}
 }
 
 func (s *replacer) Read(p []byte) (int, error) {
@@ -39,8 +62,14 @@ func (s *replacer) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		if !s.eof {
-			n, err := s.r.Read(s.rbuf)
-			s.in = append(s.in, s.rbuf[:n]...)
+			// Read after what is held back, into the same buffer.
+			if cap(s.in)-len(s.in) < 64<<10 {
+				grown := make([]byte, len(s.in), len(s.in)+bufSize)
+				copy(grown, s.in)
+				s.in = grown
+			}
+			n, err := s.r.Read(s.in[len(s.in):cap(s.in)])
+			s.in = s.in[:len(s.in)+n]
 			if err != nil {
 				s.eof = true
 				if err != io.EOF {
@@ -59,31 +88,60 @@ func (s *replacer) Read(p []byte) (int, error) {
 }
 
 // process moves what is certain from in to out: every match found, and
-// the bytes no match can still start in.
+// the bytes no match can still start in. Without a match, out is in's
+// own bytes (no copy); what is held back moves to the spare buffer,
+// which in becomes.
 func (s *replacer) process() {
 	safe := len(s.in) // a match that starts before safe is complete in in
 	if !s.eof {
-		safe = max(len(s.in)-s.keep, 0)
+		safe -= s.holdback(s.in)
 	}
-	out := s.out[:0:0]
+	at, which := firstMatch(s.in, s.pairs)
+	if at < 0 || at >= safe {
+		// The common case: nothing to replace. Hand out in[:safe] as it
+		// is and keep the rest, in a buffer of its own (out still points
+		// into this one).
+		old := s.in
+		s.out = old[:safe]
+		s.in = append(s.spare[:0], old[safe:]...)
+		// Free once out is read: process runs only when it has been.
+		s.spare = old[:0]
+		return
+	}
+	var out []byte
 	in := s.in
-	for {
-		at, which := firstMatch(in, s.pairs)
-		if at < 0 || at >= safe {
-			break
-		}
+	for at >= 0 && at < safe {
 		out = append(out, in[:at]...)
 		out = append(out, s.pairs[which].to...)
 		consumed := at + len(s.pairs[which].from)
 		in = in[consumed:]
 		safe -= consumed
+		at, which = firstMatch(in, s.pairs)
 	}
 	if safe > 0 {
 		out = append(out, in[:safe]...)
 		in = in[safe:]
 	}
+	old := s.in
 	s.out = out
-	s.in = append(s.in[:0:0], in...)
+	s.in = append(s.spare[:0], in...)
+	s.spare = old[:0]
+}
+
+// holdback is how many of b's last bytes could start a match that more
+// input would complete: the longest end of b that begins some from.
+// Only those wait for more input; the rest (a stream's event, a line)
+// goes on at once.
+func (s *replacer) holdback(b []byte) int {
+	for k := min(s.keep, len(b)); k > 0; k-- {
+		tail := b[len(b)-k:]
+		for _, p := range s.pairs {
+			if len(p.from) > k && bytes.HasPrefix(p.from, tail) {
+				return k
+			}
+		}
+	}
+	return 0
 }
 
 // firstMatch returns where the earliest (then longest) from of pairs is

@@ -8,11 +8,13 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
@@ -26,9 +28,38 @@ const canary = "s3cr3t-CANARY-value-0123456789"
 type echo struct {
 	mu  sync.Mutex
 	got []string
+	// stream, if set, answers /events.
+	stream func(w http.ResponseWriter)
 }
 
+var zeros = make([]byte, 1<<20)
+
 func (e *echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/brotli":
+		w.Header().Set("Content-Encoding", "br")
+		io.WriteString(w, r.Header.Get("Authorization"))
+		return
+	case "/hints":
+		w.Header().Set("Link", r.Header.Get("Authorization"))
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Del("Link")
+		w.Header().Set("Trailer", "X-Echo")
+		io.WriteString(w, "body")
+		w.Header().Set("X-Echo", r.Header.Get("Authorization"))
+		return
+	}
+	if r.URL.Path == "/events" && e.stream != nil {
+		e.stream(w)
+		return
+	}
+	if r.URL.Path == "/big" {
+		w.Header().Set("Content-Length", fmt.Sprint(64<<20))
+		for i := 0; i < 64; i++ {
+			w.Write(zeros)
+		}
+		return
+	}
 	body, _ := io.ReadAll(r.Body)
 	var b strings.Builder
 	b.WriteString(r.Method + " " + r.URL.RequestURI() + " " + r.Proto + "\n")
@@ -57,7 +88,11 @@ type rig struct {
 	mu       sync.Mutex
 }
 
-func newRig(t *testing.T, h2 bool, bindings ...string) *rig {
+func newRigB(b *testing.B) *rig {
+	return newRig(b, false, "TOKEN@api.test")
+}
+
+func newRig(t testing.TB, h2 bool, bindings ...string) *rig {
 	t.Helper()
 	r := &rig{up: &echo{}}
 	// The upstream's certificate for api.test, from a test CA the host
@@ -92,11 +127,11 @@ func newRig(t *testing.T, h2 bool, bindings ...string) *rig {
 		t.Fatal(err)
 	}
 	r.sb = &Sandbox{CA: ca, Bound: bound, RootCAs: roots,
-		Value: func(name string) ([]byte, error) {
-			if name == "GONE" {
+		Value: func(b Bound) ([]byte, error) {
+			if b.Secret == "GONE" {
 				return nil, errors.New("gone")
 			}
-			return []byte(canary + "-" + name), nil
+			return []byte(canary + "-" + b.Secret), nil
 		},
 		OnRefused: func(ref Refusal) { r.mu.Lock(); r.refusals = append(r.refusals, ref); r.mu.Unlock() },
 	}
@@ -121,7 +156,7 @@ func newRig(t *testing.T, h2 bool, bindings ...string) *rig {
 				defer wg.Done()
 				defer c.Close()
 				// The "ClientHello" names what the client dialed as.
-				r.sb.Serve(ctx, c, "api.test", func(ctx context.Context) (net.Conn, error) {
+				r.sb.Serve(ctx, c, "api.test", netip.MustParseAddrPort(upAddr), func(ctx context.Context) (net.Conn, error) {
 					return (&net.Dialer{}).DialContext(ctx, "tcp4", upAddr)
 				})
 			}()
@@ -135,6 +170,7 @@ func newRig(t *testing.T, h2 bool, bindings ...string) *rig {
 		ForceAttemptHTTP2: h2,
 	}
 	t.Cleanup(tr.CloseIdleConnections)
+	t.Cleanup(r.sb.Close)
 	r.client = &http.Client{Transport: tr, Timeout: 10 * time.Second,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	return r
@@ -320,7 +356,7 @@ func (c *chunky) Read(p []byte) (int, error) {
 }
 
 func TestParseBinding(t *testing.T) {
-	b, err := ParseBinding("GH_TOKEN@github.com,*.githubusercontent.com:header=authorization:format='token {}':path=/org:methods=get,post:query:inherit")
+	b, err := ParseBinding("GH_TOKEN@github.com,*.cdn.example.com:header=authorization:format='token {}':path=/org:methods=get,post:query:inherit")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +364,7 @@ func TestParseBinding(t *testing.T) {
 		len(b.Methods) != 2 || !b.Query || !b.Inherit || b.Body {
 		t.Fatalf("%+v", b)
 	}
-	if !b.MatchesHost("raw.githubusercontent.com") || b.MatchesHost("githubusercontent.com") || b.MatchesHost("evilgithub.com") {
+	if !b.MatchesHost("raw.cdn.example.com") || b.MatchesHost("cdn.example.com") || b.MatchesHost("evilgithub.com") {
 		t.Fatal("host matching")
 	}
 	again, err := ParseBinding(b.String())
@@ -336,7 +372,7 @@ func TestParseBinding(t *testing.T) {
 		t.Fatalf("round trip: %v %q %q", err, b.String(), again.String())
 	}
 	for _, bad := range []string{"", "X", "1X@a.com", "X@", "X@*.com", "X@a..com", "X@a.com:header=Host", "X@a.com:format=nothing",
-		"X@a.com:path=rel", "X@a.com:query=1", "X@a.com:bogus", "X@a.com:query:query", "X@exämple.com", "X-Y@a.com"} {
+		"X@a.com:path=rel", "X@a.com:query=1", "X@*.github.io", "X@*.co.uk", "X@a.com:bogus", "X@a.com:query:query", "X@exämple.com", "X-Y@a.com"} {
 		if _, err := ParseBinding(bad); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
@@ -417,7 +453,7 @@ func FuzzRewrite(f *testing.F) {
 	b1, _ := ParseBinding("T@api.test:path=/x")
 	b2, _ := ParseBinding("Q@api.test:header=X-Key:query")
 	s := &Sandbox{Bound: []Bound{{Binding: b1, Placeholder: ph}, {Binding: b2, Placeholder: ph[:len(ph)-2] + "ff"}},
-		Value: func(name string) ([]byte, error) { return []byte(canary + name), nil }}
+		Value: func(b Bound) ([]byte, error) { return []byte(canary + b.Secret), nil }}
 	f.Fuzz(func(t *testing.T, raw string) {
 		r, err := http.ReadRequest(bufio.NewReader(strings.NewReader(raw)))
 		if err != nil {
@@ -456,4 +492,87 @@ func FuzzReplacer(f *testing.F) {
 			t.Fatalf("got %q want %q", got, want)
 		}
 	})
+}
+
+// A streamed answer (server-sent events) reaches the client as it comes.
+func TestStreamedAnswer(t *testing.T) {
+	r := newRig(t, false, "TOKEN@api.test")
+	next := make(chan struct{})
+	r.up.stream = func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: one\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-next:
+		case <-time.After(10 * time.Second):
+		}
+		io.WriteString(w, "data: two "+canary+"-TOKEN\n\n")
+	}
+	resp, err := r.client.Get("https://api.test/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || line != "data: one\n" {
+		t.Fatalf("first event: %q %v", line, err)
+	}
+	close(next)
+	rest, _ := io.ReadAll(br)
+	if !strings.Contains(string(rest), "data: two "+r.ph("TOKEN")) || leaks(string(rest)) {
+		t.Fatalf("second event: %q", rest)
+	}
+}
+
+// BenchmarkDownload measures an answer's bytes through the interception
+// (TLS terminated, scrubbed, TLS again).
+func BenchmarkDownload(b *testing.B) {
+	r := newRigB(b)
+	const size = 64 << 20
+	b.SetBytes(size)
+	for i := 0; i < b.N; i++ {
+		resp, err := r.client.Get("https://api.test/big")
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if n != size {
+			b.Fatalf("%d bytes", n)
+		}
+	}
+}
+
+// What a server could read past the binding, and answers that could
+// carry the value past the scrubbing, are refused.
+func TestEvasions(t *testing.T) {
+	r := newRig(t, false, "GIT@api.test:path=/org/repo.git:methods=GET", "TOKEN@api.test")
+	cred := "Basic " + base64.StdEncoding.EncodeToString([]byte("x:"+r.ph("GIT")))
+	for _, target := range []string{"/org/repo.git/../other.git/info", "/org/repo.git/%2e%2e/other.git", "/org/repo.git%2F..%2Fother.git", "/org/repo.git/./x", `/org/repo.git\..\x`, "/org/repo.git;x=1"} {
+		resp, body := r.do(t, "GET", "https://api.test"+target, map[string]string{"Authorization": cred}, "")
+		if resp.StatusCode != 403 {
+			t.Errorf("%s: %d %s", target, resp.StatusCode, body)
+		}
+	}
+	resp, body := r.do(t, "GET", "https://api.test/org/repo.git/x", map[string]string{"Authorization": cred, "X-HTTP-Method-Override": "DELETE"}, "")
+	if resp.StatusCode != 403 {
+		t.Errorf("a method override: %d %s", resp.StatusCode, body)
+	}
+	bearer := map[string]string{"Authorization": "Bearer " + r.ph("TOKEN")}
+	resp, body = r.do(t, "GET", "https://api.test/brotli", bearer, "")
+	if resp.StatusCode != 502 || leaks(body) {
+		t.Errorf("an answer nook cannot decode: %d %s", resp.StatusCode, body)
+	}
+	resp, body = r.do(t, "GET", "https://api.test/hints", bearer, "")
+	if leaks(body) || leaks(fmt.Sprint(resp.Header, resp.Trailer)) || resp.Trailer.Get("X-Echo") != "Bearer "+r.ph("TOKEN") {
+		t.Errorf("early hints or trailers: %v %v %s", resp.Header, resp.Trailer, body)
+	}
+	up := map[string]string{"Authorization": "Bearer " + r.ph("TOKEN"), "Upgrade": "h2c", "Connection": "Upgrade"}
+	if resp, body = r.do(t, "GET", "https://api.test/", up, ""); resp.StatusCode != 403 {
+		t.Errorf("an h2c upgrade: %d %s", resp.StatusCode, body)
+	}
+	if got := r.up.all(); strings.Contains(got, "other.git") || strings.Contains(got, "GIT") && strings.Contains(got, canary+"-GIT") {
+		t.Errorf("the upstream got a refused request:\n%s", got)
+	}
 }

@@ -131,12 +131,15 @@ var migrations = []string{
 	CREATE TRIGGER sandboxes_delete_identity_log AFTER DELETE ON sandboxes BEGIN
 		DELETE FROM identity_log WHERE sandbox_id = old.id;
 	END;`,
-	// 9: secrets (sealed values, by name, and the token that set them),
+	// 9: secrets (sealed values, by name; id: new each time the name is
+	// made, so a binding never follows a name to a secret made again;
+	// and the token that set them),
 	// each sandbox's bindings of them with its placeholders and its CA
 	// (the key sealed), and the repository a sandbox cloned at create
 	// (JSON, {} when none).
 	`CREATE TABLE secrets (
 		name       TEXT PRIMARY KEY,
+		id         TEXT NOT NULL,
 		owner      TEXT NOT NULL,
 		sealed     BLOB NOT NULL,
 		created_at INTEGER NOT NULL,

@@ -32,6 +32,7 @@ func (p Policy) AllowsName(name string) (allowed bool, ports []PortRange, why st
 	}
 	name = NormalizeName(name)
 	var matched *Rule
+	named := false // a domain rule names it exactly
 	for _, r := range p.Allow {
 		if r.Kind == KindPreset && r.Name == PresetInternet {
 			if matched == nil {
@@ -52,10 +53,14 @@ func (p Policy) AllowsName(name string) (allowed bool, ports []PortRange, why st
 				ports = unionPorts(ports, er.Ports)
 			}
 			matched = &r
+			named = named || er.Kind == KindDomain
 		}
 	}
 	if matched == nil {
 		return false, nil, "not allowed by any rule"
+	}
+	if !named && IsDoH(name) {
+		return false, nil, "a public DNS-over-HTTPS resolver (the sandbox resolves through nook): allow it by name to reach it"
 	}
 	why = fmt.Sprintf("allowed by %q", matched.String())
 	for _, r := range p.Deny {

@@ -23,6 +23,13 @@
 // Domain and wildcard deny rules act in the resolver only: the name gets
 // NXDOMAIN. They do not block an address that an allow CIDR or @internet
 // reaches by itself.
+//
+// Public DNS-over-HTTPS resolvers (doh.go: dns.google, cloudflare-dns.com
+// and others, and their anycast addresses) stay refused under @internet
+// and wildcards: AllowsName refuses their names unless a domain rule
+// names one exactly, and the daemon adds deny rules for their addresses
+// on port 443 unless a rule names one (NamesDoH). DNS over TLS (853) is
+// refused everywhere.
 package policy
 
 import (

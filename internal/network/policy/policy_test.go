@@ -567,3 +567,34 @@ func TestRegistriesSSH(t *testing.T) {
 		t.Error("@registries:443 made github.com:443 raw")
 	}
 }
+
+// Public DNS-over-HTTPS resolvers are refused under @internet and
+// wildcards, unless a rule names one.
+func TestDoHRefusedUnlessNamed(t *testing.T) {
+	for _, tc := range []struct {
+		allow []string
+		name  string
+		ok    bool
+		named bool
+	}{
+		{[]string{"@internet"}, "dns.google", false, false},
+		{[]string{"@internet"}, "DNS.Google.", false, false},
+		{[]string{"@internet"}, "example.com", true, false},
+		{[]string{"*.quad9.net"}, "dns.quad9.net", false, false},
+		{[]string{"@internet", "dns.google"}, "dns.google", true, true},
+		{[]string{"cloudflare-dns.com:443"}, "cloudflare-dns.com", true, true},
+		{[]string{"@internet", "1.1.1.0/24"}, "one.one.one.one", false, true},
+	} {
+		p, err := Parse("", tc.allow, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ok, _, why := p.AllowsName(tc.name)
+		if ok != tc.ok {
+			t.Errorf("%v: %s allowed %v (%s), want %v", tc.allow, tc.name, ok, why, tc.ok)
+		}
+		if p.NamesDoH() != tc.named {
+			t.Errorf("%v: NamesDoH %v", tc.allow, !tc.named)
+		}
+	}
+}
