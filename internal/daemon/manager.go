@@ -321,6 +321,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 			return nil, err
 		}
 		m.net.intercept = m.secrets.interceptor
+		m.net.closeIntercept = m.secrets.closeIdle
 		m.secrets.refused = m.net.secretRefused
 		hooks = m.net
 	}

@@ -125,6 +125,9 @@ type sandboxNets struct {
 	// no secrets bound): its TCP to ports 80 and 443 goes to its egress
 	// proxy whatever its policy.
 	intercept func(id string) egress.Interceptor
+	// closeIntercept closes the upstream connections a sandbox's
+	// interceptor keeps, when its network goes.
+	closeIntercept func(id string)
 
 	logc chan store.NetLogEntry
 	// qmu guards queued (entries of each sandbox in logc) and dropped
@@ -495,6 +498,9 @@ func (n *sandboxNets) stopMetadata(id string) {
 	}
 	if ep != nil {
 		ep.close()
+	}
+	if n.closeIntercept != nil {
+		n.closeIntercept(id)
 	}
 }
 

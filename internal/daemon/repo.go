@@ -32,7 +32,7 @@ func checkRepo(req api.CreateSandboxRequest) (*core.Repo, error) {
 		return nil, nil
 	}
 	u, err := url.Parse(req.Repo)
-	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
+	if err != nil || u.Host == "" || u.Scheme != "https" {
 		return nil, errdefs.Invalid("repository %q: give an https:// URL (a private one's credential is a secret bound to its host: --secret NAME@HOST)", req.Repo)
 	}
 	if u.User != nil {
@@ -69,7 +69,7 @@ func (m *Manager) cloneRepo(ctx context.Context, sb *core.Sandbox, repo core.Rep
 	if ss := m.secrets.sandbox(sb.ID); ss != nil {
 		host := policy.NormalizeName(u.Hostname())
 		for _, b := range ss.Bound {
-			if b.MatchesHost(host) {
+			if !b.Retired && b.Header == "Authorization" && b.MatchesHost(host) {
 				helper = fmt.Sprintf(`!f() { test "$1" = get && printf 'username=x-access-token\npassword=%%s\n' "$%s"; }; f`, b.Secret)
 				break
 			}

@@ -37,6 +37,10 @@ type secretStore struct {
 
 	mu     sync.Mutex
 	values map[string]secretValue // opened, by name
+	// gen counts the changes of secrets and of sandboxes' bindings: a
+	// read that began before a change does not fill the caches after it
+	// (it is read again next time).
+	gen uint64
 	// sandboxes are the interceptors of sandboxes with bindings, by ID
 	// (a nil entry: the sandbox has none), made on first use.
 	sandboxes map[string]*secrets.Sandbox
@@ -84,7 +88,7 @@ func (m *Manager) SetSecret(ctx context.Context, name string, value []byte) erro
 		return errdefs.Denied("secret %s belongs to another token: only it (or the host's socket) may replace it", name)
 	}
 	s.mu.Lock()
-	delete(s.values, name) // read again, with its ID
+	s.changed(name) // read again, with its ID
 	s.mu.Unlock()
 	m.log.Info("secret set", "secret", name, "by", caller) // never the value
 	return nil
@@ -112,10 +116,22 @@ func (m *Manager) DeleteSecret(ctx context.Context, name string) error {
 		return err
 	}
 	s.mu.Lock()
-	delete(s.values, name)
+	s.changed(name)
 	s.mu.Unlock()
 	m.log.Info("secret removed", "secret", name, "by", caller)
 	return nil
+}
+
+// changed drops what is cached under key (a secret's name, or
+// "sandbox:" and a sandbox's ID) and counts the change. The caller
+// holds mu.
+func (s *secretStore) changed(key string) {
+	s.gen++
+	if id, ok := strings.CutPrefix(key, "sandbox:"); ok {
+		delete(s.sandboxes, id)
+	} else {
+		delete(s.values, key)
+	}
 }
 
 // value returns a binding's secret's value: an error when the secret
@@ -124,6 +140,7 @@ func (m *Manager) DeleteSecret(ctx context.Context, name string) error {
 func (s *secretStore) value(b secrets.Bound) ([]byte, error) {
 	s.mu.Lock()
 	v, ok := s.values[b.Secret]
+	gen := s.gen
 	s.mu.Unlock()
 	if !ok {
 		sec, err := s.store.GetSecret(context.Background(), b.Secret)
@@ -136,7 +153,9 @@ func (s *secretStore) value(b secrets.Bound) ([]byte, error) {
 		}
 		v = secretValue{id: sec.ID, value: plain}
 		s.mu.Lock()
-		s.values[b.Secret] = v
+		if s.gen == gen { // else something changed meanwhile: not cached
+			s.values[b.Secret] = v
+		}
 		s.mu.Unlock()
 	}
 	if v.id != b.SecretID {
@@ -184,7 +203,9 @@ func (s *secretStore) bind(ctx context.Context, specs []string, env map[string]s
 // path, in env.
 func setSecretEnv(env map[string]string, bound []secrets.Bound) {
 	for _, b := range bound {
-		env[b.Secret] = b.Placeholder
+		if !b.Retired {
+			env[b.Secret] = b.Placeholder
+		}
 	}
 	if len(bound) > 0 {
 		for _, k := range api.SecretCAEnv {
@@ -250,6 +271,7 @@ func (s *secretStore) interceptor(id string) egress.Interceptor {
 func (s *secretStore) sandbox(id string) *secrets.Sandbox {
 	s.mu.Lock()
 	sb, ok := s.sandboxes[id]
+	gen := s.gen
 	s.mu.Unlock()
 	if ok {
 		return sb
@@ -269,8 +291,13 @@ func (s *secretStore) sandbox(id string) *secrets.Sandbox {
 			}}
 	}
 	s.mu.Lock()
-	s.sandboxes[id] = sb
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	if cur, ok := s.sandboxes[id]; ok {
+		return cur // another read filled it first: one interceptor per sandbox
+	}
+	if s.gen == gen { // else recorded or removed meanwhile
+		s.sandboxes[id] = sb
+	}
 	return sb
 }
 
@@ -278,7 +305,18 @@ func (s *secretStore) sandbox(id string) *secrets.Sandbox {
 func (s *secretStore) forget(id string) {
 	s.mu.Lock()
 	sb := s.sandboxes[id]
-	delete(s.sandboxes, id)
+	s.changed("sandbox:" + id)
+	s.mu.Unlock()
+	if sb != nil {
+		sb.Close()
+	}
+}
+
+// closeIdle closes the upstream connections a sandbox's interceptor
+// keeps, when its network goes (a pause, a stop, a removal).
+func (s *secretStore) closeIdle(id string) {
+	s.mu.Lock()
+	sb := s.sandboxes[id]
 	s.mu.Unlock()
 	if sb != nil {
 		sb.Close()
@@ -287,8 +325,10 @@ func (s *secretStore) forget(id string) {
 
 // forkBindings returns what a fork of src holds: the bindings marked
 // inherit, each with a new placeholder, in env (a copy of src's, with
-// the other bindings' placeholders gone), and src's CA (its files and
-// processes trust it already).
+// the other bindings' placeholders gone); every placeholder of src's,
+// retired (refused with a clear reason: its processes restored from the
+// snapshot still hold them); and src's CA (its files and processes
+// trust it already).
 func (s *secretStore) forkBindings(ctx context.Context, src *core.Sandbox) (map[string]string, []secrets.Bound, *secrets.CA, error) {
 	env := maps.Clone(src.Env)
 	if env == nil {
@@ -300,15 +340,16 @@ func (s *secretStore) forkBindings(ctx context.Context, src *core.Sandbox) (map[
 	}
 	var out []secrets.Bound
 	for _, b := range bound {
-		delete(env, b.Secret)
-		if b.Inherit {
-			out = append(out, secrets.Bound{Binding: b.Binding, Placeholder: secrets.NewPlaceholder(), SecretID: b.SecretID})
+		if !b.Retired {
+			delete(env, b.Secret)
+			if b.Inherit {
+				out = append(out, secrets.Bound{Binding: b.Binding, Placeholder: secrets.NewPlaceholder(), SecretID: b.SecretID})
+			}
 		}
+		b.Retired = true
+		out = append(out, b)
 	}
 	setSecretEnv(env, out)
-	if len(out) == 0 {
-		return env, nil, nil, nil
-	}
 	return env, out, ca, nil
 }
 
@@ -320,7 +361,9 @@ func (m *Manager) secretBindings(id string) []api.SecretBinding {
 	}
 	var out []api.SecretBinding
 	for _, b := range sb.Bound {
-		out = append(out, api.SecretBinding{Secret: b.Secret, Binding: b.Binding.String(), Placeholder: b.Placeholder})
+		if !b.Retired {
+			out = append(out, api.SecretBinding{Secret: b.Secret, Binding: b.Binding.String(), Placeholder: b.Placeholder})
+		}
 	}
 	return out
 }

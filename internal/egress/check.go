@@ -113,3 +113,15 @@ func (c *PolicyChecker) Open(dst netip.AddrPort) bool {
 func (c *PolicyChecker) Resolved(name string, a netip.Addr) bool {
 	return c.Names.Resolved(name, a)
 }
+
+// OpenName implements Checker.
+func (c *PolicyChecker) OpenName(name string) (bool, string) {
+	p, ok := c.Policy()
+	if !ok {
+		return false, "not allowed: the sandbox has no network policy"
+	}
+	if policy.IsDoH(name) && !p.NamesDoH() {
+		return false, "a public DNS-over-HTTPS resolver (the sandbox resolves through nook): allow it by name to reach it"
+	}
+	return true, ""
+}

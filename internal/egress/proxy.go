@@ -67,6 +67,10 @@ type Checker interface {
 	Open(dst netip.AddrPort) bool
 	// Resolved reports whether the sandbox's resolver resolved name to a.
 	Resolved(name string, a netip.Addr) bool
+	// OpenName reports whether name may be asked for at an open
+	// destination (not a public DNS-over-HTTPS resolver the policy does
+	// not name), and why not.
+	OpenName(name string) (ok bool, why string)
 }
 
 // Interceptor terminates a sandbox's TLS connections to the hosts its
@@ -332,6 +336,14 @@ func (p *Proxy) handle(c net.Conn) {
 	br := bufio.NewReaderSize(lr, 4096)
 	first, err := br.Peek(1)
 	if err != nil {
+		var ne net.Error
+		if open && errors.As(err, &ne) && ne.Timeout() {
+			// A client that waits for the server to speak first, to an
+			// address open whatever the name: as the kernel would.
+			c.SetReadDeadline(time.Time{})
+			p.splice(c, nil, admission{open: true, dst: dst})
+			return
+		}
 		reset(c)
 		return
 	}
@@ -364,6 +376,10 @@ func (p *Proxy) handle(c net.Conn) {
 		if open {
 			if a.name, err = NormalizeName(name); err != nil {
 				p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName, Detail: fmt.Sprintf("TLS server name %q: %v", name, err)})
+				return
+			}
+			if ok, why := p.cfg.Check.OpenName(a.name); !ok {
+				p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName, Detail: "TLS server name " + a.name + " is " + why})
 				return
 			}
 		} else {
@@ -606,6 +622,10 @@ func (p *Proxy) proxyHTTP(c net.Conn, lr *io.LimitedReader, br *bufio.Reader, ds
 			if open {
 				if nerr != nil {
 					p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonNoName, Detail: fmt.Sprintf("HTTP Host %q: %v", name, nerr)})
+					return
+				}
+				if ok, why := p.cfg.Check.OpenName(n); !ok {
+					p.refuse(c, Event{Dst: dst, Name: name, Reason: ReasonName, Detail: "HTTP Host " + n + " is " + why})
 					return
 				}
 				a.name = n

@@ -26,6 +26,7 @@ type fakeCheck struct {
 }
 
 func (f fakeCheck) Open(netip.AddrPort) bool                { return f.open }
+func (f fakeCheck) OpenName(string) (bool, string)          { return true, "" }
 func (f fakeCheck) Resolved(name string, _ netip.Addr) bool { return f.ok[name] }
 
 func (f fakeCheck) Name(name string, dst netip.AddrPort) (bool, string) {
@@ -37,6 +38,22 @@ func (f fakeCheck) Name(name string, dst netip.AddrPort) (bool, string) {
 func (f fakeCheck) Raw(netip.AddrPort) (string, bool) { return "raw.test", f.raw }
 func (f fakeCheck) Still(name string, _ netip.AddrPort, raw bool) bool {
 	return raw && f.raw || f.ok[name]
+}
+
+// tlsGet GETs https://name/ through the proxy, naming name in the
+// ClientHello (the upstream's certificate is not checked).
+func (h *harness) tlsGet(name string) (string, error) {
+	c := &http.Client{Transport: &http.Transport{
+		DialContext:     func(ctx context.Context, _, _ string) (net.Conn, error) { return net.Dial("tcp4", h.proxyAddr) },
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, ServerName: name},
+	}, Timeout: 10 * time.Second}
+	resp, err := c.Get("https://" + name + "/")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b), nil
 }
 
 // harness runs a Proxy whose every connection "was going to" upstream.
@@ -88,19 +105,7 @@ func TestTLSServerName(t *testing.T) {
 	}))
 	defer up.Close()
 	h := newHarness(t, fakeCheck{ok: map[string]bool{"allowed.test": true}}, strings.TrimPrefix(up.URL, "https://"))
-	get := func(name string) (string, error) {
-		c := &http.Client{Transport: &http.Transport{
-			DialContext:     func(ctx context.Context, _, _ string) (net.Conn, error) { return net.Dial("tcp4", h.proxyAddr) },
-			TLSClientConfig: &tls.Config{InsecureSkipVerify: true, ServerName: name},
-		}, Timeout: 10 * time.Second}
-		resp, err := c.Get("https://" + name + "/")
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b), nil
-	}
+	get := func(name string) (string, error) { return h.tlsGet(name) }
 	if got, err := get("allowed.test"); err != nil || got != "upstream" {
 		t.Fatalf("allowed name: %q %v", got, err)
 	}
@@ -304,6 +309,7 @@ func (t toggleCheck) Raw(netip.AddrPort) (string, bool)       { return "raw.test
 func (t toggleCheck) Still(string, netip.AddrPort, bool) bool { return t.allow.Load() }
 func (t toggleCheck) Open(netip.AddrPort) bool                { return false }
 func (t toggleCheck) Resolved(string, netip.Addr) bool        { return false }
+func (t toggleCheck) OpenName(string) (bool, string)          { return true, "" }
 
 // A policy change ends the connections it no longer allows.
 func TestRecheck(t *testing.T) {
@@ -458,5 +464,34 @@ func hostRecorder(t *testing.T, body func(host string) string) (*httptest.Server
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.Clone(hosts)
+	}
+}
+
+// dohCheck opens every destination but to dns.google.
+type dohCheck struct{ fakeCheck }
+
+func (dohCheck) OpenName(name string) (bool, string) {
+	if name == "dns.google" {
+		return false, "a public DNS-over-HTTPS resolver"
+	}
+	return true, ""
+}
+
+// At an open destination (a CIDR rule, @internet: the connection came to
+// be intercepted) any name goes through unchecked but a public
+// DNS-over-HTTPS resolver's.
+func TestOpenDestination(t *testing.T) {
+	up := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "upstream") }))
+	defer up.Close()
+	h := newHarness(t, dohCheck{fakeCheck{open: true}}, strings.TrimPrefix(up.URL, "https://"))
+	get := func(name string) (string, error) { return h.tlsGet(name) }
+	if got, err := get("anything.test"); err != nil || got != "upstream" {
+		t.Fatalf("an open destination: %q %v", got, err)
+	}
+	if got, err := get("dns.google"); err == nil {
+		t.Fatalf("a DoH resolver's name went through: %q", got)
+	}
+	if ev := h.lastEvent(); ev.Reason != ReasonName || !strings.Contains(ev.Detail, "DNS-over-HTTPS") {
+		t.Fatalf("event %+v", ev)
 	}
 }

@@ -170,6 +170,7 @@ func (p passAll) Raw(netip.AddrPort) (string, bool)        { p.seen.Add(1); retu
 func (passAll) Still(string, netip.AddrPort, bool) bool    { return true }
 func (passAll) Open(netip.AddrPort) bool                   { return false }
 func (passAll) Resolved(string, netip.Addr) bool           { return true }
+func (passAll) OpenName(string) (bool, string)             { return true, "" }
 
 // Only connections to learned addresses (domain rules') go through the
 // egress proxy; a CIDR rule's go straight out as before.

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/net/publicsuffix"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/network/policy"
 )
@@ -44,11 +45,19 @@ type Binding struct {
 
 var nameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
 
+// reservedNames are variables a secret's placeholder must not replace:
+// the CA bundle's, and what the sandbox's processes and nook need.
+var reservedNames = append(slices.Clone(api.SecretCAEnv), "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "HOSTNAME", "PWD", "LANG", "TZ", "TMPDIR")
+
 // CheckName checks a secret's name: it is also the name of the
 // environment variable that holds its placeholder.
 func CheckName(name string) error {
 	if !nameRE.MatchString(name) {
 		return errdefs.Invalid("secret name %q: use letters, digits and _ (not first), at most 64 (it names the sandbox's environment variable)", name)
+	}
+	up := strings.ToUpper(name)
+	if slices.Contains(reservedNames, up) || strings.HasPrefix(up, "NOOK_") || strings.HasPrefix(up, "LD_") {
+		return errdefs.Invalid("secret name %q: the sandbox needs that variable for itself; pick another name", name)
 	}
 	return nil
 }

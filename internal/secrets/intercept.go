@@ -47,6 +47,10 @@ type Bound struct {
 	Binding
 	Placeholder string `json:"placeholder"`
 	SecretID    string `json:"secret_id"`
+	// Retired: the placeholder of a sandbox this one was forked from,
+	// kept only to refuse it with a clear reason (its processes restored
+	// from the snapshot still hold it).
+	Retired bool `json:"retired,omitempty"`
 }
 
 // Refusal is a request refused because of a placeholder or a host.
@@ -85,12 +89,20 @@ func (s *Sandbox) Binds(name string) bool {
 
 // find returns the secret whose placeholder is in v ("" if none).
 func (s *Sandbox) find(v string) string {
-	for _, b := range s.Bound {
-		if strings.Contains(v, b.Placeholder) {
-			return b.Secret
-		}
+	if b := s.findBound(v); b != nil {
+		return b.Secret
 	}
 	return ""
+}
+
+// findBound returns the binding whose placeholder is in v (nil if none).
+func (s *Sandbox) findBound(v string) *Bound {
+	for i := range s.Bound {
+		if strings.Contains(v, s.Bound[i].Placeholder) {
+			return &s.Bound[i]
+		}
+	}
+	return nil
 }
 
 // InRequest returns the secret whose placeholder a request carries
@@ -424,7 +436,7 @@ func (h *handler) rewrite(r *http.Request) ([]pair, *Refusal) {
 		return nil, &Refusal{Host: h.host, Secret: secret, Reason: why}
 	}
 	for _, b := range h.s.Bound {
-		if !b.MatchesHost(h.host) {
+		if b.Retired || !b.MatchesHost(h.host) {
 			continue
 		}
 		v, err := h.s.Value(b)
@@ -444,7 +456,7 @@ func (h *handler) rewrite(r *http.Request) ([]pair, *Refusal) {
 	substituted := false
 	for _, b := range h.s.Bound {
 		v, ok := values[b.Secret]
-		if !ok || !b.matchesRequest(r) {
+		if b.Retired || !ok || !b.matchesRequest(r) {
 			continue
 		}
 		if hvs := r.Header.Values(b.Header); len(hvs) > 1 && slices.ContainsFunc(hvs, func(hv string) bool { return h.s.find(hv) != "" || len(hv) > maxCredential }) {
@@ -487,14 +499,18 @@ func (h *handler) rewrite(r *http.Request) ([]pair, *Refusal) {
 	}
 	for k, vs := range r.Header {
 		for _, hv := range vs {
-			sec := h.s.find(hv)
-			if sec == "" {
+			found := h.s.findBound(hv)
+			if found == nil {
 				if dec, ok := basic(hv); ok {
-					sec = h.s.find(dec)
+					found = h.s.findBound(dec)
 				}
 			}
-			if sec == "" {
+			if found == nil {
 				continue
+			}
+			sec := found.Secret
+			if found.Retired {
+				return refused(sec, fmt.Sprintf("the placeholder of the sandbox this one was forked from (a fork gets its own: use $%s as it is now)", sec))
 			}
 			if _, ok := values[sec]; !ok && h.s.bindsSecret(sec, h.host) {
 				return refused(sec, "the secret is gone (nook secret set it again)")
@@ -518,7 +534,7 @@ const maxCredential = 8 << 10
 // bindsSecret reports whether secret is bound to host.
 func (s *Sandbox) bindsSecret(secret, host string) bool {
 	for _, b := range s.Bound {
-		if b.Secret == secret && b.MatchesHost(host) {
+		if b.Secret == secret && !b.Retired && b.MatchesHost(host) {
 			return true
 		}
 	}
