@@ -29,7 +29,7 @@ const benchSecret = "203.0.113.30"
 
 // benchCA makes the world's test CA and writes it to dir.
 func benchCA(dir string) (*secrets.CA, string, error) {
-	ca, err := secrets.NewCA("bench world", []string{"secret.test"})
+	ca, err := secrets.NewCA("bench world", []string{"test"})
 	if err != nil {
 		return nil, "", err
 	}
@@ -38,7 +38,8 @@ func benchCA(dir string) (*secrets.CA, string, error) {
 }
 
 // serveTLS answers GET / with "ok" and GET /big?n=BYTES with that many
-// zero bytes, over HTTPS on benchSecret's 443 and 8443.
+// zero bytes, over HTTPS on every world address's 443 and 8443, with a
+// certificate for the name the client asks for.
 func (s *simNet) serveTLS(ca *secrets.CA) (func(), error) {
 	zeros := make([]byte, 1<<20)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -56,11 +57,11 @@ func (s *simNet) serveTLS(ca *secrets.CA) (func(), error) {
 			n -= int64(k)
 		}
 	})
-	cfg := &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return ca.Leaf("secret.test") }}
+	cfg := &tls.Config{GetCertificate: func(hi *tls.ClientHelloInfo) (*tls.Certificate, error) { return ca.Leaf(hi.ServerName) }}
 	var srvs []*http.Server
 	for _, port := range []string{"443", "8443"} {
 		var ln net.Listener
-		if err := nettest.Do(s.world, func() (err error) { ln, err = net.Listen("tcp4", benchSecret+":"+port); return err }); err != nil {
+		if err := nettest.Do(s.world, func() (err error) { ln, err = net.Listen("tcp4", "0.0.0.0:"+port); return err }); err != nil {
 			for _, srv := range srvs {
 				srv.Close()
 			}
@@ -77,30 +78,39 @@ func (s *simNet) serveTLS(ca *secrets.CA) (func(), error) {
 	}, nil
 }
 
-// secretScript times HTTPS GETs on new connections from inside a
-// sandbox, the secret's placeholder in Authorization: to secret.test
-// through nook's interception (443) and straight out (8443), alternating,
-// in milliseconds; then a download of argv[2] bytes each way, in MB/s.
-// Both verify the server: the interception's with the sandbox's CA, the
-// straight one's with the world's (argv[3]).
-const secretScript = `
+// httpsScript times HTTPS GETs on new connections from inside a
+// sandbox, alternating between argv[4] (the subject, HOST:PORT) and
+// argv[5] (the baseline), in milliseconds; then a download of argv[2]
+// bytes from each, in MB/s. It verifies the servers with the system's
+// roots (and the sandbox's secrets CA, when it has one) and the world's
+// CA (argv[3]); with BENCH_TOKEN set, its placeholder goes in
+// Authorization. Each name is resolved once (the resolver answers a
+// sandbox 50 queries a second).
+const httpsScript = `
 import http.client, json, os, socket, ssl, sys, time
 n, size, world_ca = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-ctx = ssl.create_default_context(cafile='/etc/nook/ca-bundle.crt')
+targets = {'subject': sys.argv[4], 'baseline': sys.argv[5]}
+bundle = '/etc/nook/ca-bundle.crt'
+ctx = ssl.create_default_context(cafile=bundle if os.path.exists(bundle) else None)
 ctx.load_verify_locations(cadata=world_ca)
-hdr = {'Host': 'secret.test', 'Authorization': 'Bearer ' + os.environ['BENCH_TOKEN']}
-ip = socket.gethostbyname('secret.test') # once: the resolver answers a sandbox 50 queries a second
+ips = {}
 class Conn(http.client.HTTPSConnection):
     def connect(self):
-        s = socket.create_connection((ip, self.port), timeout=30)
+        s = socket.create_connection((ips[self.host], self.port), timeout=30)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1) # as curl does
-        self.sock = ctx.wrap_socket(s, server_hostname='secret.test')
-def get(port, path='/'):
-    c = Conn('secret.test', port, context=ctx, timeout=30)
+        self.sock = ctx.wrap_socket(s, server_hostname=self.host)
+def get(target, path='/'):
+    host, port = target.rsplit(':', 1)
+    if host not in ips:
+        ips[host] = socket.gethostbyname(host)
+    hdr = {}
+    if 'BENCH_TOKEN' in os.environ:
+        hdr['Authorization'] = 'Bearer ' + os.environ['BENCH_TOKEN']
+    c = Conn(host, int(port), context=ctx, timeout=30)
     c.request('GET', path, headers=hdr)
     r = c.getresponse()
     if r.status != 200:
-        sys.exit('GET %s:%d: %d %s' % (path, port, r.status, r.read()[:200]))
+        sys.exit('GET %s%s: %d %s' % (target, path, r.status, r.read()[:200]))
     got = 0
     while True:
         b = r.read(1 << 20)
@@ -109,49 +119,40 @@ def get(port, path='/'):
         got += len(b)
     c.close()
     return got
-def timed(port):
-    t = time.perf_counter(); get(port); return (time.perf_counter() - t) * 1000
-timed(443); timed(8443)
-direct, intercepted = [], []
+def timed(target):
+    t = time.perf_counter(); get(target); return (time.perf_counter() - t) * 1000
+out = {'subject': [], 'baseline': []}
+for k in out:
+    timed(targets[k])
 for _ in range(n):
-    direct.append(timed(8443)); intercepted.append(timed(443))
-rates = {}
-for port in (8443, 443):
+    for k in ('baseline', 'subject'):
+        out[k].append(timed(targets[k]))
+for k in ('baseline', 'subject'):
     t = time.perf_counter()
-    got = get(port, '/big?n=%d' % size)
+    got = get(targets[k], '/big?n=%d' % size)
     if got != size:
-        sys.exit('download through %d: %d bytes of %d' % (port, got, size))
-    rates[port] = size / (time.perf_counter() - t) / 1e6
-print(json.dumps({'direct': direct, 'intercepted': intercepted, 'direct_mbs': rates[8443], 'intercepted_mbs': rates[443]}))
+        sys.exit('download from %s: %d bytes of %d' % (targets[k], got, size))
+    out[k + '_mbs'] = size / (time.perf_counter() - t) / 1e6
+print(json.dumps(out))
 `
 
-// secretResults are the interception's figures beside the straight path's.
-type secretResults struct {
-	direct, intercepted       []time.Duration
-	directMBs, interceptedMBs float64
+// httpsResults are a subject path's figures beside its baseline's.
+type httpsResults struct {
+	baseline, subject       []time.Duration
+	baselineMBs, subjectMBs float64
 }
 
-// benchSecrets binds a secret to secret.test in a new sandbox and times
-// HTTPS requests and a download through the interception, beside the
-// same straight out.
-func benchSecrets(ctx context.Context, cl *sdk.Client, ca *secrets.CA, n int, size int64) (secretResults, error) {
-	var res secretResults
-	if err := cl.SetSecret(ctx, "BENCH_TOKEN", []byte("bench-token-value-0123456789")); err != nil {
-		return res, err
-	}
-	if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: "netbench-secret",
-		Allow: []string{"secret.test", benchSecret + "/32"}, Secrets: []string{"BENCH_TOKEN@secret.test"}}); err != nil {
-		return res, err
-	}
-	defer cl.DeleteSandbox(context.WithoutCancel(ctx), "netbench-secret")
+// httpsRun runs httpsScript in a sandbox.
+func httpsRun(ctx context.Context, cl *sdk.Client, name string, ca *secrets.CA, n int, size int64, subject, baseline string) (httpsResults, error) {
+	var res httpsResults
 	var out, errb bytes.Buffer
-	st, err := cl.Exec(ctx, "netbench-secret", api.ExecRequest{Cmd: []string{"python3", "-c", secretScript, fmt.Sprint(n), fmt.Sprint(size), string(ca.CertPEM)}}, &out, &errb)
+	st, err := cl.Exec(ctx, name, api.ExecRequest{Cmd: []string{"python3", "-c", httpsScript, fmt.Sprint(n), fmt.Sprint(size), string(ca.CertPEM), subject, baseline}}, &out, &errb)
 	if err != nil {
 		return res, err
 	}
 	if st.ExitCode != 0 {
 		var refused []string
-		if l, err := cl.NetLog(ctx, "netbench-secret"); err == nil {
+		if l, err := cl.NetLog(ctx, name); err == nil {
 			for _, e := range l.Entries {
 				refused = append(refused, e.Destination+" "+e.Reason+" "+e.Detail)
 			}
@@ -159,13 +160,28 @@ func benchSecrets(ctx context.Context, cl *sdk.Client, ca *secrets.CA, n int, si
 		return res, fmt.Errorf("exit %d: %s\nrefused: %s", st.ExitCode, strings.TrimSpace(errb.String()), strings.Join(refused, "; "))
 	}
 	var r struct {
-		Direct         []float64 `json:"direct"`
-		Intercepted    []float64 `json:"intercepted"`
-		DirectMBs      float64   `json:"direct_mbs"`
-		InterceptedMBs float64   `json:"intercepted_mbs"`
+		Baseline    []float64 `json:"baseline"`
+		Subject     []float64 `json:"subject"`
+		BaselineMBs float64   `json:"baseline_mbs"`
+		SubjectMBs  float64   `json:"subject_mbs"`
 	}
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		return res, fmt.Errorf("%w: %q", err, out.String())
 	}
-	return secretResults{millis(r.Direct), millis(r.Intercepted), r.DirectMBs, r.InterceptedMBs}, nil
+	return httpsResults{millis(r.Baseline), millis(r.Subject), r.BaselineMBs, r.SubjectMBs}, nil
+}
+
+// benchSecrets binds a secret to secret.test in a new sandbox and times
+// HTTPS requests and a download through the interception (443), beside
+// the same straight out (8443, a CIDR rule).
+func benchSecrets(ctx context.Context, cl *sdk.Client, ca *secrets.CA, n int, size int64) (httpsResults, error) {
+	if err := cl.SetSecret(ctx, "BENCH_TOKEN", []byte("bench-token-value-0123456789")); err != nil {
+		return httpsResults{}, err
+	}
+	if _, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Name: "netbench-secret",
+		Allow: []string{"secret.test", benchSecret + "/32"}, Secrets: []string{"BENCH_TOKEN@secret.test"}}); err != nil {
+		return httpsResults{}, err
+	}
+	defer cl.DeleteSandbox(context.WithoutCancel(ctx), "netbench-secret")
+	return httpsRun(ctx, cl, "netbench-secret", ca, n, size, "secret.test:443", "secret.test:8443")
 }

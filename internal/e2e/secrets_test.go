@@ -502,18 +502,7 @@ print(c.getresponse().status)"`)
 			t.Fatalf("%s: the secret is in the sandbox: %v exit %d\n%s\n%s", name, err, r.code, r.stdout, r.stderr)
 		}
 	}
-	forms := canaryForms()
-	filepath.WalkDir(d.data, func(p string, e fs.DirEntry, err error) error {
-		if err != nil || !e.Type().IsRegular() {
-			return nil
-		}
-		if f, err := scanFile(p, forms); err != nil {
-			t.Errorf("scan %s: %v", p, err)
-		} else if f != "" {
-			t.Errorf("the daemon's file %s holds a secret (%s)", p, f)
-		}
-		return nil
-	})
+	scanDaemonFiles(t, d)
 	if f := leaksCanary([]byte(d.log.String())); f != "" {
 		t.Errorf("the daemon's log holds a secret (%s)", f)
 	}
@@ -545,5 +534,32 @@ func TestSecretsVM(t *testing.T) {
 	}
 	if got := sw.received("api.secret.test"); !strings.Contains(got, "GET /vm") || !strings.Contains(got, "Bearer "+tokenValue) {
 		t.Fatalf("api.secret.test from the vm:\n%s", got)
+	}
+	// Its snapshot holds the guest's memory: the value is not in it, nor
+	// anywhere else the daemon keeps.
+	d.must("snapshot", "guest", "--name", "after")
+	scanDaemonFiles(t, d)
+}
+
+// scanDaemonFiles fails the test if any file under the daemon's data
+// directory holds a canary in any form.
+func scanDaemonFiles(t *testing.T, d *daemon) {
+	t.Helper()
+	forms := canaryForms()
+	files := 0
+	filepath.WalkDir(d.data, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || !e.Type().IsRegular() {
+			return nil
+		}
+		files++
+		if f, err := scanFile(p, forms); err != nil {
+			t.Errorf("scan %s: %v", p, err)
+		} else if f != "" {
+			t.Errorf("the daemon's file %s holds a secret (%s)", p, f)
+		}
+		return nil
+	})
+	if files == 0 {
+		t.Fatalf("no file under %s to scan", d.data)
 	}
 }

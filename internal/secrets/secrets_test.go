@@ -36,6 +36,23 @@ var zeros = make([]byte, 1<<20)
 
 func (e *echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
+	case "/ws":
+		if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+			http.Error(w, "not an upgrade", http.StatusBadRequest)
+			return
+		}
+		e.mu.Lock()
+		e.got = append(e.got, "GET /ws\nAuthorization: "+r.Header.Get("Authorization"))
+		e.mu.Unlock()
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nX-Echo-Authorization: %s\r\n\r\n", r.Header.Get("Authorization"))
+		brw.Flush()
+		io.Copy(c, brw) // echo the frames
+		return
 	case "/brotli":
 		w.Header().Set("Content-Encoding", "br")
 		io.WriteString(w, r.Header.Get("Authorization"))
@@ -84,6 +101,8 @@ type rig struct {
 	up       *echo
 	sb       *Sandbox
 	client   *http.Client
+	addr     string         // where the interception listens
+	pool     *x509.CertPool // the sandbox's CA
 	refusals []Refusal
 	mu       sync.Mutex
 }
@@ -164,6 +183,7 @@ func newRig(t testing.TB, h2 bool, bindings ...string) *rig {
 	}()
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(ca.CertPEM)
+	r.addr, r.pool = ln.Addr().String(), pool
 	tr := &http.Transport{
 		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return net.Dial("tcp4", ln.Addr().String()) },
 		TLSClientConfig:   &tls.Config{RootCAs: pool, ServerName: "api.test"},
@@ -574,5 +594,35 @@ func TestEvasions(t *testing.T) {
 	}
 	if got := r.up.all(); strings.Contains(got, "other.git") || strings.Contains(got, "GIT") && strings.Contains(got, canary+"-GIT") {
 		t.Errorf("the upstream got a refused request:\n%s", got)
+	}
+}
+
+// A WebSocket upgrade through the interception: the value goes in the
+// upgrade request, the 101's headers are scrubbed, then the bytes flow
+// both ways.
+func TestWebSocket(t *testing.T) {
+	r := newRig(t, false, "TOKEN@api.test")
+	c, err := tls.Dial("tcp4", r.addr, &tls.Config{RootCAs: r.pool, ServerName: "api.test", NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: api.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nAuthorization: Bearer %s\r\n\r\n", r.ph("TOKEN"))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("X-Echo-Authorization") != "Bearer "+r.ph("TOKEN") {
+		t.Fatalf("upgrade: %d %v", resp.StatusCode, resp.Header)
+	}
+	if !strings.Contains(r.up.all(), "Authorization: Bearer "+canary+"-TOKEN") {
+		t.Fatalf("the upgrade request did not carry the value:\n%s", r.up.all())
+	}
+	io.WriteString(c, "frame-1")
+	got := make([]byte, len("frame-1"))
+	if _, err := io.ReadFull(br, got); err != nil || string(got) != "frame-1" {
+		t.Fatalf("echoed frame: %q %v", got, err)
 	}
 }
