@@ -383,6 +383,16 @@ type DockerfileBuild struct {
 // no layer keeps them.
 const SecretsDir = ".nook-secrets"
 
+// CreateEvent is one line of the NDJSON stream POST
+// /v1/sandboxes?progress=ndjson answers with: progress lines (a template
+// built on the way, a repository cloned), then exactly one of Sandbox
+// (created) or Error.
+type CreateEvent struct {
+	Progress string   `json:"progress,omitempty"`
+	Sandbox  *Sandbox `json:"sandbox,omitempty"`
+	Error    *Error   `json:"error,omitempty"`
+}
+
 // BuildEvent is one line of the NDJSON stream POST /v1/templates
 // answers with: progress, then exactly one of Template (done) or Error.
 type BuildEvent struct {

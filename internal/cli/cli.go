@@ -281,7 +281,13 @@ func createCmd() *cobra.Command {
 					return err
 				}
 			}
-			sb, err := cl.CreateSandbox(ctx, req)
+			var sb *api.Sandbox
+			if req.Repo != "" {
+				// The clone's progress as it comes, on stderr.
+				sb, err = cl.CreateSandboxProgress(ctx, req, func(line string) { fmt.Fprintln(cmd.ErrOrStderr(), tsafe(line)) })
+			} else {
+				sb, err = cl.CreateSandbox(ctx, req)
+			}
 			if err != nil {
 				return err
 			}

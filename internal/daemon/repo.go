@@ -86,7 +86,8 @@ func (m *Manager) cloneRepo(ctx context.Context, sb *core.Sandbox, repo core.Rep
 	argv = append(argv, "--", repo.URL, repo.Path)
 	fmt.Fprintf(progress, "cloning %s into %s\n", repo.URL, repo.Path)
 	var tail tailBuffer
-	if _, err := m.run(ctx, c, argv, io.MultiWriter(progress, &tail)); err != nil {
+	// git redraws its progress with carriage returns: lines for the stream.
+	if _, err := m.run(ctx, c, argv, io.MultiWriter(crlf{progress}, &tail)); err != nil {
 		return fmt.Errorf("clone %s: %w:\n%s", repo.URL, err, tail.String())
 	}
 	if helper != "" {
@@ -149,6 +150,16 @@ func execTo(ctx context.Context, c *agent.Client, req *agent.ExecRequest, out io
 			return st, json.Unmarshal(data, &st)
 		}
 	}
+}
+
+// crlf writes to w with every carriage return a line feed.
+type crlf struct{ w io.Writer }
+
+func (c crlf) Write(p []byte) (int, error) {
+	if _, err := c.w.Write(bytes.ReplaceAll(p, []byte("\r"), []byte("\n"))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // tailBuffer keeps the last 2 KiB written to it.

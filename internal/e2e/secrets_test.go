@@ -342,9 +342,16 @@ func TestSecrets(t *testing.T) {
 		t.Fatalf("secret ls: %s", ls)
 	}
 	allow := []string{"--allow", "api.secret.test", "--allow", "other.secret.test", "--allow", "git.secret.test", "--allow", "pypi.secret.test"}
-	d.must(append([]string{"create", "--name", "sec", "--memory", "1G",
+	cr, err := d.nook(append([]string{"create", "--name", "sec", "--memory", "1G",
 		"--secret", "TOKEN@api.secret.test:inherit", "--secret", "GIT@git.secret.test:path=/org/repo.git", "--secret", "PYPI@pypi.secret.test",
 		"--repo", "https://git.secret.test/org/repo.git"}, allow...)...)
+	if err != nil || cr.code != 0 {
+		t.Fatalf("create: %v exit %d\n%s", err, cr.code, cr.stderr)
+	}
+	// The clone's progress, as it came.
+	if !strings.Contains(cr.stderr, "cloning https://git.secret.test/org/repo.git into /workspace") || !strings.Contains(cr.stderr, "cloned https://git.secret.test/org/repo.git at "+sw.commit) {
+		t.Fatalf("create --repo showed no progress:\n%s", cr.stderr)
+	}
 
 	var sb api.Sandbox
 	if err := json.Unmarshal([]byte(d.must("inspect", "sec", "--json")), &sb); err != nil {

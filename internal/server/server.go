@@ -252,12 +252,60 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	switch p := r.URL.Query().Get("progress"); p {
+	case "":
+	case "ndjson":
+		s.streamCreate(w, r, req)
+		return
+	default:
+		s.fail(w, r, errdefs.Invalid("progress=%q: the only form is ndjson", p))
+		return
+	}
 	sb, err := s.m.Create(r.Context(), req, slogWriter{s.log})
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, s.m.View(sb))
+}
+
+// streamCreate creates a sandbox, streaming NDJSON api.CreateEvents:
+// its progress lines (a template built on the way, a repository
+// cloned), then the sandbox or the error.
+func (s *Server) streamCreate(w http.ResponseWriter, r *http.Request, req api.CreateSandboxRequest) {
+	emit := ndjsonStream(w)
+	send := func(ev api.CreateEvent) { emit(ev) }
+	lines := &lineWriter{emit: func(line string) {
+		if line != "" {
+			send(api.CreateEvent{Progress: line})
+		}
+	}}
+	sb, err := s.m.Create(r.Context(), req, lines)
+	lines.flush()
+	if err != nil {
+		status, code := errorStatus(err)
+		if status >= 500 {
+			s.log.Error("create sandbox", "err", err)
+		}
+		send(api.CreateEvent{Error: &api.Error{Code: code, Message: err.Error()}})
+		return
+	}
+	v := s.m.View(sb)
+	send(api.CreateEvent{Sandbox: &v})
+}
+
+// ndjsonStream starts an NDJSON answer and returns what writes one value
+// of it as a line, flushed (safe from several goroutines).
+func ndjsonStream(w http.ResponseWriter) func(v any) {
+	w.Header().Set("Content-Type", ndjsonContentType)
+	fw := &flushWriter{w: w, rc: http.NewResponseController(w)}
+	var mu sync.Mutex
+	return func(v any) {
+		mu.Lock()
+		defer mu.Unlock()
+		b, _ := json.Marshal(v)
+		fw.Write(append(b, '\n'))
+	}
 }
 
 // slogWriter logs template build progress lines.
@@ -460,15 +508,8 @@ func (s *Server) buildTemplateFrom(w http.ResponseWriter, r *http.Request) {
 // its progress lines, layers pulled and how far those being pulled are,
 // then the template or the error.
 func (s *Server) streamBuild(w http.ResponseWriter, name string, build func(daemon.BuildOptions) (api.Template, error)) {
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	fw := &flushWriter{w: w, rc: http.NewResponseController(w)}
-	var mu sync.Mutex
-	send := func(ev api.BuildEvent) {
-		mu.Lock()
-		defer mu.Unlock()
-		b, _ := json.Marshal(ev)
-		fw.Write(append(b, '\n'))
-	}
+	emit := ndjsonStream(w)
+	send := func(ev api.BuildEvent) { emit(ev) }
 	lines := &lineWriter{emit: func(line string) { send(api.BuildEvent{Progress: line}) }}
 	t, err := build(daemon.BuildOptions{Progress: lines,
 		OnLayer: func(l api.BuildLayerEvent) { send(api.BuildEvent{Layer: &l}) },
