@@ -29,7 +29,10 @@
 // placeholder there too, and :inherit to keep it in forks. Each binding
 // gets a random placeholder (nook_secret_ and 40 hex digits) in the
 // sandbox's variable NAME; a fork gets new ones for the bindings it
-// inherits, and loses the others' variables.
+// inherits, and loses the others' variables. Its parent's placeholders,
+// which its processes restored from the snapshot still hold, are kept
+// retired: a request carrying one is refused with a reason that says
+// so (a 403, not the remote's 401).
 //
 // # Interception
 //
