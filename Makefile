@@ -72,6 +72,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseNames -fuzztime 10s ./internal/e2b
 	$(GO) test -run '^$$' -fuzz FuzzMetadataRequest -fuzztime 20s ./internal/identity
 	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 20s ./internal/egress
+	$(GO) test -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 20s ./internal/sshd
+	$(GO) test -run '^$$' -fuzz FuzzParseSSHKey -fuzztime 10s ./internal/daemon
+	$(GO) test -run '^$$' -fuzz FuzzRoute -fuzztime 10s ./internal/preview
 
 bench: deps build
 	$(GO) run ./cmd/nook-bench

@@ -42,12 +42,27 @@ type SetNetworkRequest struct {
 // ExposeRequest is the body of POST /v1/sandboxes/{name}/expose.
 type ExposeRequest struct {
 	Port int `json:"port"` // the sandbox's TCP port
+	// Auth is who may open its preview URL: "token" (the default: the
+	// URL's token, kept in a cookie) or "none" (anyone who reaches the
+	// preview listener).
+	Auth string `json:"auth,omitempty"`
 }
+
+// Preview URL access (ExposeRequest.Auth).
+const (
+	PreviewAuthToken = "token"
+	PreviewAuthNone  = "none"
+)
 
 // ExposedPort is a sandbox port reachable from the host.
 type ExposedPort struct {
 	Port        int    `json:"port"`         // in the sandbox
 	HostAddress string `json:"host_address"` // host:port where the host reaches it
+	// Public says its preview URL needs no token (exposed with auth none).
+	Public bool `json:"public,omitempty"`
+	// URL is its preview URL (nook serve --preview-listen), with a token
+	// that opens it unless Public (24 hours; expose it again for another).
+	URL string `json:"url,omitempty"`
 }
 
 // Net log entry kinds.

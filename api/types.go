@@ -216,6 +216,9 @@ type CreateSandboxRequest struct {
 	Repo     string `json:"repo,omitempty"`
 	Branch   string `json:"branch,omitempty"`
 	RepoPath string `json:"repo_path,omitempty"`
+	// SSHKeys are SSH public keys (authorized_keys lines) that may log in
+	// to the sandbox through nook's SSH endpoint.
+	SSHKeys []string `json:"ssh_keys,omitempty"`
 }
 
 // Inits: what runs as a sandbox's PID 1.
@@ -539,6 +542,10 @@ type Info struct {
 	Runc *RuncInfo `json:"runc,omitempty"`
 	// WarmPools is what the warm pools hold, per backend and key.
 	WarmPools []WarmPool `json:"warm_pools,omitempty"`
+	// SSH is the SSH endpoint (nook serve --ssh-listen), if it runs.
+	SSH *SSHInfo `json:"ssh,omitempty"`
+	// Preview is the preview URL endpoint (--preview-listen), if it runs.
+	Preview *PreviewInfo `json:"preview,omitempty"`
 }
 
 // WarmPool is what a backend's warm pool holds for one key: a template
@@ -688,4 +695,57 @@ type MoveRequest struct {
 type ChmodRequest struct {
 	Path string `json:"path"`
 	Mode string `json:"mode"` // octal, e.g. "0755"
+}
+
+// SSHKey is an SSH public key registered with nook's SSH endpoint (`nook
+// serve --ssh-listen`): a sandbox's, or, without Sandbox, its token's for
+// every sandbox that token may run commands in.
+type SSHKey struct {
+	ID          string    `json:"id"`
+	Fingerprint string    `json:"fingerprint"` // SHA256:... as ssh-keygen -l prints it
+	PublicKey   string    `json:"public_key"`  // authorized_keys form: TYPE BASE64
+	Comment     string    `json:"comment,omitempty"`
+	Sandbox     string    `json:"sandbox,omitempty"`
+	Owner       string    `json:"owner"` // the ID of the token that added it, or "host"
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// AddSSHKeyRequest is the body of POST /v1/ssh-keys and
+// POST /v1/sandboxes/{name}/ssh-keys: one authorized_keys line (a
+// comment is kept; options are refused).
+type AddSSHKeyRequest struct {
+	PublicKey string `json:"public_key"`
+}
+
+// SSHCertRequest is the body of POST /v1/sandboxes/{name}/ssh-cert: a
+// public key to certify for logging in to the sandbox (as User, "" for
+// its default user), for TTL (default 10m, at most 24h).
+type SSHCertRequest struct {
+	PublicKey string `json:"public_key"`
+	User      string `json:"user,omitempty"`
+	TTL       string `json:"ttl,omitempty"`
+}
+
+// SSHCert is a short-lived SSH user certificate signed by nook's SSH CA,
+// good for one sandbox (by its ID: not a later one of the same name).
+type SSHCert struct {
+	Certificate string    `json:"certificate"` // authorized_keys form, for IdentityFile's -cert.pub
+	Login       string    `json:"login"`       // the SSH user name: NAME or NAME+USER
+	ValidBefore time.Time `json:"valid_before"`
+	SSH         SSHInfo   `json:"ssh"`
+}
+
+// SSHInfo describes the daemon's SSH endpoint.
+type SSHInfo struct {
+	Address     string `json:"address"`              // host:port it listens on
+	HostKey     string `json:"host_key"`             // authorized_keys form
+	Fingerprint string `json:"host_key_fingerprint"` // SHA256:...
+	UserCA      string `json:"user_ca"`              // the CA that signs `nook ssh`'s certificates
+}
+
+// PreviewInfo describes the daemon's preview URL endpoint.
+type PreviewInfo struct {
+	// URL is a preview URL with PORT and NAME in place of a port and a
+	// sandbox name, e.g. http://PORT-NAME.localhost:8080/.
+	URL string `json:"url"`
 }

@@ -24,6 +24,10 @@ have npm        || need+=(npm)
 # PyJWT and its crypto, to verify sandboxes' identity tokens in the tests
 # with a library nook does not use (internal/identity).
 /usr/bin/python3 -c 'import jwt, cryptography' 2>/dev/null || need+=(python3-jwt python3-cryptography)
+# OpenSSH's client (ssh, scp, sftp, ssh-keygen) and tmux (a terminal for it):
+# nook ssh runs ssh, and the SSH tests drive the real client (internal/sshd).
+have ssh        || need+=(openssh-client)
+have tmux       || need+=(tmux)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "nook needs these packages: ${need[*]}; run make as root (or apt-get install them)" >&2

@@ -30,8 +30,15 @@ func (c *Client) NetLog(ctx context.Context, name string) (*api.NetLog, error) {
 // Expose makes a sandbox's TCP port reachable from the daemon's host and
 // returns the host address.
 func (c *Client) Expose(ctx context.Context, name string, port int) (*api.ExposedPort, error) {
+	return c.ExposePort(ctx, name, api.ExposeRequest{Port: port})
+}
+
+// ExposePort exposes a port as Expose does, with the preview URL's access
+// (req.Auth); the answer's URL is its preview URL when the daemon serves
+// them.
+func (c *Client) ExposePort(ctx context.Context, name string, req api.ExposeRequest) (*api.ExposedPort, error) {
 	var out api.ExposedPort
-	return &out, c.call(ctx, "POST", "/v1/sandboxes/"+esc(name)+"/expose", api.ExposeRequest{Port: port}, &out)
+	return &out, c.call(ctx, "POST", "/v1/sandboxes/"+esc(name)+"/expose", req, &out)
 }
 
 // Unexpose closes an exposed port.

@@ -253,13 +253,25 @@ const (
 
 const patientFactor = 20
 
+type quietKey struct{}
+
+// Quiet marks the streams requests under ctx open as no request in
+// flight: Streams leaves them out (an SSH session or a kept-alive preview
+// connection, whose traffic its owner reports instead).
+func Quiet(ctx context.Context) context.Context { return context.WithValue(ctx, quietKey{}, true) }
+
+func quiet(ctx context.Context) bool {
+	v, _ := ctx.Value(quietKey{}).(bool)
+	return v
+}
+
 // request opens a stream, sends req and reads the first reply frame into reply.
 func (c *Client) request(ctx context.Context, req Request, reply any) (net.Conn, *api.FrameReader, error) {
 	return c.requestWait(ctx, req, reply, quick)
 }
 
 func (c *Client) requestWait(ctx context.Context, req Request, reply any, w wait) (net.Conn, *api.FrameReader, error) {
-	st, err := c.open(ctx, w == background)
+	st, err := c.open(ctx, w == background || quiet(ctx))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -130,7 +130,7 @@ as ` + "`nook info`" + ` shows it on the host) or NOOK_TLS_CA=FILE.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), stopCmd(true), stopCmd(false), ttlCmd(), rmCmd(), templateCmd(), volumeCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd(), identityCmd(), oidcCmd(), secretCmd())
+	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), stopCmd(true), stopCmd(false), ttlCmd(), rmCmd(), templateCmd(), volumeCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd(), identityCmd(), oidcCmd(), secretCmd(), sshCmd(), sshKeyCmd(), sshConfigCmd(), sshKnownHostsCmd())
 	return root
 }
 
@@ -211,6 +211,13 @@ func serveCmd() *cobra.Command {
 	c.Flags().StringVar(&cfg.TLSKey, "tls-key", "", "the private key of --tls-cert, a PEM `FILE`")
 	c.Flags().StringVar(&cfg.E2BListen, "e2b-listen", "", "also serve E2B's API and its sandboxes' envd API on this TCP `ADDR` (e.g. 127.0.0.1:3000), plain HTTP, for programs written for E2B's SDKs: set E2B_API_URL and E2B_SANDBOX_URL to http://ADDR and E2B_API_KEY to a token (nook token create --e2b). Off by default")
 	c.Flags().StringVar(&cfg.E2BDomain, "e2b-domain", "", "the `DOMAIN` E2B sandboxes' host names end in: the SDKs' getHost(port) gives PORT-ID.DOMAIN, which --e2b-listen routes to that port in the sandbox (default localhost:PORT of --e2b-listen, which curl and browsers resolve to this host)")
+	c.Flags().StringVar(&cfg.SSHListen, "ssh-listen", "", "also serve SSH to every sandbox on this TCP `ADDR` (e.g. :2222): ssh -p PORT NAME@host logs in to sandbox NAME (NAME+USER as another user), with keys added by nook ssh-key add or certificates minted by nook ssh; shells, commands, scp, sftp and -L forwards. Off by default")
+	c.Flags().StringVar(&cfg.PreviewListen, "preview-listen", "", "also serve preview URLs on this TCP `ADDR` (e.g. :8080): http://PORT-NAME.DOMAIN:PORT/ reaches port PORT of sandbox NAME once exposed (nook expose, which prints the URL with its token). Off by default")
+	c.Flags().StringVar(&cfg.PreviewDomain, "preview-domain", "localhost", "the `DOMAIN` preview host names end in: PORT-NAME.DOMAIN (localhost: browsers and curl resolve *.localhost to this host with no DNS; another domain needs a wildcard DNS record)")
+	c.Flags().StringVar(&cfg.PreviewCert, "preview-cert", "", "serve preview URLs over HTTPS with this certificate, a PEM `FILE` (a wildcard for *.DOMAIN)")
+	c.Flags().StringVar(&cfg.PreviewKey, "preview-key", "", "the private key of --preview-cert, a PEM `FILE`")
+	c.Flags().BoolVar(&cfg.PreviewWake, "preview-wake", true, "a preview request its token (or --auth none) admits wakes a paused sandbox; false: it answers a page saying the sandbox is paused")
+	c.Flags().StringSliceVar(&cfg.SSHAcceptEnv, "ssh-accept-env", []string{"LANG", "LC_*"}, "environment variables SSH clients may pass into sandboxes (names, or prefixes ending in *), as sshd's AcceptEnv")
 	c.Flags().StringVar(&cfg.Daemon.Identity.Issuer, "issuer", "", "the `URL` of sandboxes' identity tokens (their iss), where relying parties read /.well-known/openid-configuration and the keys: this daemon serves both without a token, and nook oidc export writes them for hosting elsewhere (default "+identity.DefaultIssuer+", which names no host: set it before relying parties trust tokens)")
 	c.Flags().StringVar(&cfg.Daemon.Identity.TrustDomain, "identity-trust-domain", "", "the trust `DOMAIN` of identity tokens' subjects, spiffe://DOMAIN/sandbox/ID (default the --issuer's host)")
 	c.Flags().DurationVar(&cfg.Daemon.Identity.RotateEvery, "identity-rotate", identity.DefaultRotateEvery, "how long an identity signing key signs before the next (published a whole period ahead) takes over")
@@ -244,7 +251,7 @@ func serveCmd() *cobra.Command {
 
 func createCmd() *cobra.Command {
 	var req api.CreateSandboxRequest
-	var env, labels []string
+	var env, labels, sshKeys []string
 	var asJSON bool
 	c := &cobra.Command{
 		Use:   "create [--name NAME] [--template T] [--isolation container|vm] [--cpus N] [--memory 2G] [--disk 10G] [--ttl 1h] [--idle-pause 10m] [--on-expire destroy|pause|stop] [--init systemd|agent] [--env K=V]... [--label K=V]... [--net allowlist|none] [--allow RULE]... [--deny RULE]...",
@@ -264,6 +271,13 @@ func createCmd() *cobra.Command {
 			}
 			if req.Env, err = core.ParseEnvList(env); err != nil {
 				return &usageError{err}
+			}
+			for _, f := range sshKeys {
+				key, err := readKeyArg(cmd, f)
+				if err != nil {
+					return &usageError{fmt.Errorf("--ssh-key: %w", err)}
+				}
+				req.SSHKeys = append(req.SSHKeys, key)
 			}
 			cl, err := client()
 			if err != nil {
@@ -316,6 +330,7 @@ func createCmd() *cobra.Command {
 	f.StringVar(&req.Repo, "repo", "", "clone this https git repository into the sandbox at create (a secret bound to its host is the credential)")
 	f.StringVar(&req.Branch, "branch", "", "the branch --repo clones (default: the remote's HEAD)")
 	f.StringVar(&req.RepoPath, "path", "", "where --repo clones to (default /workspace)")
+	c.Flags().StringArrayVar(&sshKeys, "ssh-key", nil, "an SSH public key `FILE` (e.g. ~/.ssh/id_ed25519.pub, - for stdin) that may log in to the sandbox through nook serve --ssh-listen (repeatable)")
 	f.StringVar(&req.IdentityAudience, "identity-audience", "", "keep an identity token for this audience fresh in /run/nook/identity/token (path in NOOK_IDENTITY_TOKEN_FILE), e.g. sts.amazonaws.com for AWS_WEB_IDENTITY_TOKEN_FILE")
 	f.StringArrayVar(&labels, "label", nil, "a label K=V kept with the sandbox, shown by inspect (repeatable)")
 	f.StringVar(&req.Net, "net", "", "network mode: allowlist (default: only what --allow names) or none (nothing leaves the sandbox)")
@@ -850,6 +865,12 @@ func infoCmd() *cobra.Command {
 			}
 			if info.TLSFingerprint != "" {
 				fmt.Fprintf(w, "tls fingerprint: %s (clients: NOOK_TLS_FINGERPRINT=%s)\n", tsafe(info.TLSFingerprint), tsafe(info.TLSFingerprint))
+			}
+			if info.SSH != nil {
+				fmt.Fprintf(w, "ssh:             %s, host key %s\n                 %s\n", tsafe(info.SSH.Address), tsafe(info.SSH.Fingerprint), tsafe(info.SSH.HostKey))
+			}
+			if info.Preview != nil {
+				fmt.Fprintf(w, "preview urls:    %s\n", tsafe(info.Preview.URL))
 			}
 			if info.Runc != nil {
 				printRunc(w, info.Runc)

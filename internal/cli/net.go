@@ -166,14 +166,24 @@ func netLogCmd() *cobra.Command {
 }
 
 func exposeCmd(expose bool) *cobra.Command {
-	use, short := "expose NAME PORT", "Make a sandbox's TCP port reachable from the host; prints the host address"
+	use, short := "expose NAME PORT", "Make a sandbox's TCP port reachable from the host; prints the host address, and its preview URL"
 	if !expose {
 		use, short = "unexpose NAME PORT", "Close an exposed port"
 	}
-	return &cobra.Command{
+	var auth string
+	c := &cobra.Command{
 		Use:   use,
 		Short: short,
-		Args:  cobra.ExactArgs(2),
+		Long: short + `.
+
+With expose, the first line is the host address (HOST:PORT) that forwards TCP
+to the port; when the daemon serves preview URLs (nook serve --preview-listen),
+the second is the port's URL, http(s)://PORT-NAME.DOMAIN[:PORT]/, routed by
+host name to the port (HTTP, WebSocket and server-sent events). With --auth
+token (the default) the URL carries a token, valid 24 hours, that the first
+visit turns into a cookie; expose the port again for a new one. With --auth
+none anyone who reaches the preview listener may open it.`,
+		Args: cobra.ExactArgs(2),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			port, err := strconv.Atoi(args[1])
 			if err != nil {
@@ -182,12 +192,22 @@ func exposeCmd(expose bool) *cobra.Command {
 			if !expose {
 				return cl.Unexpose(cmd.Context(), args[0], port)
 			}
-			e, err := cl.Expose(cmd.Context(), args[0], port)
+			if auth != api.PreviewAuthToken && auth != api.PreviewAuthNone {
+				return &usageError{fmt.Errorf("--auth %q: give token or none", auth)}
+			}
+			e, err := cl.ExposePort(cmd.Context(), args[0], api.ExposeRequest{Port: port, Auth: auth})
 			if err != nil {
 				return err
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), tsafe(e.HostAddress))
+			if e.URL != "" {
+				fmt.Fprintln(cmd.OutOrStdout(), tsafe(e.URL))
+			}
 			return nil
 		}),
 	}
+	if expose {
+		c.Flags().StringVar(&auth, "auth", api.PreviewAuthToken, "who may open the preview URL: token (the URL's token, then a cookie) or none (anyone who reaches the preview listener)")
+	}
+	return c
 }

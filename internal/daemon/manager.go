@@ -591,6 +591,9 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err != nil {
 		return nil, err
 	}
+	if err := checkSSHKeys(req.SSHKeys); err != nil {
+		return nil, err
+	}
 	vols, err := m.parseVolumes(req.Volumes, req.Mounts, req.Isolation)
 	if err != nil {
 		return nil, err
@@ -716,6 +719,13 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 		if err != nil {
 			m.abandonCreate(cctx, b, sb)
 			return nil, fmt.Errorf("create sandbox %s: its secrets: %w", sb.Name, err)
+		}
+	}
+	if len(req.SSHKeys) > 0 {
+		// Recorded with the creating row: an abandoned create's go with it.
+		if err := m.recordSSHKeys(cctx, sb, req.SSHKeys); err != nil {
+			m.abandonCreate(cctx, b, sb)
+			return nil, fmt.Errorf("create sandbox %s: its SSH keys: %w", sb.Name, err)
 		}
 	}
 	start := time.Now()

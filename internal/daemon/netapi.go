@@ -119,7 +119,7 @@ func checkPort(port int) error {
 
 // Expose makes a sandbox's TCP port reachable from the host, and returns
 // where.
-func (m *Manager) Expose(ctx context.Context, name string, port int) (api.ExposedPort, error) {
+func (m *Manager) Expose(ctx context.Context, name string, port int, public bool) (api.ExposedPort, error) {
 	if err := checkPort(port); err != nil {
 		return api.ExposedPort{}, err
 	}
@@ -135,11 +135,20 @@ func (m *Manager) Expose(ctx context.Context, name string, port int) (api.Expose
 	if err != nil {
 		return api.ExposedPort{}, err
 	}
-	addr, err := m.net.expose(context.WithoutCancel(ctx), sb, uint16(port))
+	addr, err := m.net.expose(context.WithoutCancel(ctx), sb, uint16(port), public)
 	if err != nil {
 		return api.ExposedPort{}, err
 	}
-	return api.ExposedPort{Port: port, HostAddress: addr.String()}, nil
+	return api.ExposedPort{Port: port, HostAddress: addr.String(), Public: public}, nil
+}
+
+// PreviewPort says whether port of the sandbox with this ID is exposed,
+// and whether its preview URL needs no token.
+func (m *Manager) PreviewPort(id string, port int) (exposed, public bool) {
+	if m.net == nil || port < 1 || port > 65535 {
+		return false, false
+	}
+	return m.net.previewPort(id, uint16(port))
 }
 
 // Unexpose closes an exposed port and the connections through it.

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -76,6 +78,8 @@ type netState struct {
 	// (stopped, paused to disk, or the host restarted); its next attach
 	// exposes them.
 	unexposed map[uint16]uint16
+	// public: exposed ports whose preview URL needs no token.
+	public map[uint16]bool
 }
 
 // sandboxNets gives sandboxes their networks: it is the backends'
@@ -853,6 +857,15 @@ func (n *sandboxNets) persist(ctx context.Context, id string, st *netState) erro
 	for p, a := range st.exposed {
 		rec.Exposed[p] = a.Port()
 	}
+	for p := range st.unexposed {
+		if _, ok := rec.Exposed[p]; !ok {
+			rec.Exposed[p] = st.unexposed[p]
+		}
+	}
+	for p := range st.public {
+		rec.Public = append(rec.Public, p)
+	}
+	slices.Sort(rec.Public)
 	return n.store.PutNet(ctx, id, rec)
 }
 
@@ -865,10 +878,9 @@ func (n *sandboxNets) get(id string) (netState, bool) {
 		return netState{}, false
 	}
 	cp := *st
-	cp.exposed = make(map[uint16]netip.AddrPort, len(st.exposed))
-	for k, v := range st.exposed {
-		cp.exposed[k] = v
-	}
+	cp.exposed = maps.Clone(st.exposed)
+	cp.public = maps.Clone(st.public)
+	cp.unexposed = maps.Clone(st.unexposed)
 	return cp, true
 }
 
@@ -942,30 +954,60 @@ func narrows(old, p policy.Policy) bool {
 	return false
 }
 
-// expose makes a sandbox's TCP port reachable from the host.
-func (n *sandboxNets) expose(ctx context.Context, sb *core.Sandbox, port uint16) (netip.AddrPort, error) {
+// expose makes a sandbox's TCP port reachable from the host; public says
+// whether its preview URL needs no token (exposing it again changes that).
+func (n *sandboxNets) expose(ctx context.Context, sb *core.Sandbox, port uint16, public bool) (netip.AddrPort, error) {
 	st, ok := n.get(sb.ID)
 	if !ok {
 		return netip.AddrPort{}, errdefs.Precondition("sandbox %s has no network", sb.Name)
 	}
-	if a, ok := st.exposed[port]; ok {
-		return a, nil
+	if st.public == nil {
+		st.public = map[uint16]bool{}
 	}
-	addr, err := n.mgr.Expose(ctx, sb.ID, port, 0)
-	if err != nil {
-		return netip.AddrPort{}, err
+	addr, ok := st.exposed[port]
+	if ok && st.public[port] == public {
+		return addr, nil
+	}
+	if !ok {
+		var err error
+		if addr, err = n.mgr.Expose(ctx, sb.ID, port, 0); err != nil {
+			return netip.AddrPort{}, err
+		}
 	}
 	st.exposed[port] = addr
+	if public {
+		st.public[port] = true
+	} else {
+		delete(st.public, port)
+	}
 	if err := n.persist(ctx, sb.ID, &st); err != nil {
-		n.mgr.Unexpose(ctx, sb.ID, port)
+		if !ok {
+			n.mgr.Unexpose(ctx, sb.ID, port)
+		}
 		return netip.AddrPort{}, err
 	}
 	n.mu.Lock()
 	if cur := n.state[sb.ID]; cur != nil {
 		cur.exposed[port] = addr
+		cur.public = st.public
 	}
 	n.mu.Unlock()
 	return addr, nil
+}
+
+// previewPort says whether a sandbox's port is exposed, and publicly.
+func (n *sandboxNets) previewPort(id string, port uint16) (exposed, public bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st := n.state[id]
+	if st == nil {
+		return false, false
+	}
+	_, exposed = st.exposed[port]
+	if !exposed {
+		_, exposed = st.unexposed[port]
+	}
+	return exposed, st.public[port]
 }
 
 func (n *sandboxNets) unexpose(ctx context.Context, sb *core.Sandbox, port uint16) error {
@@ -977,12 +1019,14 @@ func (n *sandboxNets) unexpose(ctx context.Context, sb *core.Sandbox, port uint1
 		return errdefs.NotFound("port %d of sandbox %s is not exposed", port, sb.Name)
 	}
 	delete(st.exposed, port)
+	delete(st.public, port)
 	if err := n.persist(ctx, sb.ID, &st); err != nil {
 		return err
 	}
 	n.mu.Lock()
 	if cur := n.state[sb.ID]; cur != nil {
 		delete(cur.exposed, port)
+		cur.public = st.public
 	}
 	n.mu.Unlock()
 	if err := n.mgr.Unexpose(ctx, sb.ID, port); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
@@ -1006,7 +1050,7 @@ func (n *sandboxNets) view(id string) *api.Network {
 		v.Mode = api.NetAllowlist
 	}
 	for p, a := range st.exposed {
-		v.Exposed = append(v.Exposed, api.ExposedPort{Port: int(p), HostAddress: a.String()})
+		v.Exposed = append(v.Exposed, api.ExposedPort{Port: int(p), HostAddress: a.String(), Public: st.public[p]})
 	}
 	sort.Slice(v.Exposed, func(i, j int) bool { return v.Exposed[i].Port < v.Exposed[j].Port })
 	return v
@@ -1039,6 +1083,10 @@ func (n *sandboxNets) reconcile(ctx context.Context, sbs []*core.Sandbox) error 
 			continue
 		}
 		st.unexposed = rec.Exposed
+		st.public = map[uint16]bool{}
+		for _, p := range rec.Public {
+			st.public[p] = true
+		}
 		n.mu.Lock()
 		n.state[sb.ID] = st
 		n.mu.Unlock()

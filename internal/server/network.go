@@ -46,10 +46,24 @@ func (s *Server) expose(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	e, err := s.m.Expose(r.Context(), r.PathValue("name"), req.Port)
+	var public bool
+	switch req.Auth {
+	case "", api.PreviewAuthToken:
+	case api.PreviewAuthNone:
+		public = true
+	default:
+		s.fail(w, r, errdefs.Invalid("auth %q: give token (the preview URL needs its token, the default) or none (anyone who reaches the preview listener)", req.Auth))
+		return
+	}
+	e, err := s.m.Expose(r.Context(), r.PathValue("name"), req.Port, public)
 	if err != nil {
 		s.fail(w, r, err)
 		return
+	}
+	if s.preview != nil {
+		if id, err := s.sandboxID(r.Context(), r.PathValue("name")); err == nil {
+			e.URL = s.preview.URL(id, r.PathValue("name"), e.Port, public)
+		}
 	}
 	writeJSON(w, http.StatusOK, e)
 }

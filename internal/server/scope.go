@@ -104,6 +104,7 @@ func (s *Server) auth(requireToken bool, next http.Handler) http.Handler {
 		c := caller{scope: ti.Scope, tokenID: ti.ID, secret: secret}
 		ctx := context.WithValue(r.Context(), callerKey{}, c)
 		ctx = daemon.WithCreator(ctx, ti.Name)
+		ctx = daemon.WithTokenID(ctx, ti.ID)
 		if ti.Scope.Kind == api.ScopeReadOnly {
 			ctx = daemon.LookOnly(ctx)
 		}

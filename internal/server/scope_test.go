@@ -102,6 +102,13 @@ func TestEscapeTokenScope(t *testing.T) {
 		"GET /.well-known/jwks.json":                       public,
 		"POST /v1/sandboxes/{name}/expose":                 admin,
 		"DELETE /v1/sandboxes/{name}/expose/{port}":        admin,
+		"GET /v1/ssh-keys":                                 anyToken, // a token sees its own
+		"POST /v1/ssh-keys":                                anyToken, // but the handler refuses read-only (TestTokenScopeReadOnlySSHKey)
+		"DELETE /v1/ssh-keys/{id}":                         anyToken, // a token removes its own
+		"GET /v1/sandboxes/{name}/ssh-keys":                read,
+		"POST /v1/sandboxes/{name}/ssh-keys":               write,
+		"DELETE /v1/sandboxes/{name}/ssh-keys/{id}":        write,
+		"POST /v1/sandboxes/{name}/ssh-cert":               write,
 		"POST /v1/sandboxes/{name}/exec":                   write,
 		"GET /v1/sandboxes/{name}/exec/ws":                 write,
 		"GET /v1/sandboxes/{name}/processes":               read,
@@ -210,6 +217,23 @@ func TestEscapeTokenScope(t *testing.T) {
 	method, p = path("POST /v1/sandboxes/{name}/exec", "box")
 	if rec := do(tcp, method, p, "stale"); !strings.Contains(rec.Body.String(), "earlier sandbox") {
 		t.Errorf("stale sandbox token: %q", rec.Body)
+	}
+}
+
+// A read-only token passes the access check of POST /v1/ssh-keys (any
+// token manages its own keys), but the handler refuses it with 403: it
+// may run commands nowhere, so its keys would log in nowhere.
+func TestTokenScopeReadOnlySSHKey(t *testing.T) {
+	s := scopeServer(t)
+	s.mux = s.newMux([]route{{"POST /v1/ssh-keys", accessAnyToken, s.addSSHKey}})
+	for _, h := range []http.Handler{s.Handler(true), s.Handler(false)} {
+		req := httptest.NewRequest("POST", "/v1/ssh-keys", strings.NewReader(`{"public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGXF1LmvB7yX2m1mWzJf0L8c1xZ5p3VYbHc8m0s6dQ2k me@laptop"}`))
+		req.Header.Set("Authorization", "Bearer ro")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), api.CodePermissionDenied) || !strings.Contains(rec.Body.String(), "read-only") {
+			t.Errorf("read-only token adding an SSH key: %d %q; want 403 permission_denied saying read-only", rec.Code, rec.Body)
+		}
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/e2b"
+	"github.com/nookhq/nook/internal/sshd"
 )
 
 func closeAll(ls []net.Listener) {
@@ -47,6 +48,17 @@ type Config struct {
 	// E2BDomain is what E2B sandboxes' host names end in (PORT-ID.DOMAIN,
 	// the SDKs' getHost); default localhost:PORT of E2BListen.
 	E2BDomain string
+	// SSHListen, if set, is a TCP address serving SSH to every sandbox
+	// (internal/sshd); SSHAcceptEnv the variables clients may pass.
+	SSHListen    string
+	SSHAcceptEnv []string
+	// PreviewListen, if set, is a TCP address serving preview URLs,
+	// PORT-NAME.PreviewDomain (internal/preview); over TLS with
+	// PreviewCert and PreviewKey (a wildcard certificate). PreviewWake:
+	// a request wakes a paused sandbox.
+	PreviewListen, PreviewDomain string
+	PreviewCert, PreviewKey      string
+	PreviewWake                  bool
 	// MaxConns caps the TCP listener's open connections (default
 	// DefaultMaxConns); IdleTimeout closes idle keep-alive connections
 	// (default DefaultIdleTimeout).
@@ -165,7 +177,46 @@ func Serve(ctx context.Context, cfg Config) error {
 		servers = append(servers, newHTTPServer(edge, cfg.IdleTimeout, log))
 		listeners = append(listeners, netutil.LimitListener(el, cmp.Or(cfg.MaxConns, DefaultMaxConns)))
 	}
-	errc := make(chan error, len(servers))
+	if cfg.PreviewListen != "" {
+		psrv, pl, pe, err := listenPreview(cfg, m, dataDir)
+		if err != nil {
+			closeAll(listeners)
+			return err
+		}
+		defer psrv.Close()
+		srv.SetPreview(pe)
+		ps := newHTTPServer(psrv, cfg.IdleTimeout, log)
+		// Streams (server-sent events, WebSockets) have no write timeout.
+		ps.MaxHeaderBytes = 64 << 10
+		servers = append(servers, ps)
+		listeners = append(listeners, netutil.LimitListener(pl, cmp.Or(cfg.MaxConns, DefaultMaxConns)))
+	}
+	errc := make(chan error, len(servers)+2)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var sshDone chan struct{}
+	if cfg.SSHListen != "" {
+		sl, err := net.Listen("tcp", cfg.SSHListen)
+		if err != nil {
+			closeAll(listeners)
+			return fmt.Errorf("--ssh-listen: %w", err)
+		}
+		ssrv, err := sshd.New(m, sshd.Config{DataDir: dataDir, AcceptEnv: cfg.SSHAcceptEnv, Log: log})
+		if err != nil {
+			sl.Close()
+			closeAll(listeners)
+			return err
+		}
+		srv.SetSSH(ssrv)
+		sshDone = make(chan struct{})
+		go func() {
+			defer close(sshDone)
+			if err := ssrv.Serve(runCtx, sl); err != nil {
+				errc <- fmt.Errorf("ssh: %w", err)
+			}
+		}()
+		log.Info("nook SSH listening", "address", sl.Addr().String(), "host_key", ssrv.Info().Fingerprint)
+	}
 	for i := range servers {
 		go func(s *http.Server, l net.Listener) {
 			if err := s.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -174,8 +225,6 @@ func Serve(ctx context.Context, cfg Config) error {
 		}(servers[i], listeners[i])
 		log.Info("nook daemon listening", "address", listeners[i].Addr().String())
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	go m.Run(runCtx)
 	if cfg.Ready != nil {
 		cfg.Ready()
@@ -188,6 +237,10 @@ func Serve(ctx context.Context, cfg Config) error {
 	defer done()
 	for _, s := range servers {
 		s.Shutdown(shutdownCtx)
+	}
+	if sshDone != nil {
+		cancel()
+		<-sshDone
 	}
 	os.Remove(cfg.Socket)
 	log.Info("nook daemon stopped; sandboxes keep running")

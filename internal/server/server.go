@@ -42,6 +42,9 @@ type Server struct {
 	sandboxID    func(ctx context.Context, name string) (string, error)
 	// tlsFingerprint is the TCP listener's certificate's, for /v1/info.
 	tlsFingerprint string
+	// ssh and preview are the endpoints nook serve runs, or nil.
+	ssh     SSHEndpoint
+	preview PreviewEndpoint
 }
 
 // New returns a Server.
@@ -111,6 +114,13 @@ func (s *Server) routes() []route {
 		{"GET /.well-known/jwks.json", accessPublic, s.jwks},
 		{"POST /v1/sandboxes/{name}/expose", accessAdmin, s.expose},
 		{"DELETE /v1/sandboxes/{name}/expose/{port}", accessAdmin, s.unexpose},
+		{"GET /v1/ssh-keys", accessAnyToken, s.listSSHKeys},
+		{"POST /v1/ssh-keys", accessAnyToken, s.addSSHKey},
+		{"DELETE /v1/ssh-keys/{id}", accessAnyToken, s.removeSSHKey},
+		{"GET /v1/sandboxes/{name}/ssh-keys", accessSandboxRead, s.listSSHKeys},
+		{"POST /v1/sandboxes/{name}/ssh-keys", accessSandboxWrite, s.addSSHKey},
+		{"DELETE /v1/sandboxes/{name}/ssh-keys/{id}", accessSandboxWrite, s.removeSSHKey},
+		{"POST /v1/sandboxes/{name}/ssh-cert", accessSandboxWrite, s.sshCert},
 		{"POST /v1/sandboxes/{name}/exec", accessSandboxWrite, s.exec},
 		{"GET /v1/sandboxes/{name}/exec/ws", accessSandboxWrite, s.execWebSocket},
 		{"GET /v1/sandboxes/{name}/processes", accessSandboxRead, s.listProcesses},
@@ -243,6 +253,14 @@ func (s *Server) openapi(w http.ResponseWriter, r *http.Request) {
 func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 	info := s.m.Info(r.Context())
 	info.TLSFingerprint = s.tlsFingerprint
+	if s.ssh != nil {
+		si := s.ssh.Info()
+		info.SSH = &si
+	}
+	if s.preview != nil {
+		pi := s.preview.Info()
+		info.Preview = &pi
+	}
 	writeJSON(w, http.StatusOK, info)
 }
 

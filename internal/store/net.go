@@ -16,6 +16,8 @@ type Net struct {
 	Subnet  string
 	Policy  []byte
 	Exposed map[uint16]uint16
+	// Public are the exposed ports whose preview URL needs no token.
+	Public []uint16
 }
 
 // PutNet records (or replaces) a sandbox's network. The record goes with
@@ -28,11 +30,18 @@ func (s *Store) PutNet(ctx context.Context, id string, n Net) error {
 	if err != nil {
 		return err
 	}
+	if n.Public == nil {
+		n.Public = []uint16{}
+	}
+	pub, err := json.Marshal(n.Public)
+	if err != nil {
+		return err
+	}
 	s.netMu.Lock()
 	defer s.netMu.Unlock()
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandbox_net (id, subnet, policy, exposed) VALUES (?,?,?,?)
-		ON CONFLICT(id) DO UPDATE SET subnet = excluded.subnet, policy = excluded.policy, exposed = excluded.exposed`,
-		id, n.Subnet, string(n.Policy), string(exp))
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandbox_net (id, subnet, policy, exposed, public) VALUES (?,?,?,?,?)
+		ON CONFLICT(id) DO UPDATE SET subnet = excluded.subnet, policy = excluded.policy, exposed = excluded.exposed, public = excluded.public`,
+		id, n.Subnet, string(n.Policy), string(exp), string(pub))
 	if err != nil {
 		// The row may or may not have changed: read the table again.
 		s.subnets = nil
@@ -77,20 +86,20 @@ func (s *Store) NetSubnets(ctx context.Context, fn func(id, subnet string)) erro
 
 // ListNets returns every recorded sandbox network by sandbox ID.
 func (s *Store) ListNets(ctx context.Context) (map[string]Net, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, subnet, policy, exposed FROM sandbox_net`)
+	rows, err := s.db.QueryContext(ctx, `SELECT id, subnet, policy, exposed, public FROM sandbox_net`)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	out := map[string]Net{}
 	for rows.Next() {
-		var id, subnet, pol, exp string
-		if err := rows.Scan(&id, &subnet, &pol, &exp); err != nil {
+		var id, subnet, pol, exp, pub string
+		if err := rows.Scan(&id, &subnet, &pol, &exp, &pub); err != nil {
 			return nil, err
 		}
-		n := Net{Subnet: subnet, Policy: []byte(pol)}
-		if err := json.Unmarshal([]byte(exp), &n.Exposed); err != nil {
-			return nil, fmt.Errorf("sandbox %s: corrupt exposed ports: %w", id, err)
+		n, err := readNet(id, subnet, pol, exp, pub)
+		if err != nil {
+			return nil, err
 		}
 		out[id] = n
 	}
@@ -99,19 +108,27 @@ func (s *Store) ListNets(ctx context.Context) (map[string]Net, error) {
 
 // GetNet returns a sandbox's recorded network, if it has one.
 func (s *Store) GetNet(ctx context.Context, id string) (Net, bool, error) {
-	var subnet, pol, exp string
-	err := s.db.QueryRowContext(ctx, `SELECT subnet, policy, exposed FROM sandbox_net WHERE id = ?`, id).Scan(&subnet, &pol, &exp)
+	var subnet, pol, exp, pub string
+	err := s.db.QueryRowContext(ctx, `SELECT subnet, policy, exposed, public FROM sandbox_net WHERE id = ?`, id).Scan(&subnet, &pol, &exp, &pub)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Net{}, false, nil
 	}
 	if err != nil {
 		return Net{}, false, err
 	}
+	n, err := readNet(id, subnet, pol, exp, pub)
+	return n, err == nil, err
+}
+
+func readNet(id, subnet, pol, exp, pub string) (Net, error) {
 	n := Net{Subnet: subnet, Policy: []byte(pol)}
 	if err := json.Unmarshal([]byte(exp), &n.Exposed); err != nil {
-		return Net{}, false, fmt.Errorf("sandbox %s: corrupt exposed ports: %w", id, err)
+		return Net{}, fmt.Errorf("sandbox %s: corrupt exposed ports: %w", id, err)
 	}
-	return n, true, nil
+	if err := json.Unmarshal([]byte(pub), &n.Public); err != nil {
+		return Net{}, fmt.Errorf("sandbox %s: corrupt public ports: %w", id, err)
+	}
+	return n, nil
 }
 
 // NetLogEntry is one denied connection or refused DNS query.

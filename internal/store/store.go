@@ -155,6 +155,28 @@ var migrations = []string{
 		DELETE FROM sandbox_secrets WHERE sandbox_id = old.id;
 	END;
 	ALTER TABLE sandboxes ADD COLUMN repo TEXT NOT NULL DEFAULT '{}';`,
+	// 10: SSH public keys (internal/sshd): a sandbox's (sandbox_id), or a
+	// token's for every sandbox it may reach (sandbox_id '', owner the
+	// token's ID, '' for the host), going with their sandbox or token;
+	// and the exposed ports whose preview URL needs no token (JSON list).
+	`CREATE TABLE ssh_keys (
+		id          TEXT PRIMARY KEY,
+		fingerprint TEXT NOT NULL,
+		public_key  TEXT NOT NULL,
+		comment     TEXT NOT NULL,
+		sandbox_id  TEXT NOT NULL,
+		owner       TEXT NOT NULL,
+		created_at  INTEGER NOT NULL
+	);
+	CREATE INDEX ssh_keys_fingerprint ON ssh_keys(fingerprint);
+	CREATE INDEX ssh_keys_sandbox ON ssh_keys(sandbox_id);
+	CREATE TRIGGER sandboxes_delete_ssh_keys AFTER DELETE ON sandboxes BEGIN
+		DELETE FROM ssh_keys WHERE sandbox_id = old.id;
+	END;
+	CREATE TRIGGER tokens_delete_ssh_keys AFTER DELETE ON tokens BEGIN
+		DELETE FROM ssh_keys WHERE sandbox_id = '' AND owner = old.id;
+	END;
+	ALTER TABLE sandbox_net ADD COLUMN public TEXT NOT NULL DEFAULT '[]';`,
 }
 
 // Store is the daemon's database.
