@@ -260,6 +260,9 @@ type quietKey struct{}
 // connection, whose traffic its owner reports instead).
 func Quiet(ctx context.Context) context.Context { return context.WithValue(ctx, quietKey{}, true) }
 
+// IsQuiet says whether ctx was marked Quiet.
+func IsQuiet(ctx context.Context) bool { return quiet(ctx) }
+
 func quiet(ctx context.Context) bool {
 	v, _ := ctx.Value(quietKey{}).(bool)
 	return v

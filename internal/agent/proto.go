@@ -88,6 +88,8 @@ type ProcessInfo struct {
 	Exit       *api.ExitStatus `json:"exit,omitempty"`
 	OutputFrom int64           `json:"output_from"` // oldest offset still in the ring
 	OutputTo   int64           `json:"output_to"`   // bytes of output so far
+	// Passive: its running is no use of the sandbox (ExecRequest.Passive).
+	Passive bool `json:"passive,omitempty"`
 }
 
 // ConfigureRequest gives a sandbox its identity: the daemon sends it once
@@ -151,6 +153,10 @@ type ExecRequest struct {
 	TTY  bool   `json:"tty,omitempty"`
 	Rows uint16 `json:"rows,omitempty"`
 	Cols uint16 `json:"cols,omitempty"`
+	// Passive marks a process whose running alone is no use of the
+	// sandbox (an SSH session's shell: its traffic is): the daemon's idle
+	// check leaves it out.
+	Passive bool `json:"passive,omitempty"`
 }
 
 // Reply answers a Request.

@@ -104,6 +104,7 @@ type session struct {
 	inMu    sync.Mutex
 	ring    *outputRing
 	started time.Time
+	passive bool // ExecRequest.Passive
 
 	done   chan struct{}
 	status api.ExitStatus
@@ -111,7 +112,7 @@ type session struct {
 
 func (ss *session) info() ProcessInfo {
 	from, to := ss.ring.bounds()
-	pi := ProcessInfo{PID: ss.pid, Argv: ss.argv, TTY: ss.tty != nil, StartedAt: ss.started, OutputFrom: from, OutputTo: to, Running: true}
+	pi := ProcessInfo{PID: ss.pid, Argv: ss.argv, TTY: ss.tty != nil, StartedAt: ss.started, OutputFrom: from, OutputTo: to, Running: true, Passive: ss.passive}
 	select {
 	case <-ss.done:
 		st := ss.status
@@ -210,7 +211,7 @@ func (s *Server) startSession(fr *api.FrameReader, fw *frameWriter, req *ExecReq
 		fw.failWith(aerr.(*AgentError))
 		return
 	}
-	ss := &session{argv: req.Argv, ring: newRing(), started: time.Now(), done: make(chan struct{})}
+	ss := &session{argv: req.Argv, ring: newRing(), started: time.Now(), done: make(chan struct{}), passive: req.Passive}
 	var outputs []*os.File
 	var childFiles []*os.File
 	if req.TTY {

@@ -257,7 +257,7 @@ func (m *Manager) checkIdle(ctx context.Context, sb *core.Sandbox) {
 		return
 	}
 	for _, proc := range ps {
-		if proc.Running {
+		if proc.Running && !proc.Passive {
 			m.idle.touch(sb.ID)
 			return
 		}

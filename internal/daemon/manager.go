@@ -1191,6 +1191,8 @@ func (m *Manager) execRequest(ctx context.Context, name string, req api.ExecRequ
 			areq.Cwd = cfg.WorkingDir
 		}
 	}
+	// A Passive call's process is no use of the sandbox (idle.go).
+	areq.Passive = agent.IsQuiet(ctx)
 	return sb, c, areq, nil
 }
 

@@ -142,7 +142,7 @@ func fileSum(t *testing.T, path string) string {
 // logins it must refuse.
 func TestSSH(t *testing.T) {
 	addr := freeAddr(t)
-	d := newDaemon(t, "--ssh-listen", addr)
+	d := newDaemon(t, "--ssh-listen", addr, "--min-idle-pause", "1s")
 	c := newSSHClient(t, d, addr)
 	keyA, keyB := c.key("a"), c.key("b")
 	d.must("create", "--name", "ssha", "--ssh-key", keyA+".pub")
@@ -353,6 +353,24 @@ func TestSSH(t *testing.T) {
 	if r.code != 0 || strings.TrimSpace(r.stdout) != "from-config" {
 		t.Fatalf("ssh with nook ssh-config's block: exit %d: %s %s", r.code, r.stdout, r.stderr)
 	}
+
+	// An SSH session is use of its sandbox only while it has traffic: a
+	// command that writes keeps an idle pause away, an open silent shell
+	// does not (and is told why it ended).
+	d.must("create", "--name", "sshidle", "--idle-pause", "2s", "--ssh-key", keyA+".pub")
+	if out := c.must(keyA, "sshidle", "for i in $(seq 20); do echo $i; sleep 0.25; done"); !strings.HasSuffix(out, "\n20\n") {
+		t.Fatalf("a talking session: %q", out)
+	}
+	if sb := d.inspect("sshidle"); sb.State != "running" {
+		t.Fatalf("a sandbox whose SSH session talked for 5 s (idle pause 2s) is %s", sb.State)
+	}
+	tmux("new-session", "-d", "-s", "idle", "-x", "80", "-y", "24", "ssh "+strings.Join(c.opts(keyA), " ")+" -p "+c.port+" sshidle@"+c.host+"; echo SESSION-ENDED; sleep 600")
+	waitWithin(t, "the idle shell's prompt", 30*time.Second, func() bool { return strings.Contains(tmux("capture-pane", "-p", "-t", "idle"), "#") })
+	d.waitState("sshidle", "paused", 60*time.Second)
+	waitWithin(t, "the paused sandbox's session to end", 30*time.Second, func() bool {
+		return strings.Contains(tmux("capture-pane", "-p", "-t", "idle"), "SESSION-ENDED")
+	})
+	c.must(keyA, "sshidle", "true") // and a login wakes it
 
 	// A sandbox's keys go with it.
 	d.must("rm", "sshb")
