@@ -9,15 +9,24 @@ export NOOK_HOST=unix://$SOCK
 # E2B's API on 127.0.0.1:3000 (nook serve --e2b-listen), for programs
 # written for E2B's SDKs, unless something else holds that port.
 E2B_ADDR=127.0.0.1:3000
+# SSH to every sandbox on 127.0.0.1:2222 (nook serve --ssh-listen) and
+# preview URLs on 127.0.0.1:8080 (--preview-listen), likewise.
+SSH_ADDR=127.0.0.1:2222
+PREVIEW_ADDR=127.0.0.1:8080
+# listen_if_free FLAG ADDR WHAT: the flag, unless something holds ADDR.
+listen_if_free() {
+	if (exec 3<>"/dev/tcp/${2%:*}/${2##*:}") 2>/dev/null; then
+		echo "$2 is taken: the daemon starts without $3 (nook serve $1 ADDR)" >&2
+		return
+	fi
+	echo "$1 $2"
+}
 if ! $NOOK info >/dev/null 2>&1; then
 	mkdir -p /var/log
-	e2b=(--e2b-listen "$E2B_ADDR")
-	if (exec 3<>/dev/tcp/127.0.0.1/3000) 2>/dev/null; then
-		echo "127.0.0.1:3000 is taken: the daemon starts without E2B's API (nook serve --e2b-listen ADDR)"
-		e2b=()
-	fi
+	# shellcheck disable=SC2207 # flag and address, no spaces
+	listen=($(listen_if_free --e2b-listen "$E2B_ADDR" "E2B's API") $(listen_if_free --ssh-listen "$SSH_ADDR" SSH) $(listen_if_free --preview-listen "$PREVIEW_ADDR" "preview URLs"))
 	echo "starting the nook daemon (log: /var/log/nook.log)"
-	setsid nohup $NOOK serve "${e2b[@]}" >>/var/log/nook.log 2>&1 </dev/null &
+	setsid nohup $NOOK serve "${listen[@]}" >>/var/log/nook.log 2>&1 </dev/null &
 	for _ in $(seq 100); do
 		$NOOK info >/dev/null 2>&1 && break
 		sleep 0.1
@@ -40,6 +49,8 @@ The daemon is running and sandbox "demo" is yours. Go on with:
   ./bin/nook snapshot box; ./bin/nook fork box --count 3   # branch it
   ./bin/nook create --name web --allow @registries         # egress allowlist
   ./bin/nook template build app ./my-repo      # a template from a Dockerfile (or --from IMAGE)
+  ./bin/nook ssh demo                          # a shell over SSH (ssh -p 2222 demo@127.0.0.1 with your key: nook ssh-key add ~/.ssh/id_ed25519.pub)
+  ./bin/nook expose demo 8000                  # a port on the host, and its preview URL http://8000-demo.localhost:8080/
   ./bin/nook ls                                # what is running
   ./bin/nook rm demo                           # destroy, leaving nothing behind
   ./bin/nook info                              # backends and host capabilities

@@ -21,6 +21,10 @@ import (
 )
 
 func main() {
+	// The SSH endpoint's SFTP server, run as the login user (agent.SFTPServerMain).
+	if len(os.Args) == 2 && os.Args[1] == agent.SFTPServerArg {
+		os.Exit(agent.SFTPServerMain())
+	}
 	// A container's agent has no stdio of the host's (so that CRIU can
 	// checkpoint it): it logs to a file in its own root.
 	if path := os.Getenv("NOOK_AGENT_LOG"); path != "" {

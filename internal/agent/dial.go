@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/quickack"
 )
 
 // dialTimeout bounds an OpDial's connect.
@@ -35,12 +36,12 @@ func (s *Server) dial(st net.Conn, fw *frameWriter, req *DialRequest) {
 	if err := fw.json(api.FrameJSON, Reply{}); err != nil {
 		return
 	}
-	splice(st, conn.(*net.TCPConn))
+	splice(st, quickack.New(conn.(*net.TCPConn)))
 }
 
 // splice copies a and b into each other until both directions end,
 // passing each end on as a half-close.
-func splice(st net.Conn, conn *net.TCPConn) {
+func splice(st net.Conn, conn *quickack.Conn) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {

@@ -42,6 +42,7 @@ type Config struct {
 	OnlyVM       bool   // measure only the vm backend
 	OnlyVMShape  bool   // measure only vms at the default shape and systemd vms
 	OnlyNet      bool   // measure only sandbox networking
+	OnlyRemote   bool   // measure only the SSH endpoint and preview URLs
 	OnlyImage    bool   // measure only templates from images
 	OnlyVolume   bool   // measure only volumes
 	DensityN     int    // sandboxes alive in the density figures (0: none)
@@ -113,6 +114,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.OnlyNet {
 		return runNetwork(ctx, cfg, root)
+	}
+	if cfg.OnlyRemote {
+		return runOnlyRemote(ctx, cfg, root)
 	}
 	if cfg.OnlyImage {
 		return runImage(ctx, cfg, root)

@@ -641,5 +641,25 @@ func runNetwork(ctx context.Context, cfg Config, root string) error {
 	fmt.Fprintf(tw, "sandbox -> a domain rule's server through the egress proxy (raw TCP, spliced)\t%.0f MB/s\tthe same straight out (NAT)\t%.0f MB/s\t%.2fx\n", splicedMBs, sandboxMBs, splicedMBs/sandboxMBs)
 	fmt.Fprintf(tw, "HTTPS download to the sandbox through the name check (spliced; target >= 0.8x)\t%.0f MB/s\tthe same straight out (a CIDR rule)\t%.0f MB/s\t%.2fx\n", spl.subjectMBs, spl.baselineMBs, spl.subjectMBs/spl.baselineMBs)
 	fmt.Fprintf(tw, "HTTPS download to the sandbox, secret bound (intercepted, scrubbed; target >= 300 MB/s)\t%.0f MB/s\tthe same straight out (port 8443)\t%.0f MB/s\t%.2fx\n", sec.subjectMBs, sec.baselineMBs, sec.subjectMBs/sec.baselineMBs)
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	stop() // one daemon at a time: the next listens for SSH and preview URLs
+	fmt.Fprintln(cfg.Out)
+	return runRemote(ctx, cfg, root, s)
+}
+
+// runOnlyRemote measures only SSH and preview URLs (-only-remote).
+func runOnlyRemote(ctx context.Context, cfg Config, root string) error {
+	s, err := newSimNet()
+	if err != nil {
+		return fmt.Errorf("simulated network: %w", err)
+	}
+	defer s.close()
+	stopDNS, err := s.serveDNS()
+	if err != nil {
+		return err
+	}
+	defer stopDNS()
+	return runRemote(ctx, cfg, root, s)
 }

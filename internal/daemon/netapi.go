@@ -143,12 +143,14 @@ func (m *Manager) Expose(ctx context.Context, name string, port int, public bool
 }
 
 // PreviewPort says whether port of the sandbox with this ID is exposed,
-// and whether its preview URL needs no token.
-func (m *Manager) PreviewPort(id string, port int) (exposed, public bool) {
+// and its preview URL's settings: whether it needs no token, and the
+// nonce its tokens are signed with (new for each exposure).
+func (m *Manager) PreviewPort(id string, port int) (exposed bool, public bool, nonce string) {
 	if m.net == nil || port < 1 || port > 65535 {
-		return false, false
+		return false, false, ""
 	}
-	return m.net.previewPort(id, uint16(port))
+	ok, pv := m.net.previewPort(id, uint16(port))
+	return ok, pv.Public, pv.Nonce
 }
 
 // Unexpose closes an exposed port and the connections through it.

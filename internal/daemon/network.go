@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,7 +13,6 @@ import (
 	"net/http"
 	"net/netip"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -78,8 +79,9 @@ type netState struct {
 	// (stopped, paused to disk, or the host restarted); its next attach
 	// exposes them.
 	unexposed map[uint16]uint16
-	// public: exposed ports whose preview URL needs no token.
-	public map[uint16]bool
+	// previews: each exposed port's preview URL settings (public, and the
+	// nonce its tokens are signed with).
+	previews map[uint16]store.Preview
 }
 
 // sandboxNets gives sandboxes their networks: it is the backends'
@@ -862,10 +864,7 @@ func (n *sandboxNets) persist(ctx context.Context, id string, st *netState) erro
 			rec.Exposed[p] = st.unexposed[p]
 		}
 	}
-	for p := range st.public {
-		rec.Public = append(rec.Public, p)
-	}
-	slices.Sort(rec.Public)
+	rec.Previews = st.previews
 	return n.store.PutNet(ctx, id, rec)
 }
 
@@ -879,7 +878,7 @@ func (n *sandboxNets) get(id string) (netState, bool) {
 	}
 	cp := *st
 	cp.exposed = maps.Clone(st.exposed)
-	cp.public = maps.Clone(st.public)
+	cp.previews = maps.Clone(st.previews)
 	cp.unexposed = maps.Clone(st.unexposed)
 	return cp, true
 }
@@ -955,17 +954,19 @@ func narrows(old, p policy.Policy) bool {
 }
 
 // expose makes a sandbox's TCP port reachable from the host; public says
-// whether its preview URL needs no token (exposing it again changes that).
+// whether its preview URL needs no token (exposing it again changes that,
+// and keeps the tokens minted so far).
 func (n *sandboxNets) expose(ctx context.Context, sb *core.Sandbox, port uint16, public bool) (netip.AddrPort, error) {
 	st, ok := n.get(sb.ID)
 	if !ok {
 		return netip.AddrPort{}, errdefs.Precondition("sandbox %s has no network", sb.Name)
 	}
-	if st.public == nil {
-		st.public = map[uint16]bool{}
+	if st.previews == nil {
+		st.previews = map[uint16]store.Preview{}
 	}
 	addr, ok := st.exposed[port]
-	if ok && st.public[port] == public {
+	pv, had := st.previews[port]
+	if ok && had && pv.Public == public {
 		return addr, nil
 	}
 	if !ok {
@@ -974,12 +975,12 @@ func (n *sandboxNets) expose(ctx context.Context, sb *core.Sandbox, port uint16,
 			return netip.AddrPort{}, err
 		}
 	}
-	st.exposed[port] = addr
-	if public {
-		st.public[port] = true
-	} else {
-		delete(st.public, port)
+	if !had {
+		pv.Nonce = newNonce()
 	}
+	pv.Public = public
+	st.exposed[port] = addr
+	st.previews[port] = pv
 	if err := n.persist(ctx, sb.ID, &st); err != nil {
 		if !ok {
 			n.mgr.Unexpose(ctx, sb.ID, port)
@@ -989,46 +990,70 @@ func (n *sandboxNets) expose(ctx context.Context, sb *core.Sandbox, port uint16,
 	n.mu.Lock()
 	if cur := n.state[sb.ID]; cur != nil {
 		cur.exposed[port] = addr
-		cur.public = st.public
+		cur.previews = st.previews
 	}
 	n.mu.Unlock()
 	return addr, nil
 }
 
-// previewPort says whether a sandbox's port is exposed, and publicly.
-func (n *sandboxNets) previewPort(id string, port uint16) (exposed, public bool) {
+// newNonce is a preview exposure's nonce: 8 random bytes, hex.
+func newNonce() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// previewPort says whether a sandbox's port is exposed (forwarded, or
+// recorded to be forwarded again once the sandbox runs), and its preview
+// settings.
+func (n *sandboxNets) previewPort(id string, port uint16) (bool, store.Preview) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	st := n.state[id]
 	if st == nil {
-		return false, false
+		return false, store.Preview{}
 	}
-	_, exposed = st.exposed[port]
+	_, exposed := st.exposed[port]
 	if !exposed {
 		_, exposed = st.unexposed[port]
 	}
-	return exposed, st.public[port]
+	pv, ok := st.previews[port]
+	if !exposed || !ok {
+		// A port exposed before previews existed gets its nonce at its
+		// next expose; until then it has no preview.
+		return false, store.Preview{}
+	}
+	return true, pv
 }
 
+// unexpose closes an exposed port (or forgets one recorded to be
+// forwarded again), and revokes its preview URL's tokens.
 func (n *sandboxNets) unexpose(ctx context.Context, sb *core.Sandbox, port uint16) error {
 	st, ok := n.get(sb.ID)
 	if !ok {
 		return errdefs.Precondition("sandbox %s has no network", sb.Name)
 	}
-	if _, ok := st.exposed[port]; !ok {
+	_, forwarded := st.exposed[port]
+	_, pending := st.unexposed[port]
+	if !forwarded && !pending {
 		return errdefs.NotFound("port %d of sandbox %s is not exposed", port, sb.Name)
 	}
 	delete(st.exposed, port)
-	delete(st.public, port)
+	delete(st.unexposed, port)
+	delete(st.previews, port)
 	if err := n.persist(ctx, sb.ID, &st); err != nil {
 		return err
 	}
 	n.mu.Lock()
 	if cur := n.state[sb.ID]; cur != nil {
 		delete(cur.exposed, port)
-		cur.public = st.public
+		delete(cur.unexposed, port)
+		cur.previews = st.previews
 	}
 	n.mu.Unlock()
+	if !forwarded {
+		return nil
+	}
 	if err := n.mgr.Unexpose(ctx, sb.ID, port); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
@@ -1050,7 +1075,7 @@ func (n *sandboxNets) view(id string) *api.Network {
 		v.Mode = api.NetAllowlist
 	}
 	for p, a := range st.exposed {
-		v.Exposed = append(v.Exposed, api.ExposedPort{Port: int(p), HostAddress: a.String(), Public: st.public[p]})
+		v.Exposed = append(v.Exposed, api.ExposedPort{Port: int(p), HostAddress: a.String(), Public: st.previews[p].Public})
 	}
 	sort.Slice(v.Exposed, func(i, j int) bool { return v.Exposed[i].Port < v.Exposed[j].Port })
 	return v
@@ -1082,11 +1107,7 @@ func (n *sandboxNets) reconcile(ctx context.Context, sbs []*core.Sandbox) error 
 			n.log.Error("sandbox network policy", "sandbox", sb.Name, "err", err)
 			continue
 		}
-		st.unexposed = rec.Exposed
-		st.public = map[uint16]bool{}
-		for _, p := range rec.Public {
-			st.public[p] = true
-		}
+		st.unexposed, st.previews = rec.Exposed, rec.Previews
 		n.mu.Lock()
 		n.state[sb.ID] = st
 		n.mu.Unlock()

@@ -207,42 +207,49 @@ func (m *Manager) RemoveSSHKey(ctx context.Context, name, id string) error {
 }
 
 // SSHKeyAllows says whether a public key (by fingerprint) may log in to
-// sb: a key of sb's own, the host's, or that of a valid token whose
-// scope reaches sb (admin, or a sandbox token made for sb).
+// sb: a key of sb's own, or one without a sandbox, whose owner (the
+// token that added it, while it is valid and reaches sb; or the host's
+// socket) admits it. A sandbox's key added by a token stops working when
+// that token does: a leaked token cannot leave a way in behind it.
 func (m *Manager) SSHKeyAllows(ctx context.Context, sb *core.Sandbox, fingerprint string) (bool, error) {
 	keys, err := m.store.SSHKeysByFingerprint(ctx, fingerprint)
 	if err != nil {
 		return false, err
 	}
 	for _, k := range keys {
-		switch {
-		case k.SandboxID != "":
-			if k.SandboxID == sb.ID {
-				return true, nil
-			}
-		case k.Owner == "":
-			return true, nil
-		default:
-			t, err := m.store.TokenByID(ctx, k.Owner)
-			if errors.Is(err, errdefs.ErrNotFound) {
-				continue
-			}
-			if err != nil {
-				return false, err
-			}
-			if !t.ExpiresAt.IsZero() && !time.Now().Before(t.ExpiresAt) {
-				continue
-			}
-			scope, err := ParseScope(t.Scope)
-			if err != nil {
-				continue
-			}
-			if scope.Kind == api.ScopeAdmin || (scope.Kind == ScopeSandbox && t.SandboxID == sb.ID) {
-				return true, nil
-			}
+		if k.SandboxID != "" && k.SandboxID != sb.ID {
+			continue
+		}
+		ok, err := m.SSHTokenAllows(ctx, k.Owner, sb)
+		if err != nil || ok {
+			return ok, err
 		}
 	}
 	return false, nil
+}
+
+// SSHTokenAllows says whether the API token tokenID ("" the host's
+// socket) may log in to sb over SSH: it exists, has not expired, and may
+// run commands in sb (admin, or a sandbox token made for sb).
+func (m *Manager) SSHTokenAllows(ctx context.Context, tokenID string, sb *core.Sandbox) (bool, error) {
+	if tokenID == "" {
+		return true, nil
+	}
+	t, err := m.store.TokenByID(ctx, tokenID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if !t.ExpiresAt.IsZero() && !time.Now().Before(t.ExpiresAt) {
+		return false, nil
+	}
+	scope, err := ParseScope(t.Scope)
+	if err != nil {
+		return false, nil
+	}
+	return scope.Kind == api.ScopeAdmin || (scope.Kind == ScopeSandbox && t.SandboxID == sb.ID), nil
 }
 
 // Used restarts a sandbox's idle clock: traffic of a session whose stream

@@ -105,8 +105,13 @@ func TestEscapeSSHKeyScope(t *testing.T) {
 	if ok, _ := m.SSHKeyAllows(ctx, b, keys["admin token"]); ok {
 		t.Error("a revoked token's key still logs in")
 	}
-	if ks, _ := st.SSHKeysByFingerprint(ctx, keys["admin token"]); len(ks) != 0 {
-		t.Errorf("a revoked token's keys are still stored: %+v", ks)
+	if ok, _ := m.SSHKeyAllows(ctx, a, keys["a's own"]); ok {
+		t.Error("a key a revoked token added for a sandbox still logs in")
+	}
+	for _, what := range []string{"admin token", "a's own"} {
+		if ks, _ := st.SSHKeysByFingerprint(ctx, keys[what]); len(ks) != 0 {
+			t.Errorf("a revoked token's %s key is still stored: %+v", what, ks)
+		}
 	}
 	// A token lists and removes only its own token-wide keys.
 	own, err := m.SSHKeys(WithTokenID(ctx, "tsandbox"), "")

@@ -201,4 +201,13 @@ func TestPreview(t *testing.T) {
 	if got := curl(base + "/"); status(got) != "404" {
 		t.Fatalf("an unexposed port: %s", got)
 	}
+	// Unexposing revoked the tokens minted for it: exposed again, the
+	// port needs a new one.
+	out = strings.Split(strings.TrimSpace(d.must("expose", "web", "8000")), "\n")
+	if got := curl("-H", "Nook-Preview-Token: "+token, base+"/"); status(got) != "401" {
+		t.Fatalf("a token minted before an unexpose: %s", got)
+	}
+	if got := curl("-L", "-b", "", out[1]); status(got) != "200" {
+		t.Fatalf("the new URL: %s", got)
+	}
 }

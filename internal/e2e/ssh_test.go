@@ -227,6 +227,15 @@ func TestSSH(t *testing.T) {
 	if fileSum(t, got) != sum {
 		t.Fatal("sftp get: the file differs")
 	}
+	// SFTP runs as the login user: the kernel checks what it may touch.
+	os.WriteFile(batch, []byte(fmt.Sprintf("put %s /home/dev/mine\n-put %s /etc/passwd\n-rm /etc/hostname\n", up, up)), 0o644)
+	r = c.run(nil, "sftp", append(c.opts(keyA), "-P", c.port, "-b", batch, "ssha+dev@"+c.host)...)
+	if r.code != 0 || !strings.Contains(r.stderr, "ermission denied") {
+		t.Fatalf("sftp as dev: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	if got := c.must(keyA, "ssha", "stat -c %U /home/dev/mine; test -s /etc/hostname && grep -c root /etc/passwd"); got != "dev\n1\n" {
+		t.Fatalf("after sftp as dev: %q", got)
+	}
 	if r := c.ssh(nil, keyA, "ssha", "test -e /tmp/sd"); r.code != 1 {
 		t.Fatalf("sftp rmdir left /tmp/sd (exit %d)", r.code)
 	}
@@ -372,8 +381,25 @@ func TestSSH(t *testing.T) {
 	})
 	c.must(keyA, "sshidle", "true") // and a login wakes it
 
-	// A sandbox's keys go with it.
+	// A sandbox's keys go with it, and a connection open to it reaches no
+	// later sandbox of the same name.
+	ctl := filepath.Join(c.dir, "ctl")
+	master := exec.Command("ssh", append(c.opts(keyB), "-o", "ControlMaster=yes", "-o", "ControlPath="+ctl, "-N", "-p", c.port, "sshb@"+c.host)...)
+	if err := master.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { master.Process.Kill(); master.Wait() })
+	waitWithin(t, "the SSH control socket", 30*time.Second, func() bool { _, err := os.Stat(ctl); return err == nil })
+	mux := func() result {
+		return c.run(nil, "ssh", append(c.opts(keyB), "-o", "ControlPath="+ctl, "-p", c.port, "sshb@"+c.host, "hostname")...)
+	}
+	if r := mux(); r.code != 0 {
+		t.Fatalf("a session over the open connection: exit %d: %s", r.code, r.stderr)
+	}
 	d.must("rm", "sshb")
 	d.must("create", "--name", "sshb")
 	c.refused(keyB, "sshb", "the key of a removed sandbox of the same name")
+	if r := mux(); r.code == 0 {
+		t.Fatalf("a connection to the removed sshb opened a session in the new one: %q", r.stdout)
+	}
 }

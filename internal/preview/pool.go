@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -169,6 +171,16 @@ func (p poolTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if t == nil {
 		return nil, errors.New("preview: a request without a target")
 	}
+	// A 1xx answer that is not final (103 Early Hints) goes to the
+	// client as soon as it comes, before ModifyResponse sees the final
+	// one: its Set-Cookie headers are cleaned here, ahead of the proxy's
+	// own hook (WithClientTrace calls the newest hooks first).
+	r = r.WithContext(httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
+		Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
+			sanitizeSetCookies(http.Header(h))
+			return nil
+		},
+	}))
 	return p.s.pool.get(t).RoundTrip(r)
 }
 

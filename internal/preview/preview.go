@@ -15,12 +15,12 @@ import (
 )
 
 // The names of nook's own credentials on a request. The proxy removes
-// all three before the request goes to the sandbox.
+// them all before the request goes to the sandbox.
 const (
 	// QueryParam carries a token in the URL `nook expose` prints.
 	QueryParam = "nook_token"
 	// CookieName is the host-only cookie a first visit with QueryParam
-	// sets.
+	// sets over plain HTTP; over TLS it is "__Host-" + CookieName.
 	CookieName = "nook_preview"
 	// HeaderName carries a token for programs (curl, scripts).
 	HeaderName = "Nook-Preview-Token"
@@ -49,6 +49,11 @@ type PortInfo struct {
 	State     string // "running", "paused", "stopped", "failed", "creating", "destroying"
 	Exposed   bool   // `nook expose NAME PORT` was done
 	Public    bool   // exposed with --auth none: no token needed
+	// Nonce is the daemon's random value for this exposure of the port,
+	// drawn when it is exposed and dropped when it is unexposed: tokens
+	// are bound to it (Server.Token), so unexposing revokes them all. A
+	// port that needs a token and has no nonce opens to none.
+	Nonce string
 }
 
 // Config configures a Server.
@@ -104,9 +109,10 @@ func New(sb Sandboxes, cfg Config) *Server {
 		Rewrite:   s.rewrite,
 		Transport: poolTransport{s},
 		// Server-sent events and other streams pass as they come.
-		FlushInterval: -1,
-		ErrorHandler:  s.proxyError,
-		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		FlushInterval:  -1,
+		ModifyResponse: s.modifyResponse,
+		ErrorHandler:   s.proxyError,
+		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
 	return s
 }
@@ -141,6 +147,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.page(w, r, http.StatusNotFound, msgNoPreview)
 		return
 	}
+	// A service worker outlives its sandbox: registered on PORT-NAME, it
+	// would serve (and could read the token URL of) the next sandbox made
+	// under that name. Browsers fetch a worker's script with this header:
+	// refusing it for every preview host, before any lookup, keeps them
+	// all from registering one and tells strangers nothing.
+	if len(r.Header.Values("Service-Worker")) > 0 {
+		s.page(w, r, http.StatusForbidden, msgServiceWorker)
+		return
+	}
 	info, err := s.sb.Port(r.Context(), name, port)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -159,7 +174,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.page(w, r, http.StatusNotFound, msgNoPreview)
 		return
 	}
-	if !info.Public && !s.authorize(w, r, name, port, info.SandboxID) {
+	if !info.Public && !s.authorize(w, r, name, port, info) {
 		return
 	}
 	switch info.State {
@@ -186,7 +201,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
 }
 
-const msgNoPreview = "no preview here: nothing is exposed at this address (`nook expose NAME PORT` makes a preview URL)"
+const (
+	msgNoPreview     = "no preview here: nothing is exposed at this address (`nook expose NAME PORT` makes a preview URL)"
+	msgServiceWorker = "preview URLs take no service workers: one would outlive its sandbox and serve the next sandbox made under the same name"
+)
 
 // rewrite makes the request the sandbox sees: to 127.0.0.1:PORT, with
 // the public Host, X-Forwarded-*, and none of nook's credentials.
@@ -202,7 +220,16 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.URL.RawQuery = stripQuery(pr.Out.URL.RawQuery, QueryParam)
 	pr.Out.Header.Del(HeaderName)
 	stripCookie(pr.Out.Header, CookieName)
+	stripCookie(pr.Out.Header, hostCookieName)
 	pr.SetXForwarded()
+}
+
+// modifyResponse cleans the sandbox's answer (101s included) before it
+// passes: see sanitizeSetCookies. 1xx answers that are not final pass
+// earlier, cleaned by poolTransport.
+func (s *Server) modifyResponse(resp *http.Response) error {
+	sanitizeSetCookies(resp.Header)
+	return nil
 }
 
 // dialError marks an error of sb.DialPort, so that proxyError tells "no
@@ -255,55 +282,61 @@ func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-// authorize checks the request's token for sandbox id's port: true lets
-// it through; false means it has been answered (a 303 that turns the
-// URL's token into a cookie, or a 401).
-func (s *Server) authorize(w http.ResponseWriter, r *http.Request, name string, port int, id string) bool {
+// authorize checks the request's token for the port: true lets it
+// through; false means it has been answered (a 303 that turns the URL's
+// token into a cookie, a 401, or a 403 for a cookie used from another
+// site's page).
+func (s *Server) authorize(w http.ResponseWriter, r *http.Request, name string, port int, info PortInfo) bool {
 	now := time.Now()
+	cookie := cookieName(r)
 	var (
-		valid, expired, fromQuery, badCookie bool
+		validQuery, validHeader, validCookie bool
+		expired, badCookie, crowded          bool
 		queryTok                             string
 		queryExp                             int64
 		n                                    int // tokens checked: bounded
 	)
 	check := func(tok string) (tokenResult, int64) {
 		n++
-		res, exp := s.verify(tok, id, port, now)
-		switch res {
-		case tokenValid:
-			valid = true
-		case tokenExpired:
+		res, exp := s.verify(tok, info.SandboxID, port, info.Nonce, now)
+		if res == tokenExpired {
 			expired = true
 		}
 		return res, exp
 	}
 	for _, tok := range queryValues(r.URL.RawQuery, QueryParam, maxTokens) {
-		if res, exp := check(tok); res == tokenValid && !fromQuery {
-			fromQuery, queryTok, queryExp = true, tok, exp
+		if res, exp := check(tok); res == tokenValid && !validQuery {
+			validQuery, queryTok, queryExp = true, tok, exp
 		}
 	}
 	for _, tok := range r.Header.Values(HeaderName) {
 		if n >= maxTokens {
 			break
 		}
-		check(tok)
+		if res, _ := check(tok); res == tokenValid {
+			validHeader = true
+		}
 	}
-	// Every nook_preview cookie counts: another host under the domain may
-	// have set one for the whole domain next to ours.
-	for _, c := range r.CookiesNamed(CookieName) {
+	// Every cookie under our name counts: over plain HTTP another host
+	// under the domain may have set some for the whole domain next to
+	// ours (over TLS the __Host- prefix forbids that).
+	for _, c := range r.CookiesNamed(cookie) {
 		if n >= maxTokens {
+			crowded = true // ours may be among those left unchecked
 			break
 		}
-		if res, _ := check(c.Value); res != tokenValid {
+		if res, _ := check(c.Value); res == tokenValid {
+			validCookie = true
+		} else {
 			badCookie = true
 		}
 	}
-	if fromQuery && (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Header.Get("Upgrade") == "" {
+	if validQuery && (r.Method == http.MethodGet || r.Method == http.MethodHead) && !isUpgrade(r) {
 		// The first visit, from the printed URL: keep the token in a
 		// host-only cookie and take it out of the address bar (and so
 		// out of history, bookmarks and Referer headers).
 		http.SetCookie(w, &http.Cookie{
-			Name:     CookieName,
+			Name:     cookie,
 			Value:    queryTok,
 			Path:     "/",
 			Expires:  time.Unix(queryExp, 0),
@@ -315,15 +348,33 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, name string, 
 		h.Set("Location", redirectTarget(r))
 		h.Set("Cache-Control", "no-store")
 		h.Set("Referrer-Policy", "no-referrer")
+		// The origin may have served an earlier sandbox of the same
+		// name: drop what that one's pages left in the browser (service
+		// workers, storage, cache), which this sandbox's pages would
+		// otherwise run with. The cookie set above stays.
+		h.Set("Clear-Site-Data", `"cache", "storage"`)
 		w.WriteHeader(http.StatusSeeOther)
 		return false
 	}
-	if valid {
+	// A token in the query or the header was put there by whoever made
+	// the request, which a page of another site cannot know; the
+	// cookie, the browser adds to any request to this host.
+	if validQuery || validHeader {
 		return true
 	}
-	if badCookie {
-		// A stale cookie (expired, or of a sandbox since remade): drop it.
-		http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/", MaxAge: -1,
+	if validCookie {
+		if foreignCookieUse(r) {
+			s.page(w, r, http.StatusForbidden, msgForeignCookie)
+			return false
+		}
+		return true
+	}
+	if badCookie && !crowded {
+		// A stale cookie (expired, or of a sandbox since remade or a port
+		// since unexposed): drop it. Not when cookies went unchecked: a
+		// sibling preview may have crowded ours out with invalid ones,
+		// and ours, unseen, may be valid.
+		http.SetCookie(w, &http.Cookie{Name: cookie, Value: "", Path: "/", MaxAge: -1,
 			HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteLaxMode})
 	}
 	w.Header().Set("WWW-Authenticate", `Nook-Preview-Token realm="nook preview"`)

@@ -41,7 +41,11 @@ type fakeBox struct {
 type fakePort struct {
 	exposed, public bool
 	addr            string // "" when nothing listens
+	nonce           string // the exposure's nonce: testNonce when ""
+	noNonce         bool   // no nonce at all
 }
+
+const testNonce = "n0nce"
 
 func newFake() *fakeSandboxes {
 	return &fakeSandboxes{boxes: map[string]*fakeBox{}, used: map[string]int{}}
@@ -61,7 +65,11 @@ func (f *fakeSandboxes) Port(ctx context.Context, name string, port int) (PortIn
 		return PortInfo{}, fmt.Errorf("port: %w", errdefs.NotFound("sandbox %s not found", name))
 	}
 	p := b.ports[port]
-	return PortInfo{SandboxID: b.id, State: b.state, Exposed: p.exposed, Public: p.public}, nil
+	nonce := p.nonce
+	if nonce == "" && !p.noNonce {
+		nonce = testNonce
+	}
+	return PortInfo{SandboxID: b.id, State: b.state, Exposed: p.exposed, Public: p.public, Nonce: nonce}, nil
 }
 
 func (f *fakeSandboxes) DialPort(ctx context.Context, name string, port int) (net.Conn, error) {
@@ -259,7 +267,7 @@ func TestTokenFlow(t *testing.T) {
 		9000: {exposed: true, addr: echoApp(t, "task-9000")},
 	}})
 	exp := time.Now().Add(time.Hour).Truncate(time.Second)
-	tok := e.srv.Token("id-task", 8000, exp)
+	tok := e.srv.Token("id-task", 8000, testNonce, exp)
 	u := URL("http", "localhost", 0, "task", 8000, tok)
 	if want := "http://8000-task.localhost/?nook_token=" + tok; u != want {
 		t.Fatalf("URL %q, want %q", u, want)
@@ -302,11 +310,11 @@ func TestTokenFlow(t *testing.T) {
 	}
 
 	bad := map[string]string{
-		"expired":       e.srv.Token("id-task", 8000, time.Now().Add(-time.Second)),
-		"other port":    e.srv.Token("id-task", 9000, exp),
+		"expired":       e.srv.Token("id-task", 8000, testNonce, time.Now().Add(-time.Second)),
+		"other port":    e.srv.Token("id-task", 9000, testNonce, exp),
 		"garbage":       "not-a-token",
 		"truncated":     tok[:len(tok)-1],
-		"other key":     New(e.fake, Config{Key: []byte(strings.Repeat("k", 32))}).Token("id-task", 8000, exp),
+		"other key":     New(e.fake, Config{Key: []byte(strings.Repeat("k", 32))}).Token("id-task", 8000, testNonce, exp),
 		"flipped":       flip(tok),
 		"empty":         "",
 		"long garbage":  strings.Repeat("A", 4096),
@@ -369,7 +377,7 @@ func TestTokenBoundToSandbox(t *testing.T) {
 		8000: {exposed: true, addr: echoApp(t, "other")},
 	}})
 	exp := time.Now().Add(time.Hour)
-	tok := e.srv.Token("id-1", 8000, exp)
+	tok := e.srv.Token("id-1", 8000, testNonce, exp)
 	decodeEcho(t, e.do(t, http.MethodGet, "http://8000-task.localhost/", map[string]string{HeaderName: tok}))
 
 	// Another sandbox's host with this sandbox's token.
@@ -389,7 +397,7 @@ func TestTokenBoundToSandbox(t *testing.T) {
 	if r := e.do(t, http.MethodGet, "http://8000-task.localhost/", map[string]string{HeaderName: tok}); r.code != http.StatusUnauthorized {
 		t.Fatalf("old sandbox's token: %d %s", r.code, r.body)
 	}
-	got := decodeEcho(t, e.do(t, http.MethodGet, "http://8000-task.localhost/", map[string]string{HeaderName: e.srv.Token("id-2", 8000, exp)}))
+	got := decodeEcho(t, e.do(t, http.MethodGet, "http://8000-task.localhost/", map[string]string{HeaderName: e.srv.Token("id-2", 8000, testNonce, exp)}))
 	if got.App != "task-again" {
 		t.Fatalf("reached %s", got.App)
 	}
@@ -400,7 +408,7 @@ func TestCredentialsStripped(t *testing.T) {
 	e.fake.set("task", &fakeBox{id: "id-task", state: "running", ports: map[int]fakePort{
 		8000: {exposed: true, addr: echoApp(t, "task")},
 	}})
-	tok := e.srv.Token("id-task", 8000, time.Now().Add(time.Hour))
+	tok := e.srv.Token("id-task", 8000, testNonce, time.Now().Add(time.Hour))
 	for _, tc := range []struct {
 		method, query string
 		hdr           map[string]string
@@ -427,7 +435,7 @@ func TestRedirectStaysOnHost(t *testing.T) {
 	e.fake.set("task", &fakeBox{id: "id-task", state: "running", ports: map[int]fakePort{
 		8000: {exposed: true, addr: echoApp(t, "task")},
 	}})
-	tok := e.srv.Token("id-task", 8000, time.Now().Add(time.Hour))
+	tok := e.srv.Token("id-task", 8000, testNonce, time.Now().Add(time.Hour))
 	r := e.get(t, "http://8000-task.localhost//evil.example/x?nook_token="+tok)
 	if r.code != http.StatusSeeOther {
 		t.Fatalf("%d %s", r.code, r.body)
@@ -462,7 +470,7 @@ func TestNotExposedLikeUnknown(t *testing.T) {
 		8000: {exposed: true, addr: echoApp(t, "task")},
 		9000: {addr: echoApp(t, "task-9000")},
 	}})
-	tok := e.srv.Token("id-task", 9000, time.Now().Add(time.Hour))
+	tok := e.srv.Token("id-task", 9000, testNonce, time.Now().Add(time.Hour))
 	for _, accept := range []string{"", "application/json"} {
 		var first *result
 		for _, u := range []string{
@@ -570,7 +578,7 @@ func TestStates(t *testing.T) {
 			e.fake.set("task", &fakeBox{id: "id-task", state: "paused", ports: map[int]fakePort{
 				8000: {exposed: true, addr: echoApp(t, "task")},
 			}})
-			tok := e.srv.Token("id-task", 8000, time.Now().Add(time.Hour))
+			tok := e.srv.Token("id-task", 8000, testNonce, time.Now().Add(time.Hour))
 			hdr := map[string]string{HeaderName: tok}
 			r := e.do(t, http.MethodGet, "http://8000-task.localhost/", hdr)
 			if wake {
@@ -701,7 +709,7 @@ func TestWebSocket(t *testing.T) {
 	e.fake.set("task", &fakeBox{id: "id-task", state: "running", ports: map[int]fakePort{
 		8000: {exposed: true, addr: app.Listener.Addr().String()},
 	}})
-	tok := e.srv.Token("id-task", 8000, time.Now().Add(time.Hour))
+	tok := e.srv.Token("id-task", 8000, testNonce, time.Now().Add(time.Hour))
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	// The token in the query: an upgrade is not redirected.
@@ -737,7 +745,7 @@ func TestKeepAlive(t *testing.T) {
 	e.fake.set("task", &fakeBox{id: "id-task", state: "running", ports: map[int]fakePort{
 		8000: {exposed: true, addr: echoApp(t, "task")},
 	}})
-	hdr := map[string]string{HeaderName: e.srv.Token("id-task", 8000, time.Now().Add(time.Hour))}
+	hdr := map[string]string{HeaderName: e.srv.Token("id-task", 8000, testNonce, time.Now().Add(time.Hour))}
 	for range 20 {
 		decodeEcho(t, e.do(t, http.MethodGet, "http://8000-task.localhost/", hdr))
 	}

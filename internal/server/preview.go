@@ -33,8 +33,8 @@ func (p previewSandboxes) Port(ctx context.Context, name string, port int) (prev
 	if err != nil {
 		return preview.PortInfo{}, err
 	}
-	exposed, public := p.m.PreviewPort(sb.ID, port)
-	return preview.PortInfo{SandboxID: sb.ID, State: string(sb.State), Exposed: exposed, Public: public}, nil
+	exposed, public, nonce := p.m.PreviewPort(sb.ID, port)
+	return preview.PortInfo{SandboxID: sb.ID, State: string(sb.State), Exposed: exposed, Public: public, Nonce: nonce}, nil
 }
 
 // DialPort connects through the sandbox's agent. The connection is
@@ -53,6 +53,7 @@ func (p previewSandboxes) Used(sandboxID string) { p.m.Used(sandboxID) }
 
 // previewEndpoint mints preview URLs for the API.
 type previewEndpoint struct {
+	m      *daemon.Manager
 	srv    *preview.Server
 	scheme string
 	port   int // the listener's
@@ -66,7 +67,8 @@ func (e previewEndpoint) Info() api.PreviewInfo {
 func (e previewEndpoint) URL(sandboxID, name string, port int, public bool) string {
 	tok := ""
 	if !public {
-		tok = e.srv.Token(sandboxID, port, time.Now().Add(previewTokenTTL))
+		_, _, nonce := e.m.PreviewPort(sandboxID, port)
+		tok = e.srv.Token(sandboxID, port, nonce, time.Now().Add(previewTokenTTL))
 	}
 	return preview.URL(e.scheme, e.srv.Domain(), e.port, name, port, tok)
 }
@@ -106,7 +108,7 @@ func listenPreview(cfg Config, m *daemon.Manager, dataDir string) (*preview.Serv
 	_, portStr, _ := net.SplitHostPort(l.Addr().String())
 	port, _ := strconv.Atoi(portStr)
 	srv := preview.New(previewSandboxes{m: m, wake: cfg.PreviewWake}, preview.Config{Domain: domain, Key: key, Wake: cfg.PreviewWake, Log: cfg.Daemon.Log})
-	return srv, l, previewEndpoint{srv: srv, scheme: scheme, port: port}, nil
+	return srv, l, previewEndpoint{m: m, srv: srv, scheme: scheme, port: port}, nil
 }
 
 // loadPreviewKey reads the key that signs preview tokens (32 random

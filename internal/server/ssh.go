@@ -13,8 +13,9 @@ import (
 type SSHEndpoint interface {
 	Info() api.SSHInfo
 	// SignCert certifies a public key (authorized_keys form) for logging
-	// in to sb as user ("" its default user) until ttl from now.
-	SignCert(sb *core.Sandbox, user, publicKey string, ttl time.Duration) (api.SSHCert, error)
+	// in to sb as user ("" its default user) until ttl from now, while
+	// the API token tokenID ("" the host's socket) is valid.
+	SignCert(sb *core.Sandbox, user, publicKey, tokenID string, ttl time.Duration) (api.SSHCert, error)
 }
 
 // PreviewEndpoint mints preview URLs (internal/preview).
@@ -94,7 +95,7 @@ func (s *Server) sshCert(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	cert, err := s.ssh.SignCert(sb, req.User, req.PublicKey, ttl)
+	cert, err := s.ssh.SignCert(sb, req.User, req.PublicKey, callerFrom(r.Context()).tokenID, ttl)
 	if err != nil {
 		s.fail(w, r, err)
 		return

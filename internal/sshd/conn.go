@@ -48,6 +48,11 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn, cfg *ssh.ServerConf
 	defer sc.Close()
 	name, _, _ := strings.Cut(sc.User(), "+")
 	c := &conn{s: s, sc: sc, name: name, sandboxID: sc.Permissions.Extensions[extSandboxID], user: sc.Permissions.Extensions[extUser]}
+	if !s.admit(c.sandboxID) {
+		s.log.Warn("ssh login refused: too many connections to the sandbox", "sandbox", name, "max", maxConnsPerSandbox)
+		return
+	}
+	defer s.release(c.sandboxID)
 	s.log.Info("ssh login", "sandbox", name, "user", c.user, "remote", nc.RemoteAddr().String())
 	c.used()
 	// Global requests (keepalives, remote forwards): refused, which
@@ -61,6 +66,13 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn, cfg *ssh.ServerConf
 	for nch := range chans {
 		if open.Load() >= maxChannels {
 			nch.Reject(ssh.ResourceShortage, fmt.Sprintf("at most %d channels per connection", maxChannels))
+			continue
+		}
+		// Each channel is a new use of the login: the sandbox must still
+		// be the one it logged in to, and what admitted it still admit it.
+		if err := c.stillAllowed(ctx); err != nil {
+			nch.Reject(ssh.Prohibited, "this login no longer admits you to sandbox "+name)
+			sc.Close()
 			continue
 		}
 		var handle func(context.Context, ssh.NewChannel)
@@ -82,6 +94,17 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn, cfg *ssh.ServerConf
 		}()
 	}
 	cancel() // the connection is gone: end what it started
+}
+
+// stillAllowed checks the login again (Server.allowed).
+func (c *conn) stillAllowed(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	defer cancel()
+	sb, err := c.s.m.Get(ctx, c.name)
+	if err != nil {
+		return err
+	}
+	return c.s.allowed(ctx, sb, c.sc.Permissions)
 }
 
 // used restarts the sandbox's idle clock, at most once a second.

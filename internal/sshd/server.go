@@ -20,6 +20,7 @@ import (
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/quickack"
 )
 
 // Config configures the SSH endpoint.
@@ -45,13 +46,29 @@ type Server struct {
 	addr      atomic.Value // string: where it listens
 	conns     atomic.Int64
 	wg        sync.WaitGroup
+	// perSandbox counts open connections by sandbox ID.
+	mu         sync.Mutex
+	perSandbox map[string]int
 }
 
-// Permissions extensions the authentication hands to the connection.
+// Permissions extensions the authentication hands to the connection:
+// the sandbox's ID and the login user, and what admitted it (a key's
+// fingerprint, or the token a certificate was minted for), which every
+// new channel checks again.
 const (
 	extSandboxID = "nook-sandbox-id"
 	extUser      = "nook-user"
+	extKey       = "nook-key"
+	extCertToken = "nook-cert-token"
 )
+
+// certTokenExt is the certificate extension naming the API token that
+// minted it ("" or absent: the host's socket): the certificate logs in
+// only while that token is valid.
+const certTokenExt = "nook-token@nook"
+
+// maxConnsPerSandbox caps one sandbox's open SSH connections.
+const maxConnsPerSandbox = 32
 
 // authTimeout bounds a login's work (the daemon's lookups) and the whole
 // handshake.
@@ -71,7 +88,7 @@ func New(m *daemon.Manager, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ssh user CA: %w", err)
 	}
-	s := &Server{m: m, log: cfg.Log, hostKey: host, ca: ca, acceptEnv: cfg.AcceptEnv, maxConns: cfg.MaxConns}
+	s := &Server{m: m, log: cfg.Log, hostKey: host, ca: ca, acceptEnv: cfg.AcceptEnv, maxConns: cfg.MaxConns, perSandbox: map[string]int{}}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -106,8 +123,9 @@ func principal(sandboxID, user string) string {
 }
 
 // SignCert certifies publicKey for logging in to sb as user ("" its
-// default user) for ttl.
-func (s *Server) SignCert(sb *core.Sandbox, user, publicKey string, ttl time.Duration) (api.SSHCert, error) {
+// default user) for ttl, for as long as the API token tokenID ("" the
+// host's socket) is valid.
+func (s *Server) SignCert(sb *core.Sandbox, user, publicKey, tokenID string, ttl time.Duration) (api.SSHCert, error) {
 	pub, _, err := daemon.ParseSSHKey(publicKey)
 	if err != nil {
 		return api.SSHCert{}, err
@@ -132,6 +150,9 @@ func (s *Server) SignCert(sb *core.Sandbox, user, publicKey string, ttl time.Dur
 		Permissions: ssh.Permissions{Extensions: map[string]string{
 			"permit-pty": "", "permit-port-forwarding": "",
 		}},
+	}
+	if tokenID != "" {
+		cert.Permissions.Extensions[certTokenExt] = tokenID
 	}
 	if err := cert.SignCert(rand.Reader, s.ca); err != nil {
 		return api.SSHCert{}, fmt.Errorf("sign SSH certificate: %w", err)
@@ -183,8 +204,12 @@ func (s *Server) config() *ssh.ServerConfig {
 		PublicKeyCallback: s.authenticate,
 		MaxAuthTries:      6,
 		ServerVersion:     "SSH-2.0-nook",
-		BannerCallback:    nil,
 	}
+	// AES-GCM only: the client's preference picks the cipher, and
+	// OpenSSH's client lists chacha20-poly1305 and AES-CTR first, which
+	// Go runs at half AES-GCM's speed (AES-NI). Every client of the last
+	// decade has AES-GCM (OpenSSH 6.2, PuTTY 0.76, libssh2 1.11, sshj).
+	cfg.Ciphers = []string{"aes128-gcm@openssh.com", "aes256-gcm@openssh.com"}
 	cfg.AddHostKey(s.hostKey)
 	return cfg
 }
@@ -219,18 +244,61 @@ func (s *Server) authenticate(c ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permi
 			s.log.Info("ssh login refused: certificate", "sandbox", name, "remote", c.RemoteAddr().String(), "err", err)
 			return nil, errAuth
 		}
-		_ = p
-		return perms, nil
+		perms.Extensions[extCertToken] = p.Extensions[certTokenExt]
+	} else {
+		perms.Extensions[extKey] = ssh.FingerprintSHA256(key)
 	}
-	ok, err := s.m.SSHKeyAllows(ctx, sb, ssh.FingerprintSHA256(key))
-	if err != nil {
-		s.log.Warn("ssh login: check the key", "sandbox", name, "err", err)
-		return nil, errAuth
-	}
-	if !ok {
+	if err := s.allowed(ctx, sb, perms); err != nil {
+		if !errors.Is(err, errAuth) {
+			s.log.Warn("ssh login: check the key", "sandbox", name, "err", err)
+		}
 		return nil, errAuth
 	}
 	return perms, nil
+}
+
+// allowed checks that what admitted a login still admits it to sb: its
+// key is still registered (for sb, or for a token still valid that
+// reaches sb), or the token its certificate was minted for is still
+// valid. Logins and every new channel ask.
+func (s *Server) allowed(ctx context.Context, sb *core.Sandbox, perms *ssh.Permissions) error {
+	if sb.ID != perms.Extensions[extSandboxID] {
+		return errAuth // the name is another sandbox's now
+	}
+	var ok bool
+	var err error
+	if fp, isKey := perms.Extensions[extKey]; isKey {
+		ok, err = s.m.SSHKeyAllows(ctx, sb, fp)
+	} else {
+		ok, err = s.m.SSHTokenAllows(ctx, perms.Extensions[extCertToken], sb)
+	}
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errAuth
+	}
+	return nil
+}
+
+// admit counts a connection to a sandbox, refusing one beyond
+// maxConnsPerSandbox; release gives it back.
+func (s *Server) admit(sandboxID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.perSandbox[sandboxID] >= maxConnsPerSandbox {
+		return false
+	}
+	s.perSandbox[sandboxID]++
+	return true
+}
+
+func (s *Server) release(sandboxID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.perSandbox[sandboxID]--; s.perSandbox[sandboxID] <= 0 {
+		delete(s.perSandbox, sandboxID)
+	}
 }
 
 // certLogin is the connection as the certificate check sees it: its user
@@ -278,7 +346,10 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			defer s.conns.Add(-1)
 			defer conns.Delete(nc)
 			defer nc.Close()
-			s.serveConn(ctx, nc, cfg)
+			// Quick ACKs: OpenSSH's client writes without TCP_NODELAY
+			// outside interactive sessions, and a delayed ACK holds its
+			// next packet 40 ms (twice per login, measured).
+			s.serveConn(ctx, quickack.Wrap(nc), cfg)
 		}()
 	}
 }

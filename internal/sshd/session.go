@@ -37,10 +37,13 @@ type stringRequest struct {
 	Value string
 }
 
-// maxEnv bounds what a client may pass by env requests.
+// Bounds on what a client may pass: env requests (count, name, all
+// names and values together) and a terminal type.
 const (
 	maxEnvVars  = 64
-	maxEnvValue = 32 << 10
+	maxEnvName  = 256
+	maxEnvBytes = 64 << 10
+	maxTerm     = 256
 )
 
 // decodeRequest decodes a session request's payload into the struct of
@@ -81,8 +84,10 @@ func termSize(cols, rows uint32) (uint16, uint16) {
 type session struct {
 	c   *conn
 	ch  ssh.Channel
-	pty *ptyRequest
+	pty *ptyRequest // guarded by mu once the session runs (window-change)
 	env map[string]string
+	// envBytes is what env holds, names and values.
+	envBytes int
 	// started: the shell, command or subsystem runs; later ones are refused.
 	started bool
 	mu      sync.Mutex
@@ -143,7 +148,15 @@ func (s *session) handle(ctx context.Context, req *ssh.Request, done chan struct
 			req.Reply(false, nil)
 			return
 		}
-		s.pty = v.(*ptyRequest)
+		pty := v.(*ptyRequest)
+		if len(pty.Term) > maxTerm {
+			req.Reply(false, nil)
+			return
+		}
+		pty.Modes = "" // nook's terminals keep their defaults
+		s.mu.Lock()
+		s.pty = pty
+		s.mu.Unlock()
 		req.Reply(true, nil)
 	case "window-change":
 		w := v.(*windowChange)
@@ -160,9 +173,10 @@ func (s *session) handle(ctx context.Context, req *ssh.Request, done chan struct
 		req.Reply(true, nil) // window-change wants no reply; Reply ignores that
 	case "env":
 		e := v.(*envRequest)
-		ok := !s.started && len(s.env) < maxEnvVars && len(e.Value) <= maxEnvValue && s.c.s.envAccepted(e.Name)
+		ok := !s.started && len(s.env) < maxEnvVars && len(e.Name) <= maxEnvName && s.envBytes+len(e.Name)+len(e.Value) <= maxEnvBytes && s.c.s.envAccepted(e.Name)
 		if ok {
 			s.env[e.Name] = e.Value
+			s.envBytes += len(e.Name) + len(e.Value)
 		}
 		req.Reply(ok, nil)
 	case "signal":
@@ -187,16 +201,11 @@ func (s *session) handle(ctx context.Context, req *ssh.Request, done chan struct
 		req.Reply(true, nil)
 		go func() {
 			defer close(done)
-			var code uint32
-			if req.Type == "subsystem" {
-				code = s.sftp(ctx)
-			} else {
-				cmd := ""
-				if req.Type == "exec" {
-					cmd = v.(*stringRequest).Value
-				}
-				code = s.run(ctx, cmd, req.Type == "shell")
+			cmd := ""
+			if req.Type == "exec" {
+				cmd = v.(*stringRequest).Value
 			}
+			code := s.run(ctx, req.Type, cmd)
 			if code != noExitStatus {
 				s.ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{code}))
 			}
@@ -246,17 +255,24 @@ func (s *session) fail(format string, args ...any) uint32 {
 	return 255
 }
 
-// run runs a shell (shell) or a command in the sandbox, as the login
-// user with its login shell, and pumps the channel to and from it.
-func (s *session) run(ctx context.Context, cmd string, shell bool) uint32 {
+// run runs what a session asked for in the sandbox, as the login user,
+// and pumps the channel to and from it: kind "shell" (the user's login
+// shell), "exec" (cmd by that shell) or "subsystem" (SFTP: the agent's
+// binary as an SFTP server, agent.SFTPServerMain, never on a terminal).
+func (s *session) run(ctx context.Context, kind, cmd string) uint32 {
 	c := s.c
 	login, err := c.loginEntry(ctx)
 	if err != nil {
 		return s.fail("%v", err)
 	}
-	argv := []string{login.shell, "-c", cmd}
-	if shell {
+	var argv []string
+	switch kind {
+	case "shell":
 		argv = []string{login.shell, "-l"}
+	case "exec":
+		argv = []string{login.shell, "-c", cmd}
+	default:
+		argv = []string{agent.SFTPServerPath, agent.SFTPServerArg}
 	}
 	env := map[string]string{"SHELL": login.shell}
 	for k, v := range s.env {
@@ -270,13 +286,16 @@ func (s *session) run(ctx context.Context, cmd string, shell bool) uint32 {
 	}
 	// The agent starts it in the user's home (/ when that is missing).
 	req := api.ExecRequest{Cmd: argv, Env: env, User: c.user, Stdin: true}
-	if s.pty != nil {
+	s.mu.Lock()
+	pty := s.pty
+	if pty != nil && kind != "subsystem" {
 		req.TTY = true
-		req.Cols, req.Rows = termSize(s.pty.Cols, s.pty.Rows)
-		if s.pty.Term != "" {
-			env["TERM"] = s.pty.Term
+		req.Cols, req.Rows = termSize(pty.Cols, pty.Rows)
+		if pty.Term != "" {
+			env["TERM"] = pty.Term
 		}
 	}
+	s.mu.Unlock()
 	p, err := c.s.m.Exec(passive(ctx), c.name, req)
 	if err != nil {
 		return s.fail("%v", err)
@@ -341,37 +360,4 @@ func (s *session) run(ctx context.Context, cmd string, shell bool) uint32 {
 			return uint32(st.ExitCode)
 		}
 	}
-}
-
-// sftp serves SFTP over the daemon's file API, as the login user.
-func (s *session) sftp(ctx context.Context) uint32 {
-	c := s.c
-	login, err := c.loginEntry(ctx)
-	if err != nil {
-		return s.fail("%v", err)
-	}
-	f := &sandboxFiles{m: c.s.m, name: c.name, user: c.user}
-	if f.user == "" {
-		f.user = login.name
-	}
-	c.used()
-	if err := ServeSFTP(passive(ctx), usedChannel{s.ch, c}, f, login.home); err != nil && ctx.Err() == nil {
-		c.s.log.Debug("sftp session ended", "sandbox", c.name, "err", err)
-	}
-	return 0
-}
-
-// usedChannel is a channel whose reads (the client's requests) restart
-// the sandbox's idle clock.
-type usedChannel struct {
-	ssh.Channel
-	c *conn
-}
-
-func (u usedChannel) Read(p []byte) (int, error) {
-	n, err := u.Channel.Read(p)
-	if n > 0 {
-		u.c.used()
-	}
-	return n, err
 }

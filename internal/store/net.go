@@ -16,8 +16,16 @@ type Net struct {
 	Subnet  string
 	Policy  []byte
 	Exposed map[uint16]uint16
-	// Public are the exposed ports whose preview URL needs no token.
-	Public []uint16
+	// Previews are the exposed ports' preview URL settings.
+	Previews map[uint16]Preview
+}
+
+// Preview is an exposed port's preview URL: public (no token needed),
+// and the nonce its tokens are signed with, new for each exposure, so
+// that unexposing a port revokes the tokens minted for it.
+type Preview struct {
+	Public bool   `json:"public,omitempty"`
+	Nonce  string `json:"nonce"`
 }
 
 // PutNet records (or replaces) a sandbox's network. The record goes with
@@ -30,17 +38,17 @@ func (s *Store) PutNet(ctx context.Context, id string, n Net) error {
 	if err != nil {
 		return err
 	}
-	if n.Public == nil {
-		n.Public = []uint16{}
+	if n.Previews == nil {
+		n.Previews = map[uint16]Preview{}
 	}
-	pub, err := json.Marshal(n.Public)
+	pub, err := json.Marshal(n.Previews)
 	if err != nil {
 		return err
 	}
 	s.netMu.Lock()
 	defer s.netMu.Unlock()
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandbox_net (id, subnet, policy, exposed, public) VALUES (?,?,?,?,?)
-		ON CONFLICT(id) DO UPDATE SET subnet = excluded.subnet, policy = excluded.policy, exposed = excluded.exposed, public = excluded.public`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandbox_net (id, subnet, policy, exposed, previews) VALUES (?,?,?,?,?)
+		ON CONFLICT(id) DO UPDATE SET subnet = excluded.subnet, policy = excluded.policy, exposed = excluded.exposed, previews = excluded.previews`,
 		id, n.Subnet, string(n.Policy), string(exp), string(pub))
 	if err != nil {
 		// The row may or may not have changed: read the table again.
@@ -86,7 +94,7 @@ func (s *Store) NetSubnets(ctx context.Context, fn func(id, subnet string)) erro
 
 // ListNets returns every recorded sandbox network by sandbox ID.
 func (s *Store) ListNets(ctx context.Context) (map[string]Net, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, subnet, policy, exposed, public FROM sandbox_net`)
+	rows, err := s.db.QueryContext(ctx, `SELECT id, subnet, policy, exposed, previews FROM sandbox_net`)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +117,7 @@ func (s *Store) ListNets(ctx context.Context) (map[string]Net, error) {
 // GetNet returns a sandbox's recorded network, if it has one.
 func (s *Store) GetNet(ctx context.Context, id string) (Net, bool, error) {
 	var subnet, pol, exp, pub string
-	err := s.db.QueryRowContext(ctx, `SELECT subnet, policy, exposed, public FROM sandbox_net WHERE id = ?`, id).Scan(&subnet, &pol, &exp, &pub)
+	err := s.db.QueryRowContext(ctx, `SELECT subnet, policy, exposed, previews FROM sandbox_net WHERE id = ?`, id).Scan(&subnet, &pol, &exp, &pub)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Net{}, false, nil
 	}
@@ -125,8 +133,8 @@ func readNet(id, subnet, pol, exp, pub string) (Net, error) {
 	if err := json.Unmarshal([]byte(exp), &n.Exposed); err != nil {
 		return Net{}, fmt.Errorf("sandbox %s: corrupt exposed ports: %w", id, err)
 	}
-	if err := json.Unmarshal([]byte(pub), &n.Public); err != nil {
-		return Net{}, fmt.Errorf("sandbox %s: corrupt public ports: %w", id, err)
+	if err := json.Unmarshal([]byte(pub), &n.Previews); err != nil {
+		return Net{}, fmt.Errorf("sandbox %s: corrupt preview settings: %w", id, err)
 	}
 	return n, nil
 }

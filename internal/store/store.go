@@ -156,9 +156,10 @@ var migrations = []string{
 	END;
 	ALTER TABLE sandboxes ADD COLUMN repo TEXT NOT NULL DEFAULT '{}';`,
 	// 10: SSH public keys (internal/sshd): a sandbox's (sandbox_id), or a
-	// token's for every sandbox it may reach (sandbox_id '', owner the
-	// token's ID, '' for the host), going with their sandbox or token;
-	// and the exposed ports whose preview URL needs no token (JSON list).
+	// token's for every sandbox it may reach (sandbox_id ''); owner: the
+	// token that added it ('' the host), going with their sandbox or
+	// that token;
+	// and each exposed port's preview settings (JSON, port -> Preview).
 	`CREATE TABLE ssh_keys (
 		id          TEXT PRIMARY KEY,
 		fingerprint TEXT NOT NULL,
@@ -174,9 +175,9 @@ var migrations = []string{
 		DELETE FROM ssh_keys WHERE sandbox_id = old.id;
 	END;
 	CREATE TRIGGER tokens_delete_ssh_keys AFTER DELETE ON tokens BEGIN
-		DELETE FROM ssh_keys WHERE sandbox_id = '' AND owner = old.id;
+		DELETE FROM ssh_keys WHERE owner = old.id;
 	END;
-	ALTER TABLE sandbox_net ADD COLUMN public TEXT NOT NULL DEFAULT '[]';`,
+	ALTER TABLE sandbox_net ADD COLUMN previews TEXT NOT NULL DEFAULT '{}';`,
 }
 
 // Store is the daemon's database.
