@@ -20,6 +20,7 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/network/nettest"
+	"github.com/nookhq/nook/internal/quickack"
 )
 
 // Reaching a sandbox as a machine: the SSH endpoint and preview URLs
@@ -176,9 +177,16 @@ func runRemote(ctx context.Context, cfg Config, root string, s *simNet) error {
 	if e.URL == "" {
 		return fmt.Errorf("expose gave no preview URL")
 	}
+	// The clients ask for quick ACKs, as the preview's side in the
+	// sandbox does: Python's server writes headers and body apart with
+	// Nagle on, and a delayed ACK would stall either path by 40 ms.
 	client := func(addr string) *http.Client {
 		return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return nettest.DialNS(ctx, s.host, addr, 5*time.Second)
+			c, err := nettest.DialNS(ctx, s.host, addr, 5*time.Second)
+			if err != nil {
+				return nil, err
+			}
+			return quickack.Wrap(c), nil
 		}}}
 	}
 	preview, direct := client(benchPreviewListen), client(e.HostAddress)

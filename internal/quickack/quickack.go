@@ -11,6 +11,7 @@
 package quickack
 
 import (
+	"io"
 	"net"
 	"syscall"
 
@@ -49,4 +50,11 @@ func (c *Conn) Read(p []byte) (int, error) {
 		})
 	}
 	return n, err
+}
+
+// WriteTo copies the connection's bytes to w through Read, so that
+// io.Copy from a Conn keeps asking for quick ACKs (the embedded
+// TCPConn's own WriteTo would read past them).
+func (c *Conn) WriteTo(w io.Writer) (int64, error) {
+	return io.CopyBuffer(w, struct{ io.Reader }{c}, make([]byte, 32<<10))
 }
