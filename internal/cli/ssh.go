@@ -42,6 +42,14 @@ func readKeyArg(cmd *cobra.Command, path string) (string, error) {
 	return string(b), nil
 }
 
+// sandboxAndArg reads [NAME] ARG: a sandbox ("" without) and the argument.
+func sandboxAndArg(args []string) (name, arg string) {
+	if len(args) == 2 {
+		return args[0], args[1]
+	}
+	return "", args[0]
+}
+
 func sshKeyCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "ssh-key",
@@ -58,10 +66,7 @@ them), for as long as that token is valid. Keys of a sandbox go with it.`,
 		Short: "Add a public key (FILE, e.g. ~/.ssh/id_ed25519.pub, or - for stdin) for sandbox NAME, or for every sandbox your token reaches",
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
-			name, file := "", args[0]
-			if len(args) == 2 {
-				name, file = args[0], args[1]
-			}
+			name, file := sandboxAndArg(args)
 			key, err := readKeyArg(cmd, file)
 			if err != nil {
 				return &usageError{err}
@@ -105,10 +110,7 @@ them), for as long as that token is valid. Keys of a sandbox go with it.`,
 		Short: "Remove a key of sandbox NAME, or one of your token's own",
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
-			name, id := "", args[0]
-			if len(args) == 2 {
-				name, id = args[0], args[1]
-			}
+			name, id := sandboxAndArg(args)
 			return cl.RemoveSSHKey(cmd.Context(), name, id)
 		}),
 	}

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/dsa" //nolint:staticcheck // only to refuse DSA keys by type
 	"crypto/rsa"
 	"errors"
 	"fmt"
@@ -68,14 +67,12 @@ func ParseSSHKey(line string) (ssh.PublicKey, string, error) {
 	if _, ok := pub.(*ssh.Certificate); ok {
 		return nil, "", errdefs.Invalid("that is an SSH certificate: register the key itself (certificates come from `nook ssh`)")
 	}
+	if pub.Type() == "ssh-dss" {
+		return nil, "", errdefs.Invalid("DSA keys are refused (OpenSSH dropped them): use ssh-keygen -t ed25519")
+	}
 	if ck, ok := pub.(ssh.CryptoPublicKey); ok {
-		switch k := ck.CryptoPublicKey().(type) {
-		case *rsa.PublicKey:
-			if k.N.BitLen() < 2048 {
-				return nil, "", errdefs.Invalid("the RSA key has %d bits: nook takes 2048 or more (or use ssh-keygen -t ed25519)", k.N.BitLen())
-			}
-		case *dsa.PublicKey:
-			return nil, "", errdefs.Invalid("DSA keys are refused (OpenSSH dropped them): use ssh-keygen -t ed25519")
+		if k, ok := ck.CryptoPublicKey().(*rsa.PublicKey); ok && k.N.BitLen() < 2048 {
+			return nil, "", errdefs.Invalid("the RSA key has %d bits: nook takes 2048 or more (or use ssh-keygen -t ed25519)", k.N.BitLen())
 		}
 	}
 	if len(comment) > 200 {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/daemon"
+	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/preview"
 )
 
@@ -119,23 +120,7 @@ func loadPreviewKey(path string) ([]byte, error) {
 	}
 	b := make([]byte, 32)
 	rand.Read(b)
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := fsutil.WriteFileAtomic(path, b); err != nil {
 		return nil, err
 	}
 	return b, nil

@@ -3,7 +3,6 @@ package sshd
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -258,6 +257,3 @@ func (u usedReader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
-
-// errClosed says a session's channel closed before its process ended.
-var errClosed = errors.New("channel closed")

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/nookhq/nook/internal/fsutil"
 )
 
 // loadSigner reads an OpenSSH private key at path, making an Ed25519 one
@@ -38,32 +40,8 @@ func loadSigner(path, comment string) (ssh.Signer, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	if err := writeSynced(path, pem.EncodeToMemory(block)); err != nil {
+	if err := fsutil.WriteFileAtomic(path, pem.EncodeToMemory(block)); err != nil {
 		return nil, err
 	}
 	return ssh.NewSignerFromKey(priv)
-}
-
-// writeSynced writes a file whole, on disk, before it takes the name: a
-// crash leaves the old file or the new one, never a torn key.
-func writeSynced(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
 }
