@@ -8,7 +8,7 @@
 // read (TCP_QUICKACK is not sticky: the kernel may drop back to delayed
 // ACKs at any time) takes those 40 ms stalls out of a request's latency,
 // for the price of a setsockopt per read.
-package quickack
+package quickack // imports nothing of nook's: the agent and the daemon share it
 
 import (
 	"io"
