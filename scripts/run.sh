@@ -49,13 +49,26 @@ The daemon is running and sandbox "demo" is yours. Go on with:
   ./bin/nook snapshot box; ./bin/nook fork box --count 3   # branch it
   ./bin/nook create --name web --allow @registries         # egress allowlist
   ./bin/nook template build app ./my-repo      # a template from a Dockerfile (or --from IMAGE)
-  ./bin/nook ssh demo                          # a shell over SSH (ssh -p 2222 demo@127.0.0.1 with your key: nook ssh-key add ~/.ssh/id_ed25519.pub)
-  ./bin/nook expose demo 8000                  # a port on the host, and its preview URL http://8000-demo.localhost:8080/
+  ./bin/nook expose demo 8000                  # a port on the host (and its preview URL, with --preview-listen)
   ./bin/nook ls                                # what is running
   ./bin/nook rm demo                           # destroy, leaving nothing behind
   ./bin/nook info                              # backends and host capabilities
 MSG
-if grep -q -- "--e2b-listen" "/proc/$(pgrep -o -f "$NOOK serve" || echo self)/cmdline" 2>/dev/null; then
+serve_cmdline="/proc/$(pgrep -o -f "$NOOK serve" || echo self)/cmdline"
+if grep -q -- "--ssh-listen" "$serve_cmdline" 2>/dev/null; then
+	cat <<MSG
+SSH reaches every sandbox (no sshd in them):
+  ./bin/nook ssh demo                          # a shell, with a certificate made for this login
+  ./bin/nook ssh-key add ~/.ssh/id_ed25519.pub # then: ssh -p ${SSH_ADDR##*:} demo@${SSH_ADDR%:*}, scp, sftp, editors (nook ssh-config)
+MSG
+fi
+if grep -q -- "--preview-listen" "$serve_cmdline" 2>/dev/null; then
+	cat <<MSG
+Web apps in sandboxes open at preview URLs:
+  ./bin/nook expose demo 8000                  # prints http://8000-demo.localhost:${PREVIEW_ADDR##*:}/?nook_token=...
+MSG
+fi
+if grep -q -- "--e2b-listen" "$serve_cmdline" 2>/dev/null; then
 	cat <<MSG
 E2B's SDKs reach it too:
   export E2B_API_URL=http://$E2B_ADDR E2B_SANDBOX_URL=http://$E2B_ADDR E2B_API_KEY=\$(./bin/nook token create --e2b)

@@ -46,9 +46,6 @@ type Client struct {
 	inflight int
 	// dialing is closed when the dial under way (if any) ends.
 	dialing chan struct{}
-	// background counts the open streams that are no request in flight:
-	// a vm's volume stream (ServeVolumes), which Streams leaves out.
-	background int
 }
 
 // DefaultAnswerTimeout is how long the agent may take to answer a
@@ -92,7 +89,9 @@ func (c *Client) Quiesce() (release func(), ok bool) {
 	if c.sess != nil && !c.sess.IsClosed() {
 		// Requests in flight, not the session's streams: a stream the
 		// daemon closed stays there until the agent's close arrives.
-		if c.inflight > 0 || c.opening > 0 {
+		// Quiet streams (an SSH session, a preview's connection) are not
+		// cut off either.
+		if c.inflight > 0 || c.opening > 0 || c.sess.quiet > 0 {
 			return nil, false
 		}
 		c.sess.Close()
@@ -118,7 +117,7 @@ func (c *Client) Streams() int {
 	if c.sess == nil || c.sess.IsClosed() {
 		return 0
 	}
-	return max(0, c.sess.NumStreams()-c.background)
+	return max(0, c.sess.NumStreams()-c.sess.background-c.sess.quiet)
 }
 
 // AgentError is an error the agent reported (e.g. command not found).
@@ -145,7 +144,22 @@ func (e *NoAnswerError) Timeout() bool { return true }
 // Temporary reports true: the agent may answer again (net.Error).
 func (e *NoAnswerError) Temporary() bool { return true }
 
-func (c *Client) open(ctx context.Context, background bool) (net.Conn, error) {
+// Kinds of streams Client.open counts.
+type streamKind int
+
+const (
+	// streamRequest: a request in flight (Streams counts it, Quiesce
+	// waits for it).
+	streamRequest streamKind = iota
+	// streamBackground: no request in flight (a vm's volume stream,
+	// ServeVolumes): Streams leaves it out, Quiesce cuts it.
+	streamBackground
+	// streamQuiet: a Quiet context's (an SSH session, a preview's
+	// connection): Streams leaves it out, Quiesce does not cut it.
+	streamQuiet
+)
+
+func (c *Client) open(ctx context.Context, kind streamKind) (net.Conn, error) {
 	for attempt := 0; attempt < 2; attempt++ {
 		sess, err := c.session(ctx)
 		if err != nil {
@@ -160,8 +174,11 @@ func (c *Client) open(ctx context.Context, background bool) (net.Conn, error) {
 		c.mu.Unlock()
 		if err == nil {
 			count := &c.inflight
-			if background {
-				count = &c.background
+			switch kind {
+			case streamBackground:
+				count = &sess.background
+			case streamQuiet:
+				count = &sess.quiet
 			}
 			c.mu.Lock()
 			*count++
@@ -247,7 +264,7 @@ const (
 	// default), and only as long as the agent answers the session's pings.
 	patient
 	// background: quick, and the stream it opens is no request in flight
-	// (see Client.background).
+	// (streamBackground).
 	background
 )
 
@@ -274,7 +291,14 @@ func (c *Client) request(ctx context.Context, req Request, reply any) (net.Conn,
 }
 
 func (c *Client) requestWait(ctx context.Context, req Request, reply any, w wait) (net.Conn, *api.FrameReader, error) {
-	st, err := c.open(ctx, w == background || quiet(ctx))
+	sk := streamRequest
+	switch {
+	case w == background:
+		sk = streamBackground
+	case quiet(ctx):
+		sk = streamQuiet
+	}
+	st, err := c.open(ctx, sk)
 	if err != nil {
 		return nil, nil, err
 	}

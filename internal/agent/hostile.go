@@ -58,6 +58,11 @@ type clientSession struct {
 	*yamux.Session
 	timeout time.Duration
 	failed  atomic.Pointer[NoAnswerError]
+	// background and quiet count this session's open streams that are no
+	// request in flight (Client.open), guarded by the Client's mu: kept
+	// per session, so that streams left on a dead session do not hide a
+	// new session's.
+	background, quiet int
 }
 
 func newSession(conn net.Conn, timeout time.Duration) (*clientSession, error) {

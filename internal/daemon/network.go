@@ -387,6 +387,13 @@ func (n *sandboxNets) reexpose(ctx context.Context, id string, st *netState, por
 			// The old host port is taken: take another and say so.
 			if addr, err = n.mgr.Expose(ctx, id, port, 0); err != nil {
 				n.log.Error("expose port again", "sandbox", id, "port", port, "err", err)
+				// Dropped: its preview goes too, so that a later expose
+				// gets a new nonce and the old tokens stay revoked.
+				n.mu.Lock()
+				if st.previews != nil {
+					delete(st.previews, port)
+				}
+				n.mu.Unlock()
 				changed = true
 				continue
 			}

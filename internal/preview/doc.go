@@ -145,8 +145,9 @@
 // request on a warm port costs a map lookup and an HMAC over a direct
 // TCP forward, not a dial through the agent. Idle connections are
 // dropped when a request finds the sandbox not running (they may be
-// dead or frozen); the daemon may call Server.Forget when it pauses or
-// removes a sandbox, and Server.Close on shutdown.
+// dead or frozen), and after 30 s idle; Server.Forget drops a sandbox's
+// at once (the daemon leaves them to those two), and the daemon calls
+// Server.Close on shutdown.
 //
 // The request's header size is bounded by the daemon's http.Server
 // (MaxHeaderBytes: 431 past it); a request presents at most 8 tokens

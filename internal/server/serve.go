@@ -207,6 +207,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			closeAll(listeners)
 			return err
 		}
+		ssrv.SetAddress(sl.Addr().String())
 		srv.SetSSH(ssrv)
 		sshDone = make(chan struct{})
 		go func() {
@@ -240,7 +241,11 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	if sshDone != nil {
 		cancel()
-		<-sshDone
+		select {
+		case <-sshDone:
+		case <-shutdownCtx.Done():
+			log.Warn("ssh sessions did not end in time; the daemon stops anyway")
+		}
 	}
 	os.Remove(cfg.Socket)
 	log.Info("nook daemon stopped; sandboxes keep running")

@@ -3,6 +3,7 @@ package sshd
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/nookhq/nook/internal/daemon"
+	"github.com/nookhq/nook/internal/errdefs"
 )
 
 // maxChannels caps a connection's open channels (sessions and forwards).
@@ -31,10 +33,11 @@ type conn struct {
 	// (unix nanoseconds): traffic restarts the idle clock at most once a
 	// second.
 	lastUse atomic.Int64
-	// login is the user's passwd entry, read once (loginOnce).
-	loginOnce sync.Once
-	login     passwdEntry
-	loginErr  error
+	// login is the user's passwd entry, read once it read well
+	// (loginMu; loaded).
+	loginMu sync.Mutex
+	loaded  bool
+	login   passwdEntry
 }
 
 func (s *Server) serveConn(ctx context.Context, nc net.Conn, cfg *ssh.ServerConfig) {
@@ -127,35 +130,43 @@ type passwdEntry struct {
 // maxPasswd bounds the /etc/passwd a login reads.
 const maxPasswd = 4 << 20
 
-// loginEntry reads the login user's passwd entry from the sandbox once
-// per connection (its shell and home; sh and / when it has none).
+// loginEntry reads the login user's passwd entry from the sandbox, once
+// per connection (its shell and home; sh and / for a user it does not
+// list, or a sandbox without /etc/passwd). An error is not kept: the
+// next session reads again.
 func (c *conn) loginEntry(ctx context.Context) (passwdEntry, error) {
-	c.loginOnce.Do(func() {
-		user := c.user
-		if user == "" {
-			sb, err := c.s.m.Get(ctx, c.name)
-			if err != nil {
-				c.loginErr = err
-				return
-			}
-			user = c.s.m.DefaultUser(sb)
-		}
-		if user == "" {
-			user = "root"
-		}
-		user, _, _ = strings.Cut(user, ":") // USER:GROUP
-		c.login = passwdEntry{name: user, home: "/", shell: "/bin/sh"}
-		_, rc, err := c.s.m.ReadFile(passive(ctx), c.name, "/etc/passwd", 0, maxPasswd)
+	c.loginMu.Lock()
+	defer c.loginMu.Unlock()
+	if c.loaded {
+		return c.login, nil
+	}
+	user := c.user
+	if user == "" {
+		sb, err := c.s.m.Get(ctx, c.name)
 		if err != nil {
-			c.loginErr = err
-			return
+			return passwdEntry{}, err
 		}
-		defer rc.Close()
-		if e, ok := findPasswd(io.LimitReader(rc, maxPasswd), user); ok {
-			c.login = e
+		user = c.s.m.DefaultUser(sb)
+	}
+	if user == "" {
+		user = "root"
+	}
+	user, _, _ = strings.Cut(user, ":") // USER:GROUP
+	entry := passwdEntry{name: user, home: "/", shell: "/bin/sh"}
+	_, rc, err := c.s.m.ReadFile(passive(ctx), c.name, "/etc/passwd", 0, maxPasswd)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+	case err != nil:
+		return passwdEntry{}, err
+	default:
+		e, ok := findPasswd(io.LimitReader(rc, maxPasswd), user)
+		rc.Close()
+		if ok {
+			entry = e
 		}
-	})
-	return c.login, c.loginErr
+	}
+	c.login, c.loaded = entry, true
+	return entry, nil
 }
 
 // findPasswd finds user (a name or a uid) in a passwd file.
@@ -221,13 +232,17 @@ func (c *conn) forward(ctx context.Context, nch ssh.NewChannel) {
 	done := make(chan struct{})
 	go func() {
 		io.Copy(tc, usedReader{ch, c})
-		if cw, ok := tc.(interface{ CloseWrite() error }); ok {
-			cw.CloseWrite()
-		}
+		// The client's EOF on to the sandbox's server. The agent's stream
+		// is a yamux stream, whose Close is a half-close: reads go on
+		// until the sandbox's side ends.
+		tc.Close()
 		close(done)
 	}()
-	io.Copy(ch, usedReader{tc, c})
-	ch.CloseWrite()
+	if _, err := io.Copy(ch, usedReader{tc, c}); err != nil {
+		ch.Close() // the sandbox's side broke: the client's copy ends too
+	} else {
+		ch.CloseWrite()
+	}
 	<-done
 }
 

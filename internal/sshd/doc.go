@@ -64,11 +64,15 @@
 // # Idle and paused sandboxes
 //
 // A paused sandbox wakes on the first session, exec, SFTP or forward of a
-// connection. The agent streams a connection holds open are Passive: an
-// open but silent session is no use of the sandbox; its traffic is (at
-// most one idle-clock restart a second), so an idle SSH session lets the
-// sandbox's idle pause happen, which ends the session (the client is told
-// why on stderr, exit status 255).
+// connection. A shell's, SFTP's and a forward's agent streams (and the
+// shell's process) are Passive: open but silent, they are no use of the
+// sandbox; their traffic is (at most one idle-clock restart a second), so
+// an idle shell lets the sandbox's idle pause happen, which ends the
+// session (the client is told why on stderr, exit status 255). A command
+// (ssh NAME cmd) is use while it runs, as nook exec's. Passive streams
+// are not cut by a container snapshot's quiesce: with an SSH session
+// open, a container's snapshot keeps the disk only, as with an exec in
+// flight.
 //
 // # Limits
 //

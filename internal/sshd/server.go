@@ -102,6 +102,10 @@ func New(m *daemon.Manager, cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// SetAddress records where the endpoint listens, for Info, before Serve
+// runs (Serve records it too).
+func (s *Server) SetAddress(addr string) { s.addr.Store(addr) }
+
 // Info describes the endpoint for /v1/info.
 func (s *Server) Info() api.SSHInfo {
 	return api.SSHInfo{
@@ -322,18 +326,25 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		conns.Range(func(k, _ any) bool { k.(net.Conn).Close(); return true })
 		s.wg.Wait()
 	}()
+	var backoff time.Duration
 	for {
 		nc, err := l.Accept()
 		if err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			// Out of file descriptors and the like: wait and try again,
+			// as net/http does, rather than stop serving.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("ssh: accept", "err", err, "retry_in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				return nil
 			}
-			return err
+			continue
 		}
+		backoff = 0
 		if s.conns.Add(1) > int64(s.maxConns) {
 			s.conns.Add(-1)
 			nc.Close()

@@ -296,7 +296,13 @@ func (s *session) run(ctx context.Context, kind, cmd string) uint32 {
 		}
 	}
 	s.mu.Unlock()
-	p, err := c.s.m.Exec(passive(ctx), c.name, req)
+	// A shell or SFTP session sitting open is no use of the sandbox, its
+	// traffic is (used); a command is use while it runs, as nook exec's.
+	ectx := ctx
+	if kind != "exec" {
+		ectx = passive(ctx)
+	}
+	p, err := c.s.m.Exec(ectx, c.name, req)
 	if err != nil {
 		return s.fail("%v", err)
 	}
@@ -304,6 +310,10 @@ func (s *session) run(ctx context.Context, kind, cmd string) uint32 {
 	s.proc = p
 	s.mu.Unlock()
 	defer p.Close()
+	// The channel may have closed before s.proc was set: the session's
+	// end still ends the process.
+	stop := context.AfterFunc(ctx, func() { p.Close() })
+	defer stop()
 	c.used()
 	// Input: the channel to the process's stdin, EOF closing it.
 	go func() {
