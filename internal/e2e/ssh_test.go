@@ -97,6 +97,39 @@ func (c *sshClient) ssh(stdin io.Reader, key, login string, args ...string) resu
 	return c.run(stdin, "ssh", append(a, args...)...)
 }
 
+// sshTo runs a command over ssh with its stdout into w; the bytes
+// written and the exit code.
+func (c *sshClient) sshTo(w io.Writer, key, login string, args ...string) (int64, int) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ssh", append(append(c.opts(key), "-p", c.port, login+"@"+c.host), args...)...)
+	cw := &countingWriter{w: w}
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = cw, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		c.t.Logf("ssh %s: %s", login, stderr.String())
+		return cw.n, ee.ExitCode()
+	case err != nil:
+		c.t.Fatalf("ssh: %v", err)
+	}
+	return cw.n, 0
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
 // must runs a command over ssh that must succeed; its stdout.
 func (c *sshClient) must(key, login string, args ...string) string {
 	c.t.Helper()
@@ -182,6 +215,18 @@ func TestSSH(t *testing.T) {
 	}
 	if r = c.ssh(nil, keyA, "ssha", "head -c 50331648 /dev/zero"); r.code != 0 || len(r.stdout) != 48<<20 {
 		t.Fatalf("stdout through ssh: %d bytes, exit %d", len(r.stdout), r.code)
+	}
+	// 1 GiB both ways, streamed (no file on the test's side), whole.
+	gib := int64(1 << 30)
+	sent := sha256.New()
+	r = c.ssh(io.TeeReader(io.LimitReader(rand.Reader, gib), sent), keyA, "ssha", "tee /tmp/big | sha256sum")
+	if want := hex.EncodeToString(sent.Sum(nil)); r.code != 0 || !strings.HasPrefix(r.stdout, want) {
+		t.Fatalf("1 GiB into the sandbox: exit %d, %q (want %s): %s", r.code, r.stdout, want, r.stderr)
+	}
+	recv := sha256.New()
+	n, code := c.sshTo(recv, keyA, "ssha", "cat /tmp/big && rm /tmp/big")
+	if code != 0 || n != gib || !bytes.Equal(recv.Sum(nil), sent.Sum(nil)) {
+		t.Fatalf("1 GiB out of the sandbox: exit %d, %d bytes, sum differs: %v", code, n, !bytes.Equal(recv.Sum(nil), sent.Sum(nil)))
 	}
 
 	// scp both ways (OpenSSH's scp speaks SFTP).
