@@ -40,9 +40,12 @@ type conn struct {
 	login   passwdEntry
 }
 
-func (s *Server) serveConn(ctx context.Context, nc net.Conn, cfg *ssh.ServerConfig) {
+// serveConn serves one connection: the handshake (handshakeDone once it
+// ended, logged in or not), then its channels.
+func (s *Server) serveConn(ctx context.Context, nc net.Conn, cfg *ssh.ServerConfig, handshakeDone func()) {
 	nc.SetDeadline(time.Now().Add(handshakeTimeout))
 	sc, chans, reqs, err := ssh.NewServerConn(nc, cfg)
+	handshakeDone()
 	if err != nil {
 		return // a scanner, a wrong key: nothing to log for each
 	}

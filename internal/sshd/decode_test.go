@@ -1,8 +1,13 @@
 package sshd
 
 import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 )
@@ -114,4 +119,68 @@ func FuzzDecodeRequest(f *testing.F) {
 			_ = (&Server{acceptEnv: []string{"LC_*"}}).envAccepted(r.Name)
 		}
 	})
+}
+
+// One address cannot hold more than maxHandshakesPerIP connections that
+// have not logged in: the next is closed at once, and the slot comes
+// back when one of them goes.
+func TestHandshakesPerIP(t *testing.T) {
+	s, err := New(nil, Config{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, ln) }()
+	defer func() { cancel(); <-done }()
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	// Each held connection has read the server's version line: the
+	// server counts it by then.
+	dial := func() (net.Conn, error) {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			return nil, err
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "SSH-2.0-nook") {
+			c.Close()
+			return nil, fmt.Errorf("%q %v", line, err)
+		}
+		return c, nil
+	}
+	for i := 0; i < maxHandshakesPerIP; i++ {
+		c, err := dial()
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		held = append(held, c)
+	}
+	if c, err := dial(); err == nil {
+		c.Close()
+		t.Fatalf("connection %d from one address was served", maxHandshakesPerIP+1)
+	}
+	held[0].Close()
+	held = held[1:]
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := dial()
+		if err == nil {
+			held = append(held, c)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the slot did not come back: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

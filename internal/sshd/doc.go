@@ -76,7 +76,9 @@
 //
 // # Limits
 //
-// At most 1024 connections, 32 per sandbox, 64 channels per connection,
+// At most 1024 connections, 16 from one address that have not logged in
+// yet (silent connections cannot hold every slot), 32 per sandbox, 64
+// channels per connection,
 // 6 authentication attempts, 30 s to finish the handshake, 64
 // environment variables (names of at most 256 bytes, 64 KiB in all), a
 // terminal type of at most 256 bytes; a request the client malformed is

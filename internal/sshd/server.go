@@ -46,9 +46,11 @@ type Server struct {
 	addr      atomic.Value // string: where it listens
 	conns     atomic.Int64
 	wg        sync.WaitGroup
-	// perSandbox counts open connections by sandbox ID.
+	// perSandbox counts open connections by sandbox ID, handshakes those
+	// not logged in yet by remote address.
 	mu         sync.Mutex
 	perSandbox map[string]int
+	handshakes map[string]int
 }
 
 // Permissions extensions the authentication hands to the connection:
@@ -67,8 +69,14 @@ const (
 // only while that token is valid.
 const certTokenExt = "nook-token@nook"
 
-// maxConnsPerSandbox caps one sandbox's open SSH connections.
-const maxConnsPerSandbox = 32
+// maxConnsPerSandbox caps one sandbox's open SSH connections, and
+// maxHandshakesPerIP the connections one address has not logged in on
+// yet: a stranger cannot hold every connection slot with silent
+// connections for the handshake's 30 s.
+const (
+	maxConnsPerSandbox = 32
+	maxHandshakesPerIP = 16
+)
 
 // authTimeout bounds a login's work (the daemon's lookups) and the whole
 // handshake.
@@ -88,7 +96,7 @@ func New(m *daemon.Manager, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ssh user CA: %w", err)
 	}
-	s := &Server{m: m, log: cfg.Log, hostKey: host, ca: ca, acceptEnv: cfg.AcceptEnv, maxConns: cfg.MaxConns, perSandbox: map[string]int{}}
+	s := &Server{m: m, log: cfg.Log, hostKey: host, ca: ca, acceptEnv: cfg.AcceptEnv, maxConns: cfg.MaxConns, perSandbox: map[string]int{}, handshakes: map[string]int{}}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -305,6 +313,35 @@ func (s *Server) release(sandboxID string) {
 	}
 }
 
+// remoteIP is a connection's remote address without its port.
+func remoteIP(c net.Conn) string {
+	host, _, err := net.SplitHostPort(c.RemoteAddr().String())
+	if err != nil {
+		return c.RemoteAddr().String()
+	}
+	return host
+}
+
+// beginHandshake counts a connection from ip that has not logged in,
+// refusing one beyond maxHandshakesPerIP; endHandshake gives it back.
+func (s *Server) beginHandshake(ip string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.handshakes[ip] >= maxHandshakesPerIP {
+		return false
+	}
+	s.handshakes[ip]++
+	return true
+}
+
+func (s *Server) endHandshake(ip string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.handshakes[ip]--; s.handshakes[ip] <= 0 {
+		delete(s.handshakes, ip)
+	}
+}
+
 // certLogin is the connection as the certificate check sees it: its user
 // is the principal the certificate must name.
 type certLogin struct {
@@ -350,6 +387,12 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			nc.Close()
 			continue
 		}
+		ip := remoteIP(nc)
+		if !s.beginHandshake(ip) {
+			s.conns.Add(-1)
+			nc.Close()
+			continue
+		}
 		conns.Store(nc, struct{}{})
 		s.wg.Add(1)
 		go func() {
@@ -360,7 +403,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			// Quick ACKs: OpenSSH's client writes without TCP_NODELAY
 			// outside interactive sessions, and a delayed ACK holds its
 			// next packet 40 ms (twice per login, measured).
-			s.serveConn(ctx, quickack.Wrap(nc), cfg)
+			s.serveConn(ctx, quickack.Wrap(nc), cfg, func() { s.endHandshake(ip) })
 		}()
 	}
 }
