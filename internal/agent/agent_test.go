@@ -594,3 +594,56 @@ func TestDial(t *testing.T) {
 		t.Fatalf("dial of a closed port: %v", err)
 	}
 }
+
+// A client closed while its dial is under way drops the connection the
+// dial made: left open, it would hold a vm's agent port (one connection
+// at a time) from the client that replaced it (a guest reboot's start
+// then never reached the new agent).
+func TestCloseDuringDial(t *testing.T) {
+	release := make(chan struct{})
+	dialed := make(chan net.Conn, 1)
+	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+		<-release
+		a, b := net.Pipe()
+		dialed <- b
+		return a, nil
+	})
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Ping(context.Background())
+		errc <- err
+	}()
+	// The dial is under way once the client has asked for it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.mu.Lock()
+		dialing := c.dialing != nil
+		c.mu.Unlock()
+		if dialing {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the dial did not start")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	c.Close()
+	close(release)
+	if err := <-errc; !errors.Is(err, errClientClosed) {
+		t.Fatalf("a request on a client closed during its dial: %v", err)
+	}
+	peer := <-dialed
+	peer.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 64)
+	for {
+		if _, err := peer.Read(buf); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatal("the connection dialed for a closed client stays open")
+			}
+			break
+		}
+	}
+	if _, err := c.Ping(context.Background()); !errors.Is(err, errClientClosed) {
+		t.Fatalf("a closed client dialed again: %v", err)
+	}
+}

@@ -46,6 +46,8 @@ type Client struct {
 	inflight int
 	// dialing is closed when the dial under way (if any) ends.
 	dialing chan struct{}
+	// closed: Close was called; the client connects no more.
+	closed bool
 }
 
 // DefaultAnswerTimeout is how long the agent may take to answer a
@@ -70,6 +72,10 @@ func (c *Client) SetAnswerTimeout(d time.Duration) *Client {
 func (c *Client) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// A dial under way finds the client closed and drops its session: a
+	// connection left open by a dropped client would hold a vm's agent
+	// port (one connection at a time) from the client that replaces it.
+	c.closed = true
 	if c.sess != nil {
 		err := c.sess.Close()
 		c.sess = nil
@@ -227,6 +233,10 @@ func (c *Client) session(ctx context.Context) (*clientSession, error) {
 		}
 		c.mu.Lock()
 	}
+	if c.closed {
+		c.mu.Unlock()
+		return nil, errClientClosed
+	}
 	dialing := make(chan struct{})
 	c.dialing = dialing
 	c.mu.Unlock()
@@ -240,6 +250,11 @@ func (c *Client) session(ctx context.Context) (*clientSession, error) {
 	c.mu.Lock()
 	c.dialing = nil
 	close(dialing)
+	if err == nil && c.closed {
+		sess.Close()
+		c.mu.Unlock()
+		return nil, errClientClosed
+	}
 	if err == nil && c.hold != nil {
 		// Quiesced meanwhile: nothing may be connected until released.
 		sess.Close()
@@ -252,6 +267,10 @@ func (c *Client) session(ctx context.Context) (*clientSession, error) {
 	c.mu.Unlock()
 	return sess, err
 }
+
+// errClientClosed: the client was closed (its sandbox stopped, restarted
+// or went): the caller asks for the sandbox's client again.
+var errClientClosed = errors.New("connect to sandbox agent: the connection was closed (the sandbox stopped or restarted): try again")
 
 // How long a request waits for its first answer.
 type wait int

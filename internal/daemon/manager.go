@@ -1223,6 +1223,16 @@ func (m *Manager) runningAgent(ctx context.Context, name string) (*core.Sandbox,
 		}
 		return nil, nil, errdefs.Precondition("%s; remove it with `nook rm %s`", msg, name)
 	}
+	// A guest reboot's start is under way: its agent is neither up nor
+	// configured yet. Wait for the start, then look again.
+	if wait := m.reboots.pending(sb.ID); wait != nil {
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		return m.runningAgent(ctx, name)
+	}
 	c, err := m.agentFor(sb)
 	if err != nil {
 		return nil, nil, err

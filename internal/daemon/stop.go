@@ -29,9 +29,11 @@ const (
 // reboots remembers each sandbox's recent guest reboots (this daemon's
 // life only: enough to catch a loop), and which it is starting again.
 type reboots struct {
-	mu       sync.Mutex
-	at       map[string][]time.Time
-	starting map[string]bool
+	mu sync.Mutex
+	at map[string][]time.Time
+	// starting: the sandboxes being started again, each with a channel
+	// closed when that ends.
+	starting map[string]chan struct{}
 }
 
 // begin marks sandbox id as being started again after a reboot; false if
@@ -40,19 +42,33 @@ func (r *reboots) begin(id string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.starting == nil {
-		r.starting = map[string]bool{}
+		r.starting = map[string]chan struct{}{}
 	}
-	if r.starting[id] {
+	if r.starting[id] != nil {
 		return false
 	}
-	r.starting[id] = true
+	r.starting[id] = make(chan struct{})
 	return true
 }
 
 func (r *reboots) end(id string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.starting, id)
+	if ch := r.starting[id]; ch != nil {
+		close(ch)
+		delete(r.starting, id)
+	}
+}
+
+// pending is closed when sandbox id's start after a reboot ends; nil
+// when none is under way.
+func (r *reboots) pending(id string) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ch := r.starting[id]; ch != nil {
+		return ch
+	}
+	return nil
 }
 
 // add records a reboot of sandbox id now and reports how many fell within
