@@ -595,7 +595,7 @@ func TestDial(t *testing.T) {
 	}
 }
 
-// A client closed while its dial is under way drops the connection the
+// A client retired while its dial is under way drops the connection the
 // dial made: left open, it would hold a vm's agent port (one connection
 // at a time) from the client that replaced it (a guest reboot's start
 // then never reached the new agent).
@@ -627,7 +627,7 @@ func TestCloseDuringDial(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	c.Close()
+	c.Retire()
 	close(release)
 	if err := <-errc; !errors.Is(err, errClientClosed) {
 		t.Fatalf("a request on a client closed during its dial: %v", err)
@@ -644,6 +644,6 @@ func TestCloseDuringDial(t *testing.T) {
 		}
 	}
 	if _, err := c.Ping(context.Background()); !errors.Is(err, errClientClosed) {
-		t.Fatalf("a closed client dialed again: %v", err)
+		t.Fatalf("a retired client dialed again: %v", err)
 	}
 }

@@ -46,8 +46,10 @@ type Client struct {
 	inflight int
 	// dialing is closed when the dial under way (if any) ends.
 	dialing chan struct{}
-	// closed: Close was called; the client connects no more.
-	closed bool
+	// gen counts Closes: a dial that began before one drops what it
+	// brings. retired: Retire was called; the client connects no more.
+	gen     int
+	retired bool
 }
 
 // DefaultAnswerTimeout is how long the agent may take to answer a
@@ -72,10 +74,25 @@ func (c *Client) SetAnswerTimeout(d time.Duration) *Client {
 func (c *Client) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// A dial under way finds the client closed and drops its session: a
-	// connection left open by a dropped client would hold a vm's agent
-	// port (one connection at a time) from the client that replaces it.
-	c.closed = true
+	return c.closeLocked()
+}
+
+// Retire closes the client for good: a request on it fails, and a dial
+// under way drops the connection it makes. The daemon retires the client
+// of a sandbox that stopped or restarted: a connection left open by a
+// caller still holding it would hold a vm's agent port (one connection
+// at a time) from the client that replaces it.
+func (c *Client) Retire() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.retired = true
+	c.closeLocked()
+}
+
+func (c *Client) closeLocked() error {
+	// A dial under way when the client closes drops what it brings: what
+	// was connected before a Close is not connected after it.
+	c.gen++
 	if c.sess != nil {
 		err := c.sess.Close()
 		c.sess = nil
@@ -233,10 +250,11 @@ func (c *Client) session(ctx context.Context) (*clientSession, error) {
 		}
 		c.mu.Lock()
 	}
-	if c.closed {
+	if c.retired {
 		c.mu.Unlock()
 		return nil, errClientClosed
 	}
+	gen := c.gen
 	dialing := make(chan struct{})
 	c.dialing = dialing
 	c.mu.Unlock()
@@ -250,7 +268,7 @@ func (c *Client) session(ctx context.Context) (*clientSession, error) {
 	c.mu.Lock()
 	c.dialing = nil
 	close(dialing)
-	if err == nil && c.closed {
+	if err == nil && (c.retired || c.gen != gen) {
 		sess.Close()
 		c.mu.Unlock()
 		return nil, errClientClosed
@@ -268,8 +286,8 @@ func (c *Client) session(ctx context.Context) (*clientSession, error) {
 	return sess, err
 }
 
-// errClientClosed: the client was closed (its sandbox stopped, restarted
-// or went): the caller asks for the sandbox's client again.
+// errClientClosed: the client was closed while the request connected, or
+// retired (its sandbox stopped, restarted or went).
 var errClientClosed = errors.New("connect to sandbox agent: the connection was closed (the sandbox stopped or restarted): try again")
 
 // How long a request waits for its first answer.

@@ -392,7 +392,7 @@ func (m *Manager) Close() error {
 	}
 	m.mu.Lock()
 	for id, c := range m.agents {
-		c.Close()
+		c.Retire()
 		delete(m.agents, id)
 	}
 	m.mu.Unlock()
@@ -455,7 +455,7 @@ func (m *Manager) dropAgent(id string) {
 	m.mu.Lock()
 	vs := m.stopVolumesLocked(id)
 	if c := m.agents[id]; c != nil {
-		c.Close()
+		c.Retire()
 		delete(m.agents, id)
 	}
 	m.mu.Unlock()
