@@ -124,16 +124,11 @@ func RunDensity(ctx context.Context, cfg Config, n int) (*DensityResult, error) 
 	if err := os.Chmod(root, 0o711); err != nil {
 		return nil, err
 	}
-	s, err := newSimNet()
-	if err != nil {
-		return nil, fmt.Errorf("simulated network: %w", err)
-	}
-	defer s.close()
-	stopDNS, err := s.serveDNS()
+	s, closeNet, err := newSimNetDNS()
 	if err != nil {
 		return nil, err
 	}
-	defer stopDNS()
+	defer closeNet()
 
 	d, err := startProcDaemon(ctx, cfg, s, filepath.Join(root, "density"), "--container-pause", "freeze")
 	if err != nil {

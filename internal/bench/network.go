@@ -46,6 +46,19 @@ func (s *simNet) close() {
 	s.world.Close()
 }
 
+// newSimNetDNS is newSimNet with the world's DNS served; closeNet ends both.
+func newSimNetDNS() (s *simNet, closeNet func(), err error) {
+	if s, err = newSimNet(); err != nil {
+		return nil, nil, fmt.Errorf("simulated network: %w", err)
+	}
+	stopDNS, err := s.serveDNS()
+	if err != nil {
+		s.close()
+		return nil, nil, err
+	}
+	return s, func() { stopDNS(); s.close() }, nil
+}
+
 // newSimNet makes the simulated host and world: a veth between them
 // (192.0.2.1 and .2), a default route into the world, and the world's
 // server addresses.
@@ -491,16 +504,11 @@ func runNetwork(ctx context.Context, cfg Config, root string) error {
 		fmt.Fprintln(cfg.Out, "network benchmarks skipped: nsenter is not installed")
 		return nil
 	}
-	s, err := newSimNet()
-	if err != nil {
-		return fmt.Errorf("simulated network: %w", err)
-	}
-	defer s.close()
-	stopDNS, err := s.serveDNS()
+	s, closeNet, err := newSimNetDNS()
 	if err != nil {
 		return err
 	}
-	defer stopDNS()
+	defer closeNet()
 	rates, stopSink, err := s.sink()
 	if err != nil {
 		return err
@@ -651,15 +659,10 @@ func runNetwork(ctx context.Context, cfg Config, root string) error {
 
 // runOnlyRemote measures only SSH and preview URLs (-only-remote).
 func runOnlyRemote(ctx context.Context, cfg Config, root string) error {
-	s, err := newSimNet()
-	if err != nil {
-		return fmt.Errorf("simulated network: %w", err)
-	}
-	defer s.close()
-	stopDNS, err := s.serveDNS()
+	s, closeNet, err := newSimNetDNS()
 	if err != nil {
 		return err
 	}
-	defer stopDNS()
+	defer closeNet()
 	return runRemote(ctx, cfg, root, s)
 }

@@ -53,11 +53,11 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn, cfg *ssh.ServerConf
 	defer sc.Close()
 	name, _, _ := strings.Cut(sc.User(), "+")
 	c := &conn{s: s, sc: sc, name: name, sandboxID: sc.Permissions.Extensions[extSandboxID], user: sc.Permissions.Extensions[extUser]}
-	if !s.admit(c.sandboxID) {
+	if !s.perSandbox.acquire(c.sandboxID) {
 		s.log.Warn("ssh login refused: too many connections to the sandbox", "sandbox", name, "max", maxConnsPerSandbox)
 		return
 	}
-	defer s.release(c.sandboxID)
+	defer s.perSandbox.release(c.sandboxID)
 	s.log.Info("ssh login", "sandbox", name, "user", c.user, "remote", nc.RemoteAddr().String())
 	c.used()
 	// Global requests (keepalives, remote forwards): refused, which

@@ -48,9 +48,8 @@ type Server struct {
 	wg        sync.WaitGroup
 	// perSandbox counts open connections by sandbox ID, handshakes those
 	// not logged in yet by remote address.
-	mu         sync.Mutex
-	perSandbox map[string]int
-	handshakes map[string]int
+	perSandbox capped
+	handshakes capped
 }
 
 // Permissions extensions the authentication hands to the connection:
@@ -96,7 +95,8 @@ func New(m *daemon.Manager, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ssh user CA: %w", err)
 	}
-	s := &Server{m: m, log: cfg.Log, hostKey: host, ca: ca, acceptEnv: cfg.AcceptEnv, maxConns: cfg.MaxConns, perSandbox: map[string]int{}, handshakes: map[string]int{}}
+	s := &Server{m: m, log: cfg.Log, hostKey: host, ca: ca, acceptEnv: cfg.AcceptEnv, maxConns: cfg.MaxConns}
+	s.perSandbox.max, s.handshakes.max = maxConnsPerSandbox, maxHandshakesPerIP
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -293,23 +293,34 @@ func (s *Server) allowed(ctx context.Context, sb *core.Sandbox, perms *ssh.Permi
 	return nil
 }
 
-// admit counts a connection to a sandbox, refusing one beyond
-// maxConnsPerSandbox; release gives it back.
-func (s *Server) admit(sandboxID string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.perSandbox[sandboxID] >= maxConnsPerSandbox {
+// capped counts open things by key (a sandbox's connections, an
+// address's handshakes), at most max per key.
+type capped struct {
+	mu  sync.Mutex
+	n   map[string]int
+	max int
+}
+
+// acquire counts one more for key, refusing one beyond max; release
+// gives it back.
+func (c *capped) acquire(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[key] >= c.max {
 		return false
 	}
-	s.perSandbox[sandboxID]++
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[key]++
 	return true
 }
 
-func (s *Server) release(sandboxID string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.perSandbox[sandboxID]--; s.perSandbox[sandboxID] <= 0 {
-		delete(s.perSandbox, sandboxID)
+func (c *capped) release(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[key]--; c.n[key] <= 0 {
+		delete(c.n, key)
 	}
 }
 
@@ -320,26 +331,6 @@ func remoteIP(c net.Conn) string {
 		return c.RemoteAddr().String()
 	}
 	return host
-}
-
-// beginHandshake counts a connection from ip that has not logged in,
-// refusing one beyond maxHandshakesPerIP; endHandshake gives it back.
-func (s *Server) beginHandshake(ip string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.handshakes[ip] >= maxHandshakesPerIP {
-		return false
-	}
-	s.handshakes[ip]++
-	return true
-}
-
-func (s *Server) endHandshake(ip string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.handshakes[ip]--; s.handshakes[ip] <= 0 {
-		delete(s.handshakes, ip)
-	}
 }
 
 // certLogin is the connection as the certificate check sees it: its user
@@ -388,7 +379,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			continue
 		}
 		ip := remoteIP(nc)
-		if !s.beginHandshake(ip) {
+		if !s.handshakes.acquire(ip) {
 			s.conns.Add(-1)
 			nc.Close()
 			continue
@@ -403,7 +394,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			// Quick ACKs: OpenSSH's client writes without TCP_NODELAY
 			// outside interactive sessions, and a delayed ACK holds its
 			// next packet 40 ms (twice per login, measured).
-			s.serveConn(ctx, quickack.Wrap(nc), cfg, func() { s.endHandshake(ip) })
+			s.serveConn(ctx, quickack.Wrap(nc), cfg, func() { s.handshakes.release(ip) })
 		}()
 	}
 }
