@@ -9,19 +9,28 @@
 // stored bytes and the tar matched their digests over every byte (the
 // registry client checks a blob's digest at its end, so a registry's
 // blob, Blob.Verified, is not hashed twice; archives and layouts are
-// hashed here); gzip, zstd or plain. Nothing is left of a layer that
-// failed; Open removes what a crash cut short.
+// hashed here) and the layer is on disk; gzip, zstd or plain. Nothing is
+// left of a layer that failed; Open removes what a crash cut short. A
+// Batch unpacks an image's layers, each over the temporary directories
+// of those below it, and syncs them once before it names them all: one
+// wait for the disk per image, not one per layer.
 //
 // An unpack is two goroutines joined by a chunkPipe (1 MiB chunks, a
-// few in flight): one reads and decompresses the blob, the other hashes
-// the tar and writes it to disk, so that on two cores they overlap;
-// each file of 256 KiB or more has its writeback started as soon as it
-// is written, so that the sync before the rename finds little to do.
+// few in flight): one reads, decompresses and hashes the blob and its
+// tar, the other writes the tar to disk, so that on two cores they
+// overlap; each file of 256 KiB or more has its writeback started as
+// soon as it is written, so that the sync before the rename finds little
+// to do.
 // Prefetch reads the next layer of an image (up to a bound) while one
-// unpacks. On this project's test machines the root file system is ext4
-// without a journal, which skips, one by one, the inodes freed in the
-// last minutes when it picks one for a new file: a layer unpacked just
-// after many files were removed costs more (BENCHMARKS.md).
+// unpacks. On this project's test
+// machines the root file system is ext4 without a journal, which skips,
+// one by one, the inodes freed in the last minutes when it picks one for
+// a new file: a layer unpacked among many files removed just before
+// costs several times more (BENCHMARKS.md). The store's directory is
+// marked a top directory (chattr +T, fsutil.MarkTopDir), so that each
+// layer's directory starts in a block group of its own choosing, with
+// free inodes above the average, instead of beside the store's, where
+// the layers removed before it were.
 //
 // A layer comes from a registry, an archive or a build step: nothing in
 // it is trusted. Every entry is created through file descriptors, below

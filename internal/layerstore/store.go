@@ -40,6 +40,9 @@ func Open(dir string) (*Store, error) {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, err
 	}
+	if err := fsutil.MarkTopDir(dir); err != nil {
+		return nil, err
+	}
 	left, _ := filepath.Glob(filepath.Join(dir, ".tmp-*"))
 	for _, p := range left {
 		if err := os.RemoveAll(p); err != nil {
@@ -58,6 +61,9 @@ func Attach(dir string) (*Store, error) {
 		return nil, err
 	}
 	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := fsutil.MarkTopDir(dir); err != nil {
 		return nil, err
 	}
 	return &Store{dir: dir}, nil
@@ -110,48 +116,121 @@ func hexOf(d string) (string, error) {
 // and whether this call made it. The stored bytes and the tar must have
 // the blob's digests, checked over every byte: a layer that does not, or
 // that Unpack refuses, leaves nothing. Two Ensures of one layer, in this
-// process or another, unpack it once.
+// process or another, unpack it once. It is a Batch of one layer.
 func (s *Store) Ensure(ctx context.Context, b Blob, lowers []string, opt Options) (dir string, made bool, err error) {
+	bt := s.NewBatch()
+	defer bt.Close()
+	if dir, made, err = bt.Ensure(ctx, b, lowers, opt); err != nil {
+		return "", false, err
+	}
+	if err := bt.Commit(); err != nil {
+		return "", false, err
+	}
+	return bt.Final(dir), made, nil
+}
+
+// A Batch makes the layers of one stack, each over those before it, and
+// names the ones it made all at once at Commit, after one sync of their
+// bytes: an image's layers wait for the disk once, not once each. Until
+// then a layer it made is under a temporary name (which Ensure returns,
+// to be given as a lower of the next) and its lock is held, so that no
+// other build unpacks it meanwhile. Layers are locked bottom first, in
+// every build alike (a chain ID names its whole stack), so two batches
+// never wait for each other in a circle.
+type Batch struct {
+	s         *Store
+	pending   []batched // made, not named yet
+	committed []batched
+	unlocks   []func()
+}
+
+type batched struct{ tmp, final string }
+
+// NewBatch starts a batch; Close ends it.
+func (s *Store) NewBatch() *Batch { return &Batch{s: s} }
+
+// Ensure is Store.Ensure in the batch: a layer it makes is named only at
+// Commit; the directory returned is where it is until then.
+func (bt *Batch) Ensure(ctx context.Context, b Blob, lowers []string, opt Options) (dir string, made bool, err error) {
 	h, err := hexOf(b.Chain)
 	if err != nil {
 		return "", false, err
 	}
-	final := filepath.Join(s.dir, h)
+	final := filepath.Join(bt.s.dir, h)
 	unlock, err := fsutil.Flock(ctx, final+".lock")
 	if err != nil {
 		return "", false, err
 	}
-	defer unlock()
 	if _, err := os.Lstat(final); err == nil {
+		unlock()
 		return filepath.Join(final, "layer"), false, nil
 	}
 	rnd := make([]byte, 6)
 	rand.Read(rnd)
-	tmp := filepath.Join(s.dir, ".tmp-"+h[:16]+"-"+hex.EncodeToString(rnd))
-	if err := os.MkdirAll(filepath.Join(tmp, "layer"), 0o755); err != nil {
-		return "", false, err
-	}
-	defer os.RemoveAll(tmp) // gone once renamed
+	tmp := filepath.Join(bt.s.dir, ".tmp-"+h[:16]+"-"+hex.EncodeToString(rnd))
 	opt.Lowers = lowers
-	if err := unpackBlob(ctx, b, filepath.Join(tmp, "layer"), opt); err != nil {
+	err = os.MkdirAll(filepath.Join(tmp, "layer"), 0o755)
+	if err == nil {
+		err = unpackBlob(ctx, b, filepath.Join(tmp, "layer"), opt)
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		unlock()
 		return "", false, err
 	}
-	if err := syncDir(tmp); err != nil {
-		return "", false, err
+	bt.pending = append(bt.pending, batched{tmp: tmp, final: final})
+	bt.unlocks = append(bt.unlocks, unlock)
+	return filepath.Join(tmp, "layer"), true, nil
+}
+
+// Commit makes the layers made so far durable (one sync) and names them.
+func (bt *Batch) Commit() error {
+	if len(bt.pending) == 0 {
+		return nil
 	}
-	if err := os.Rename(tmp, final); err != nil {
-		return "", false, err
+	if err := syncDir(bt.s.dir); err != nil {
+		return err
 	}
-	if err := syncDir(s.dir); err != nil {
-		return "", false, err
+	for len(bt.pending) > 0 {
+		p := bt.pending[0]
+		if err := os.Rename(p.tmp, p.final); err != nil {
+			return err
+		}
+		bt.pending = bt.pending[1:]
+		bt.committed = append(bt.committed, p)
 	}
-	return filepath.Join(final, "layer"), true, nil
+	fsutil.SyncDir(bt.s.dir) // the renames
+	return nil
+}
+
+// Final is where dir, a directory this batch's Ensure returned, is once
+// committed.
+func (bt *Batch) Final(dir string) string {
+	for _, p := range bt.committed {
+		if dir == filepath.Join(p.tmp, "layer") {
+			return filepath.Join(p.final, "layer")
+		}
+	}
+	return dir
+}
+
+// Close removes the layers made and not committed, and unlocks.
+func (bt *Batch) Close() {
+	for _, p := range bt.pending {
+		os.RemoveAll(p.tmp)
+	}
+	bt.pending = nil
+	for _, unlock := range bt.unlocks {
+		unlock()
+	}
+	bt.unlocks = nil
 }
 
 // unpackBlob reads b, checks both digests over every byte, and unpacks
 // it to dst. A goroutine of its own reads, decompresses and hashes the
-// layer a few chunks ahead of the one applying its tar: on two cores the
-// hashing and the writes to disk overlap.
+// layer (its stored bytes and its tar) a few chunks ahead of the one
+// applying its tar: on two cores the hashing and the writes to disk
+// overlap.
 func unpackBlob(ctx context.Context, b Blob, dst string, opt Options) error {
 	rc, err := b.Open()
 	if err != nil {
@@ -162,19 +241,18 @@ func unpackBlob(ctx context.Context, b Blob, dst string, opt Options) error {
 	// a read the registry does not answer; the feed ends at that read's
 	// end (its next write finds the pipe closed).
 	fed := make(chan error, 1)
+	diff := sha256.New() // the feed's until it ends
 	go func() {
 		defer rc.Close()
-		err := feed(b, rc, pipe)
+		err := feed(b, rc, pipe, diff)
 		fed <- err // before the reader can see the end
 		pipe.CloseWrite(err)
 	}()
 	defer pipe.CloseRead()
-	diff := sha256.New()
-	tr := io.TeeReader(pipe, diff)
-	_, err = Unpack(ctx, tr, dst, opt)
+	_, err = Unpack(ctx, pipe, dst, opt)
 	if err == nil {
 		// The digests cover every byte: what follows the tar's end too.
-		_, err = io.Copy(io.Discard, tr)
+		_, err = io.Copy(io.Discard, pipe)
 	}
 	var ferr error
 	if err == nil {
@@ -200,10 +278,10 @@ func unpackBlob(ctx context.Context, b Blob, dst string, opt Options) error {
 	return nil
 }
 
-// feed decompresses b, read from rc, into w, and checks the digest of
-// every byte rc gives, unless its source checks them itself
-// (b.Verified).
-func feed(b Blob, rc io.Reader, w io.ReaderFrom) error {
+// feed decompresses b, read from rc, into w, hashing the tar into diff,
+// and checks the digest of every byte rc gives, unless its source checks
+// them itself (b.Verified).
+func feed(b Blob, rc io.Reader, w io.ReaderFrom, diff hash.Hash) error {
 	src := &source{r: rc, verified: b.Verified, size: b.Size}
 	rc = src
 	var stored hash.Hash
@@ -220,7 +298,7 @@ func feed(b Blob, rc io.Reader, w io.ReaderFrom) error {
 		return errdefs.Invalid("%v", err)
 	}
 	defer closeDec()
-	if _, err := w.ReadFrom(tarStream); err != nil {
+	if _, err := w.ReadFrom(io.TeeReader(tarStream, diff)); err != nil {
 		if errors.Is(err, errReaderGone) || src.err != nil && errors.Is(err, src.err) {
 			return err
 		}

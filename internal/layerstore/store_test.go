@@ -1,6 +1,7 @@
 package layerstore
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -125,5 +127,74 @@ func TestEnsureRefuses(t *testing.T) {
 		if filepath.Ext(e.Name()) != ".lock" {
 			t.Errorf("left in the store: %s", e.Name())
 		}
+	}
+}
+
+// A Batch's layers are unpacked over the ones before them while those
+// are still under their temporary names (a hard link to a file of the
+// layer below is copied up from it), named together at Commit, and held
+// locked until then; a batch closed before its Commit leaves nothing.
+func TestBatch(t *testing.T) {
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "layers")
+	s, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	bottom, _ := blob(t, "gzip", ent{name: "bin/tool", data: "tool"})
+	top, _ := blob(t, "", ent{name: "bin/alias", typ: tar.TypeLink, link: "bin/tool"})
+	top.Chain = digest([]byte(bottom.Chain + " " + top.DiffID))
+
+	bt := s.NewBatch()
+	low, made, err := bt.Ensure(ctx, bottom, nil, Options{})
+	if err != nil || !made {
+		t.Fatalf("bottom: made %v, %v", made, err)
+	}
+	if s.Has(bottom.Chain) {
+		t.Error("the bottom layer is named before Commit")
+	}
+	// Another Ensure of it waits for the batch.
+	locked, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	if _, _, err := s.Ensure(locked, bottom, nil, Options{}); err == nil {
+		t.Error("a layer in a batch was ensured beside it")
+	}
+	cancel()
+	high, made, err := bt.Ensure(ctx, top, []string{low}, Options{})
+	if err != nil || !made {
+		t.Fatalf("top: made %v, %v", made, err)
+	}
+	if err := bt.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	bt.Close()
+	for _, c := range []struct{ dir, chain, file string }{{low, bottom.Chain, "bin/tool"}, {high, top.Chain, "bin/alias"}} {
+		want, _ := s.Path(c.chain)
+		if got := bt.Final(c.dir); got != want {
+			t.Errorf("Final(%s) = %s, want %s", c.dir, got, want)
+		}
+		if b, err := os.ReadFile(filepath.Join(want, c.file)); err != nil || string(b) != "tool" {
+			t.Errorf("%s: %q, %v", c.file, b, err)
+		}
+	}
+	if _, made, err := s.Ensure(ctx, bottom, nil, Options{}); err != nil || made {
+		t.Errorf("after Commit: made %v, %v", made, err)
+	}
+
+	// Closed without a Commit: nothing named, nothing left, unlocked.
+	other, _ := blob(t, "", ent{name: "other", data: "x"})
+	bt = s.NewBatch()
+	if _, _, err := bt.Ensure(ctx, other, nil, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	bt.Close()
+	if s.Has(other.Chain) {
+		t.Error("a layer of a batch closed without Commit is named")
+	}
+	if left, _ := filepath.Glob(filepath.Join(root, ".tmp-*")); len(left) > 0 {
+		t.Errorf("left in the store: %v", left)
+	}
+	if _, made, err := s.Ensure(ctx, other, nil, Options{}); err != nil || !made {
+		t.Errorf("after Close: made %v, %v", made, err)
 	}
 }

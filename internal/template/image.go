@@ -219,11 +219,15 @@ func (s *Store) buildImage(ctx context.Context, name, from string, ref image.Ref
 }
 
 // pullLayers makes each layer of res in ls, bottom first, and returns
-// their directories; done is told of each once it is there. While a
+// their directories; done is told of each once it is unpacked. While a
 // layer unpacks, the next one not in the store yet comes from the
 // registry (up to prefetchAhead bytes of it): the network and the disk
-// work at once.
+// work at once. The layers made are synced once and named together at
+// the end (a layerstore.Batch); those made before a layer that fails are
+// kept.
 func pullLayers(ctx context.Context, ls *layerstore.Store, res *image.Resolved, maxBytes int64, indent string, progress io.Writer, onPull func(api.BuildPullEvent), done func(i int, l image.Layer, made bool, took time.Duration)) ([]string, error) {
+	batch := ls.NewBatch()
+	defer batch.Close()
 	var dirs []string
 	var next layerstore.Blob
 	stopNext := func() {}
@@ -243,13 +247,20 @@ func pullLayers(ctx context.Context, ls *layerstore.Store, res *image.Resolved, 
 		}
 		start := time.Now()
 		label := fmt.Sprintf("%slayer %d/%d %s", indent, i+1, len(res.Layers), short(l.Digest.String()))
-		dir, made, err := ensureLayer(ctx, ls, blob, l, lowers, maxBytes, label, progress, pullReporter(onPull, i, len(res.Layers), l))
+		dir, made, err := ensureLayer(ctx, batch, blob, l, lowers, maxBytes, label, progress, pullReporter(onPull, i, len(res.Layers), l))
 		stop()
 		if err != nil {
+			batch.Commit() // the layers below it are whole: a retry finds them
 			return nil, fmt.Errorf("layer %d of %d (%s): %w", i+1, len(res.Layers), l.Digest, err)
 		}
 		done(i, l, made, time.Since(start))
 		dirs = append(dirs, dir)
+	}
+	if err := batch.Commit(); err != nil {
+		return nil, err
+	}
+	for i := range dirs {
+		dirs[i] = batch.Final(dirs[i])
 	}
 	return dirs, nil
 }
@@ -262,11 +273,11 @@ const prefetchAhead = 32 << 20
 // is in a line of progress; pullEvery how often it tells onPull.
 var progressEvery, pullEvery = 5 * time.Second, 250 * time.Millisecond
 
-// ensureLayer is ls.Ensure of an image layer, saying every progressEvery
+// ensureLayer is batch.Ensure of an image layer, saying every progressEvery
 // how many bytes have come and how fast, or that none has: a pull that
 // stalls says what it waits for. onPull (if not nil) is told the bytes
 // come so far every pullEvery while they change.
-func ensureLayer(ctx context.Context, ls *layerstore.Store, blob layerstore.Blob, l image.Layer, lowers []string, maxBytes int64, label string, progress io.Writer, onPull func(int64)) (string, bool, error) {
+func ensureLayer(ctx context.Context, batch *layerstore.Batch, blob layerstore.Blob, l image.Layer, lowers []string, maxBytes int64, label string, progress io.Writer, onPull func(int64)) (string, bool, error) {
 	var n atomic.Int64
 	open := blob.Open
 	blob.Open = func() (io.ReadCloser, error) {
@@ -307,7 +318,7 @@ func ensureLayer(ctx context.Context, ls *layerstore.Store, blob layerstore.Blob
 			fmt.Fprintf(progress, "%s: %.1f of %.1f MB (%.1f MB/s)\n", label, float64(got)/1e6, float64(l.Size)/1e6, float64(got)/1e6/time.Since(start).Seconds())
 		}
 	}()
-	dir, made, err := ls.Ensure(ctx, blob, lowers, layerstore.Options{MaxBytes: maxBytes})
+	dir, made, err := batch.Ensure(ctx, blob, lowers, layerstore.Options{MaxBytes: maxBytes})
 	close(done)
 	wg.Wait()
 	return dir, made, err
