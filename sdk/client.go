@@ -124,6 +124,9 @@ type Error struct {
 	Status  int    // HTTP status
 	Code    string // stable code, e.g. "not_found"
 	Message string
+	// RequestID is the daemon's id of the request (its X-Request-Id
+	// answer header), which its log lines of the request carry.
+	RequestID string
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -210,9 +213,9 @@ func (c *Client) send(ctx context.Context, method, path, contentType string, bod
 			return nil, &Error{Status: resp.StatusCode, Code: api.CodeInvalidArgument, Message: fmt.Sprintf("the nook daemon at %s serves HTTPS: use NOOK_HOST=https://%s", c.host, strings.TrimPrefix(c.host, "http://"))}
 		}
 		if json.Unmarshal(b, &eb) != nil || eb.Error.Code == "" {
-			return nil, &Error{Status: resp.StatusCode, Code: api.CodeInternal, Message: fmt.Sprintf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(b))}
+			return nil, &Error{Status: resp.StatusCode, Code: api.CodeInternal, Message: fmt.Sprintf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(b)), RequestID: resp.Header.Get("X-Request-Id")}
 		}
-		return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+		return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message, RequestID: resp.Header.Get("X-Request-Id")}
 	}
 	return resp, nil
 }

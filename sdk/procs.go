@@ -88,7 +88,7 @@ func (c *Client) dialWS(ctx context.Context, path string) (*Session, error) {
 		if resp != nil && resp.StatusCode >= 400 {
 			var eb api.ErrorBody
 			if json.NewDecoder(resp.Body).Decode(&eb) == nil && eb.Error.Code != "" {
-				return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+				return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message, RequestID: resp.Header.Get("X-Request-Id")}
 			}
 		}
 		var ne net.Error

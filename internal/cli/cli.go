@@ -130,7 +130,8 @@ as ` + "`nook info`" + ` shows it on the host) or NOOK_TLS_CA=FILE.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), stopCmd(true), stopCmd(false), ttlCmd(), rmCmd(), templateCmd(), volumeCmd(), infoCmd(), tokenCmd(), fsCmd(), cpCmd(), identityCmd(), oidcCmd(), secretCmd(), sshCmd(), sshKeyCmd(), sshConfigCmd(), sshKnownHostsCmd())
+	root.Version = daemon.Version // --version, without a daemon
+	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), stopCmd(true), stopCmd(false), ttlCmd(), rmCmd(), templateCmd(), volumeCmd(), infoCmd(), versionCmd(), tokenCmd(), fsCmd(), cpCmd(), identityCmd(), oidcCmd(), secretCmd(), sshCmd(), sshKeyCmd(), sshConfigCmd(), sshKnownHostsCmd())
 	return root
 }
 
@@ -169,7 +170,7 @@ func serveCmd() *cobra.Command {
 	var cfg server.Config
 	var debug bool
 	var netFlags serveNetFlags
-	var idlePause, maxMemory string
+	var idlePause, maxMemory, logFormat string
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the nook daemon",
@@ -196,7 +197,15 @@ func serveCmd() *cobra.Command {
 			if debug {
 				level = slog.LevelDebug
 			}
-			cfg.Daemon.Log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			hopt := &slog.HandlerOptions{Level: level}
+			switch logFormat {
+			case "text":
+				cfg.Daemon.Log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), hopt))
+			case "json":
+				cfg.Daemon.Log = slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), hopt))
+			default:
+				return &usageError{fmt.Errorf("--log-format %q: give text or json", logFormat)}
+			}
 			if err := netFlags.apply(&cfg.Daemon.Net); err != nil {
 				return &usageError{err}
 			}
@@ -243,7 +252,8 @@ func serveCmd() *cobra.Command {
 	c.Flags().StringVar(&idlePause, "idle-pause", "off", "pause sandboxes created without --idle-pause after this long idle, e.g. 30m (off: never)")
 	c.Flags().DurationVar(&cfg.Daemon.MinIdlePause, "min-idle-pause", 0, "the shortest idle pause accepted (tests)")
 	c.Flags().MarkHidden("min-idle-pause")
-	c.Flags().BoolVar(&debug, "debug", false, "log every API request")
+	c.Flags().BoolVar(&debug, "debug", false, "log every API request (with its request id, which every answer carries in X-Request-Id)")
+	c.Flags().StringVar(&logFormat, "log-format", "text", "the log's format: text (key=value lines) or json (one object per line)")
 	c.Flags().StringVar(&cfg.DebugSocket, "debug-socket", "", "serve the daemon's Go runtime profiles (net/http/pprof) on this unix socket `PATH`, root only, e.g. curl --unix-socket PATH http://nook/debug/pprof/profile > cpu.pprof")
 	netFlags.add(c)
 	return c

@@ -601,6 +601,9 @@ func TestTokenAuth(t *testing.T) {
 	if !strings.Contains(d.log.String(), info.TLSFingerprint) {
 		t.Fatalf("the daemon did not log its certificate's fingerprint:\n%s", d.log.String())
 	}
+	if out := d.must("version"); out != "client: "+info.Version+"\nserver: "+info.Version+"\n" {
+		t.Errorf("nook version beside its daemon:\n%s", out)
+	}
 	tcp := []string{"NOOK_HOST=https://" + addr, "NOOK_TLS_FINGERPRINT=" + info.TLSFingerprint}
 	r, _ := d.nookEnv([]string{"NOOK_HOST=https://" + addr}, "ls")
 	if r.code != 1 || !strings.Contains(r.stderr, "NOOK_TLS_FINGERPRINT") {

@@ -189,7 +189,7 @@ type sandbox struct {
 	learnedElems int
 	learnedFull  bool // the learned-address limit was reached (logged once)
 	exposes      map[uint16]*forwarder
-	events       tokenBucket
+	events       eventLimit
 }
 
 // New starts a Manager: it installs the nftables table (keeping the
@@ -756,7 +756,7 @@ func (m *Manager) recordSetup(id, iface string, kind Kind, subnet netip.Prefix, 
 		learned:      map[netip.Addr]learnedEntry{},
 		learnedLRU:   list.New(),
 		exposes:      map[uint16]*forwarder{},
-		events:       tokenBucket{rate: float64(m.cfg.EventRate), burst: float64(2 * m.cfg.EventRate)},
+		events:       newEventLimit(m.cfg.EventRate),
 	}
 	if old != nil {
 		sb.exposes = old.exposes

@@ -10,6 +10,7 @@ import (
 
 	nflog "github.com/florianl/go-nflog/v2"
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
 )
 
 // Event is one denied packet.
@@ -191,30 +192,25 @@ func protoName(p uint8) string {
 	return fmt.Sprint(p)
 }
 
-// tokenBucket limits events per sandbox; the manager's mutex guards it.
-type tokenBucket struct {
-	rate, burst float64
-	tokens      float64
-	last        time.Time
-	suppressed  int
+// eventLimit limits a sandbox's events to a rate (with a burst of two
+// seconds' worth) and counts those it suppressed; the manager's mutex
+// guards it.
+type eventLimit struct {
+	lim        *rate.Limiter
+	suppressed int
+}
+
+func newEventLimit(perSecond int) eventLimit {
+	return eventLimit{lim: rate.NewLimiter(rate.Limit(perSecond), 2*perSecond)}
 }
 
 // take reports whether an event at now may pass, and how many were
 // suppressed before it.
-func (b *tokenBucket) take(now time.Time) (bool, int) {
-	if b.last.IsZero() {
-		b.tokens = b.burst
-	} else if d := now.Sub(b.last).Seconds(); d > 0 {
-		b.tokens = min(b.burst, b.tokens+d*b.rate)
-	}
-	if now.After(b.last) {
-		b.last = now
-	}
-	if b.tokens < 1 {
+func (b *eventLimit) take(now time.Time) (bool, int) {
+	if !b.lim.AllowN(now, 1) {
 		b.suppressed++
 		return false, 0
 	}
-	b.tokens--
 	n := b.suppressed
 	b.suppressed = 0
 	return true, n

@@ -219,8 +219,8 @@ func FuzzParsePacket(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) { parsePacket(b) })
 }
 
-func TestTokenBucket(t *testing.T) {
-	b := tokenBucket{rate: 10, burst: 20}
+func TestEventLimit(t *testing.T) {
+	b := newEventLimit(10)
 	now := time.Now()
 	passed := 0
 	for range 100 {

@@ -12,6 +12,8 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -176,12 +178,40 @@ type statusWriter struct {
 func (w *statusWriter) WriteHeader(code int)        { w.status = code; w.ResponseWriter.WriteHeader(code) }
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// RequestIDHeader names the request id every answer carries (the
+// caller's own, when it sent a usable one): the daemon's log lines of
+// that request carry it too.
+const RequestIDHeader = "X-Request-Id"
+
+type requestIDKey struct{}
+
+// requestIDOf is r's request id (logRequests gave it one).
+func requestIDOf(r *http.Request) string {
+	id, _ := r.Context().Value(requestIDKey{}).(string)
+	return id
+}
+
+// newRequestID keeps the caller's id when it is 1-128 characters of
+// letters, digits and ".-_:" (nothing a log line could be forged with),
+// and makes one otherwise.
+func newRequestID(given string) string {
+	if len(given) > 0 && len(given) <= 128 && strings.Trim(given, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:") == "" {
+		return given
+	}
+	b := make([]byte, 12)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
 func (s *Server) logRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		id := newRequestID(r.Header.Get(RequestIDHeader))
+		w.Header().Set(RequestIDHeader, id)
+		r = r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id))
 		sw := &statusWriter{ResponseWriter: w, status: 200}
 		next.ServeHTTP(sw, r)
-		s.log.Debug("api", "method", r.Method, "path", r.URL.Path, "status", sw.status, "duration", time.Since(start))
+		s.log.Debug("api", "method", r.Method, "path", r.URL.Path, "status", sw.status, "duration", time.Since(start), "request_id", id)
 	})
 }
 
@@ -226,7 +256,7 @@ func errorStatus(err error) (int, string) {
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status, code := errorStatus(err)
 	if status >= 500 {
-		s.log.Error("api error", "method", r.Method, "path", r.URL.Path, "err", err)
+		s.log.Error("api error", "method", r.Method, "path", r.URL.Path, "err", err, "request_id", requestIDOf(r))
 	}
 	writeError(w, status, code, err.Error())
 }
