@@ -7,6 +7,7 @@ package cgroups
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nookhq/nook/internal/poll"
 	"github.com/nookhq/nook/internal/procfs"
 )
 
@@ -188,16 +190,13 @@ func Remove(parent, id string, thaw func()) error {
 		thaw()
 	}
 	for _, d := range Dirs(parent, id) {
-		var err error
-		for i := 0; i < 100; i++ {
-			if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
-				err = nil
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+		// A killed process leaves its cgroup a moment after the kill.
+		var last error
+		if poll.Until(context.Background(), poll.Options{Timeout: time.Second, Max: 10 * time.Millisecond}, func() (bool, error) {
+			last = os.Remove(d)
+			return last == nil || errors.Is(last, os.ErrNotExist), nil
+		}) != nil {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, last))
 		}
 	}
 	return errors.Join(errs...)

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/poll"
 )
 
 // Make makes the image img of size bytes: a sparse file with an ext4
@@ -120,34 +121,33 @@ func Unmounted(mnt, img string) (stillAttached bool, err error) {
 		return false, err
 	}
 	backing := fmt.Sprintf("/sys/dev/block/%d:%d/loop/backing_file", unix.Major(st.Dev), unix.Minor(st.Dev))
-	deadline := time.Now().Add(5 * time.Second)
-	for wait := 100 * time.Microsecond; ; wait = min(2*wait, 20*time.Millisecond) {
+	err = poll.Until(context.Background(), poll.Options{Timeout: 5 * time.Second, Min: 100 * time.Microsecond, Max: 20 * time.Millisecond}, func() (bool, error) {
 		f, err := os.ReadFile(backing)
-		if err != nil || !strings.HasPrefix(string(f), img) {
-			return false, nil
-		}
-		if time.Now().After(deadline) {
-			return true, nil
-		}
-		time.Sleep(wait)
-	}
+		return err != nil || !strings.HasPrefix(string(f), img), nil
+	})
+	return errors.Is(err, poll.ErrTimeout), nil
 }
 
 // Unmount unmounts target until nothing is mounted there (stacked
 // mounts), waiting out a busy one briefly and detaching it lazily at last.
 func Unmount(target string) error {
-	for i := 0; i < 50; i++ {
-		err := unix.Unmount(target, 0)
-		switch {
-		case err == nil:
-			continue // stacked mounts: unmount until none is left
-		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
-			return nil // not a mount point (any more)
-		case errors.Is(err, unix.EBUSY):
-			time.Sleep(10 * time.Millisecond)
-		default:
-			return fmt.Errorf("unmount %s: %w", target, err)
+	err := poll.Until(context.Background(), poll.Options{Timeout: 500 * time.Millisecond, Max: 10 * time.Millisecond}, func() (bool, error) {
+		for range 50 { // stacked mounts: unmount until none is left
+			err := unix.Unmount(target, 0)
+			switch {
+			case err == nil:
+			case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+				return true, nil // not a mount point (any more)
+			case errors.Is(err, unix.EBUSY):
+				return false, nil
+			default:
+				return false, fmt.Errorf("unmount %s: %w", target, err)
+			}
 		}
+		return false, nil
+	})
+	if !errors.Is(err, poll.ErrTimeout) {
+		return err
 	}
 	if err := unix.Unmount(target, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("unmount %s: %w", target, err)

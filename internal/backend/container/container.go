@@ -33,6 +33,7 @@ import (
 	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/keylock"
 	"github.com/nookhq/nook/internal/mntns"
+	"github.com/nookhq/nook/internal/poll"
 	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/internal/warmpool"
@@ -776,12 +777,9 @@ func (b *Backend) stop(ctx context.Context, id string) error {
 // waitDead waits (up to a second) for a killed init to be dead: gone, or
 // a zombie, which runc takes for stopped. It reports whether it is.
 func waitDead(init state) bool {
-	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if procfs.StartTime(init.PID) != init.StartTime { // 0 for a zombie
-			return true
-		}
-	}
-	return false
+	return poll.Until(context.Background(), poll.Options{Timeout: time.Second, Max: 5 * time.Millisecond}, func() (bool, error) {
+		return procfs.StartTime(init.PID) != init.StartTime, nil // 0 for a zombie
+	}) == nil
 }
 
 func validID(id string) error {

@@ -18,6 +18,7 @@ import (
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/poll"
 	"github.com/nookhq/nook/internal/procfs"
 )
 
@@ -144,15 +145,13 @@ func (b *Backend) recoverLocked(id string) {
 	// A save the crash cut short may still be writing: cancel it, wait
 	// for it to end, then let the guest go on.
 	mon.run("migrate_cancel", nil, nil)
-	for ctx.Err() == nil {
+	poll.Until(ctx, poll.Options{Min: 5 * time.Millisecond}, func() (bool, error) {
 		var q struct {
 			Status string `json:"status"`
 		}
-		if err := mon.run("query-migrate", nil, &q); err != nil || (q.Status != "active" && q.Status != "cancelling" && q.Status != "device" && q.Status != "setup") {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		err := mon.run("query-migrate", nil, &q)
+		return err != nil || (q.Status != "active" && q.Status != "cancelling" && q.Status != "device" && q.Status != "setup"), nil
+	})
 	if err := mon.run("cont", nil, nil); err == nil {
 		st.Saved = false
 		b.writeRun(id, st)
@@ -465,14 +464,9 @@ func randHex(n int) string {
 }
 
 func waitGone(pid int, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for procfs.StartTime(pid) != 0 {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	return true
+	return poll.Until(context.Background(), poll.Options{Timeout: timeout, Max: 5 * time.Millisecond}, func() (bool, error) {
+		return procfs.StartTime(pid) == 0, nil
+	}) == nil
 }
 
 func syncDir(dir string) { fsutil.SyncDir(dir) }

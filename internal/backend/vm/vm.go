@@ -752,10 +752,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	qemuAlive := false
 	if pid := qemuPID(b.dir(id)); pid > 0 {
 		syscall.Kill(pid, syscall.SIGKILL)
-		for i := 0; i < 200 && procfs.StartTime(pid) != 0; i++ {
-			time.Sleep(5 * time.Millisecond)
-		}
-		if procfs.StartTime(pid) != 0 {
+		if !waitGone(pid, time.Second) {
 			qemuAlive = true
 			errs = append(errs, fmt.Errorf("the vm's QEMU (pid %d) did not die", pid))
 		}
