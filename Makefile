@@ -6,7 +6,17 @@ GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/nookhq/nook/internal/daemon.Version=$(VERSION)
 
-.PHONY: all deps build run test escape unit bench lint fuzz clean
+# Where make build writes the binaries (make install and make deb take
+# them from there).
+BUILDDIR ?= bin
+# make install: PREFIX and DESTDIR as usual; the unit goes where systemd
+# looks (/usr/local/lib/systemd/system is on its path).
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR ?= /etc
+
+.PHONY: all deps build run test escape unit bench lint fuzz clean install uninstall deb
 
 all: build
 
@@ -14,9 +24,41 @@ deps:
 	@scripts/deps.sh
 
 build:
-	@mkdir -p bin
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/nook ./cmd/nook
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/nook-agent ./cmd/nook-agent
+	@mkdir -p $(BUILDDIR)
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BUILDDIR)/nook ./cmd/nook
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BUILDDIR)/nook-agent ./cmd/nook-agent
+
+# Install as a service: nook and nook-agent into BINDIR (the daemon finds
+# the agent beside nook), the systemd unit (packaging/nook.service, its
+# ExecStart naming BINDIR/nook) into UNITDIR, and SYSCONFDIR/nook with the
+# documented config.toml (all commented out; an existing one is kept). Run it
+# again to upgrade; then systemctl restart nook (sandboxes keep running).
+# runc and CRIU come from make deps (into /usr/local/lib/nook).
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/nook
+	install -m 755 $(BUILDDIR)/nook $(BUILDDIR)/nook-agent $(DESTDIR)$(BINDIR)/
+	sed 's|^ExecStart=/usr/local/bin/nook |ExecStart=$(BINDIR)/nook |' packaging/nook.service > $(DESTDIR)$(UNITDIR)/nook.service.tmp
+	chmod 644 $(DESTDIR)$(UNITDIR)/nook.service.tmp
+	mv -f $(DESTDIR)$(UNITDIR)/nook.service.tmp $(DESTDIR)$(UNITDIR)/nook.service
+	@# The documented config (every line commented out): never over an administrator's own.
+	[ -e $(DESTDIR)$(SYSCONFDIR)/nook/config.toml ] || install -m 644 packaging/config.toml $(DESTDIR)$(SYSCONFDIR)/nook/config.toml
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+	@if [ -z "$(DESTDIR)" ]; then echo "installed: systemctl enable --now nook (systemctl restart nook after an upgrade), or without systemd $(BINDIR)/nook serve"; fi
+
+# Stops and disables the service (sandboxes keep running), removes what
+# make install put in place; config.toml only if unchanged, SYSCONFDIR/nook
+# only if empty.
+uninstall:
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl disable --now nook.service || true; fi
+	rm -f $(DESTDIR)$(BINDIR)/nook $(DESTDIR)$(BINDIR)/nook-agent $(DESTDIR)$(UNITDIR)/nook.service
+	@# The config only as make install left it (an administrator's changes stay).
+	if cmp -s packaging/config.toml $(DESTDIR)$(SYSCONFDIR)/nook/config.toml; then rm -f $(DESTDIR)$(SYSCONFDIR)/nook/config.toml; fi
+	rmdir $(DESTDIR)$(SYSCONFDIR)/nook 2>/dev/null || true
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+
+# A Debian package (scripts/deb.sh): BUILDDIR/nook_VERSION_ARCH.deb.
+deb: build
+	@BUILDDIR=$(BUILDDIR) VERSION=$(VERSION) scripts/deb.sh
 
 # Start the daemon on its defaults, create a sandbox, run a command in it.
 run: deps build
@@ -71,6 +113,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzReplacer -fuzztime 10s ./internal/secrets
 	$(GO) test -run '^$$' -fuzz FuzzParseNames -fuzztime 10s ./internal/e2b
 	$(GO) test -run '^$$' -fuzz FuzzMetadataRequest -fuzztime 20s ./internal/identity
+	$(GO) test -run '^$$' -fuzz FuzzServeConfig -fuzztime 10s ./internal/cli
 	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 20s ./internal/egress
 	$(GO) test -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 20s ./internal/sshd
 	$(GO) test -run '^$$' -fuzz FuzzParseSSHKey -fuzztime 10s ./internal/daemon

@@ -455,7 +455,46 @@ type Token struct {
 	CreatedAt time.Time `json:"created_at"`
 	// ExpiresAt is when the token stops working; absent: never.
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// Quotas are the token's limits (absent: none); Usage is what counts
+	// against them now (token listings only).
+	Quotas *TokenQuotas `json:"quotas,omitempty"`
+	Usage  *TokenUsage  `json:"usage,omitempty"`
 }
+
+// TokenQuotas limit what the sandboxes a token made may hold together (a
+// zero or absent field: no limit). A create, fork or snapshot beyond one
+// is refused with 429 (limit_reached), saying what is used and allowed.
+type TokenQuotas struct {
+	MaxSandboxes int     `json:"max_sandboxes,omitempty"`
+	MaxCPUs      float64 `json:"max_cpus,omitempty"`
+	// MaxMemory and MaxDisk are sizes such as 8G.
+	MaxMemory    string `json:"max_memory,omitempty"`
+	MaxDisk      string `json:"max_disk,omitempty"`
+	MaxSnapshots int    `json:"max_snapshots,omitempty"`
+	// MaxTTL (e.g. 2h) caps a sandbox's TTL: a longer one is refused, and
+	// a create or fork without one gets at most this.
+	MaxTTL string `json:"max_ttl,omitempty"`
+}
+
+// TokenUsage is what counts against a token's quotas: the sandboxes it
+// created or forked that exist (any state), their sizes and snapshots.
+type TokenUsage struct {
+	Sandboxes   int     `json:"sandboxes"`
+	CPUs        float64 `json:"cpus"`
+	MemoryBytes int64   `json:"memory_bytes"`
+	DiskBytes   int64   `json:"disk_bytes"`
+	Snapshots   int     `json:"snapshots"`
+}
+
+// IdempotencyKeyHeader names the header that makes a create, fork or
+// snapshot idempotent: a retry with the same key (1-255 printable ASCII
+// characters, kept 24h per token) and the same body gets the first
+// request's answer (IdempotentReplayedHeader: true) instead of a second
+// sandbox; the same key with another request is refused (409).
+const (
+	IdempotencyKeyHeader     = "Idempotency-Key"
+	IdempotentReplayedHeader = "Idempotent-Replayed"
+)
 
 // CreateTokenRequest is the body of POST /v1/tokens.
 type CreateTokenRequest struct {
@@ -469,6 +508,8 @@ type CreateTokenRequest struct {
 	// E2B's SDKs accept unchanged (nook serve --e2b-listen); it works on
 	// nook's own API too.
 	E2B bool `json:"e2b,omitempty"`
+	// Quotas limit the sandboxes the token makes (absent: none).
+	Quotas *TokenQuotas `json:"quotas,omitempty"`
 }
 
 // Token scopes.
@@ -748,4 +789,32 @@ type PreviewInfo struct {
 	// URL is a preview URL with PORT and NAME in place of a port and a
 	// sandbox name, e.g. http://PORT-NAME.localhost:8080/.
 	URL string `json:"url"`
+}
+
+// SandboxStats is one sample of what a sandbox uses (`nook stats`, GET
+// /v1/sandboxes/{name}/stats, GET /v1/stats). Counters (CPU seconds,
+// network bytes) count from the sandbox's start on this host; CPUPercent
+// is the CPU used over the interval before Time, in percent of one CPU
+// (200 is two CPUs busy). A sandbox with nothing running (stopped,
+// paused to disk) reads zeros for what it does not hold.
+type SandboxStats struct {
+	Name      string    `json:"name"`
+	ID        string    `json:"id"`
+	State     string    `json:"state"`
+	Isolation string    `json:"isolation"`
+	Time      time.Time `json:"time"`
+
+	CPUPercent float64 `json:"cpu_percent"`
+	CPUSeconds float64 `json:"cpu_seconds"`
+	CPUs       float64 `json:"cpus"` // its CPU limit
+
+	MemoryBytes      int64 `json:"memory_bytes"`
+	MemoryLimitBytes int64 `json:"memory_limit_bytes"`
+	DiskBytes        int64 `json:"disk_bytes"`                 // its disk's space in use
+	DiskLimitBytes   int64 `json:"disk_limit_bytes,omitempty"` // its disk's size; 0: not limited
+	NetRxBytes       int64 `json:"net_rx_bytes"`               // received by the sandbox
+	NetTxBytes       int64 `json:"net_tx_bytes"`               // sent by the sandbox
+	// Pids counts its processes (a container's cgroup tasks); a vm's
+	// guest processes are not counted (0).
+	Pids int64 `json:"pids"`
 }

@@ -28,6 +28,9 @@ have npm        || need+=(npm)
 # nook ssh runs ssh, and the SSH tests drive the real client (internal/sshd).
 have ssh        || need+=(openssh-client)
 have tmux       || need+=(tmux)
+# systemd-analyze, to check packaging/nook.service (these machines do not
+# run systemd; the package only provides the tools).
+have systemd-analyze || need+=(systemd)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "nook needs these packages: ${need[*]}; run make as root (or apt-get install them)" >&2

@@ -191,6 +191,7 @@ func (c *Client) send(ctx context.Context, method, path, contentType string, bod
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
+	setIdempotencyKey(ctx, req.Header)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -250,10 +251,24 @@ func (c *Client) CreateSandbox(ctx context.Context, req api.CreateSandboxRequest
 	return &out, c.call(ctx, "POST", "/v1/sandboxes", req, &out)
 }
 
-// ListSandboxes lists every sandbox.
-func (c *Client) ListSandboxes(ctx context.Context) ([]api.Sandbox, error) {
+// ListSandboxes lists the sandboxes that match every filter, each
+// KEY=VALUE as `nook ls --filter` takes them: "label=team=a" (label
+// team is a), "label=team" (has label team), "state=paused",
+// "template=T", "isolation=vm", "name=GLOB" (a value without a wildcard
+// is a prefix). A key repeated is alternatives, except label; no
+// filters lists every sandbox. An unknown key is an error (400).
+func (c *Client) ListSandboxes(ctx context.Context, filters ...string) ([]api.Sandbox, error) {
+	p := "/v1/sandboxes"
+	if len(filters) > 0 {
+		q := url.Values{}
+		for _, f := range filters {
+			k, v, _ := strings.Cut(f, "=")
+			q.Add(k, v)
+		}
+		p += "?" + q.Encode()
+	}
 	var out []api.Sandbox
-	return out, c.call(ctx, "GET", "/v1/sandboxes", nil, &out)
+	return out, c.call(ctx, "GET", p, nil, &out)
 }
 
 // GetSandbox returns one sandbox.

@@ -2,7 +2,8 @@
 // through the Go SDK: the CLI has no private path to the daemon. Strings
 // a sandbox controls (file names, command lines, DNS names, errors that
 // quote them) are escaped for the terminal (termsafe) in human output;
-// --json output, file contents and exec output are printed as they are.
+// --json and --format output (output.go), file contents and exec output
+// are printed as they are.
 package cli
 
 import (
@@ -14,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -29,6 +31,7 @@ import (
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/identity"
+	"github.com/nookhq/nook/internal/listfilter"
 	"github.com/nookhq/nook/internal/runcbin"
 	"github.com/nookhq/nook/internal/server"
 	"github.com/nookhq/nook/sdk"
@@ -119,11 +122,16 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		Short: "nook gives every AI agent a machine of its own",
 		Long: `nook gives every AI agent a machine of its own.
 
-Commands other than serve talk to a daemon: NOOK_HOST (default
-unix:///run/nook/nook.sock; or https://HOST:PORT for a daemon started with
---listen), NOOK_TOKEN (a token from ` + "`nook token create`" + `, needed over TCP),
-and for https NOOK_TLS_FINGERPRINT=sha256:... (pins the daemon's certificate,
-as ` + "`nook info`" + ` shows it on the host) or NOOK_TLS_CA=FILE.`,
+Commands other than serve talk to a daemon, which the environment names:
+  NOOK_HOST             unix:///run/nook/nook.sock (the default), or
+                        https://HOST:PORT for a daemon started with --listen
+  NOOK_TOKEN            a token from ` + "`nook token create`" + `, needed over TCP
+  NOOK_TLS_FINGERPRINT  sha256:... pins an https daemon's certificate, as
+                        ` + "`nook info`" + ` shows it on the host
+  NOOK_TLS_CA           FILE: PEM CA certificates to verify an https daemon
+                        with (instead of the system's)
+
+nook serve reads its flags from ` + DefaultServeConfig + ` too (or --config FILE).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -132,6 +140,9 @@ as ` + "`nook info`" + ` shows it on the host) or NOOK_TLS_CA=FILE.`,
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
 	root.Version = daemon.Version // --version, without a daemon
 	root.AddCommand(serveCmd(), createCmd(), snapshotCmd(), snapshotsCmd(), rollbackCmd(), forkCmd(), netCmd(), exposeCmd(true), exposeCmd(false), lsCmd(), inspectCmd(), execCmd(), psCmd(), killCmd(), attachCmd(), shellCmd(), mcpCmd(), pauseCmd(true), pauseCmd(false), stopCmd(true), stopCmd(false), ttlCmd(), rmCmd(), templateCmd(), volumeCmd(), infoCmd(), versionCmd(), tokenCmd(), fsCmd(), cpCmd(), identityCmd(), oidcCmd(), secretCmd(), sshCmd(), sshKeyCmd(), sshConfigCmd(), sshKnownHostsCmd())
+	root.AddCommand(eventsCmd(), logsCmd())
+	root.AddCommand(statsCmd())
+	registerCompletions(root) // after every AddCommand
 	return root
 }
 
@@ -171,11 +182,25 @@ func serveCmd() *cobra.Command {
 	var debug bool
 	var netFlags serveNetFlags
 	var idlePause, maxMemory, logFormat string
+	var conf serveConfig
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the nook daemon",
-		Args:  cobra.NoArgs,
+		Long: `Run the nook daemon.
+
+Every flag can also be set in a TOML file, ` + DefaultServeConfig + ` unless
+--config names another, by its name: data-dir = "/srv/nook",
+max-sandboxes = 1000, idle-pause = "30m", debug = true, and a list for a
+repeatable flag, allow-host-mounts = ["/srv/shared"]. A flag given on the
+command line wins over the file; a missing ` + DefaultServeConfig + ` is fine.
+The file must belong to root, and no other user may write it.
+packaging/config.toml in nook's source lists every flag with its help.
+--print-config prints the configuration in effect and exits.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := conf.load(cmd.Flags()); err != nil {
+				return err
+			}
 			minIdle := cfg.Daemon.MinIdlePause
 			if minIdle <= 0 {
 				minIdle = core.MinIdlePause
@@ -208,6 +233,9 @@ func serveCmd() *cobra.Command {
 			}
 			if err := netFlags.apply(&cfg.Daemon.Net); err != nil {
 				return &usageError{err}
+			}
+			if conf.print {
+				return conf.write(cmd.OutOrStdout(), cmd.Flags())
 			}
 			return server.Serve(cmd.Context(), cfg)
 		},
@@ -254,15 +282,17 @@ func serveCmd() *cobra.Command {
 	c.Flags().MarkHidden("min-idle-pause")
 	c.Flags().BoolVar(&debug, "debug", false, "log every API request (with its request id, which every answer carries in X-Request-Id)")
 	c.Flags().StringVar(&logFormat, "log-format", "text", "the log's format: text (key=value lines) or json (one object per line)")
+	c.Flags().StringVar(&cfg.MetricsListen, "metrics-listen", "", "also serve Prometheus metrics at http://ADDR/metrics on this TCP `ADDR` (e.g. 127.0.0.1:9090): sandboxes by state, operation latencies and errors, warm pools, each sandbox's CPU, memory, disk and network, refused connections and DNS queries. Plain HTTP with no token and nothing else served: it holds no secrets but names every sandbox, so bind it to loopback or a private network. Off by default")
 	c.Flags().StringVar(&cfg.DebugSocket, "debug-socket", "", "serve the daemon's Go runtime profiles (net/http/pprof) on this unix socket `PATH`, root only, e.g. curl --unix-socket PATH http://nook/debug/pprof/profile > cpu.pprof")
 	netFlags.add(c)
+	conf.add(c)
 	return c
 }
 
 func createCmd() *cobra.Command {
 	var req api.CreateSandboxRequest
 	var env, labels, sshKeys []string
-	var asJSON bool
+	var out output
 	c := &cobra.Command{
 		Use:   "create [--name NAME] [--template T] [--isolation container|vm] [--cpus N] [--memory 2G] [--disk 10G] [--ttl 1h] [--idle-pause 10m] [--on-expire destroy|pause|stop] [--init systemd|agent] [--env K=V]... [--label K=V]... [--net allowlist|none] [--allow RULE]... [--deny RULE]...",
 		Short: "Create a sandbox and print its name",
@@ -315,8 +345,8 @@ func createCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), sb)
+			if out.machine() {
+				return out.print(cmd.OutOrStdout(), sb, nil)
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), tsafe(sb.Name))
 			return nil
@@ -342,11 +372,11 @@ func createCmd() *cobra.Command {
 	f.StringVar(&req.RepoPath, "path", "", "where --repo clones to (default /workspace)")
 	c.Flags().StringArrayVar(&sshKeys, "ssh-key", nil, "an SSH public key `FILE` (e.g. ~/.ssh/id_ed25519.pub, - for stdin) that may log in to the sandbox through nook serve --ssh-listen (repeatable)")
 	f.StringVar(&req.IdentityAudience, "identity-audience", "", "keep an identity token for this audience fresh in /run/nook/identity/token (path in NOOK_IDENTITY_TOKEN_FILE), e.g. sts.amazonaws.com for AWS_WEB_IDENTITY_TOKEN_FILE")
-	f.StringArrayVar(&labels, "label", nil, "a label K=V kept with the sandbox, shown by inspect (repeatable)")
+	f.StringArrayVar(&labels, "label", nil, "a label K=V kept with the sandbox, shown by inspect, listed by ls --filter label=K=V (repeatable)")
 	f.StringVar(&req.Net, "net", "", "network mode: allowlist (default: only what --allow names) or none (nothing leaves the sandbox)")
 	f.StringArrayVar(&req.Allow, "allow", nil, "allow egress to a domain, *.wildcard, CIDR or @preset, optionally :PORTS, e.g. github.com:443, @registries; a domain's TCP must be TLS or HTTP naming it, unless the rule ends in /tcp (github.com:22/tcp) (repeatable)")
 	f.StringArrayVar(&req.Deny, "deny", nil, "deny egress to a domain, *.wildcard or CIDR, even if allowed (repeatable)")
-	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	addOutput[api.Sandbox](c, &out, "the sandbox", false)
 	return c
 }
 
@@ -380,33 +410,44 @@ func until(t time.Time) string {
 }
 
 func lsCmd() *cobra.Command {
-	var asJSON bool
+	var out output
+	var filters []string
 	c := &cobra.Command{
-		Use:   "ls",
+		Use:   "ls [--filter KEY=VALUE]... [-q | --json | --format TEMPLATE]",
 		Short: "List sandboxes",
-		Args:  cobra.NoArgs,
+		Long: `List sandboxes, all or those that match every --filter (the daemon filters):
+label=K=V (label K is V), label=K (has label K), state=running|paused|stopped|
+creating|failed|destroying, template=NAME, isolation=container|vm, name=GLOB
+(a value without * ? [ is a prefix). A key given twice matches either value,
+except label, which must match each time. Filters can be joined by commas:
+--filter label=team=a,state=paused.`,
+		Args: cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
-			sbs, err := cl.ListSandboxes(cmd.Context())
+			_, pairs, err := parseFilter(filters, listfilter.SandboxKeys)
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), sbs)
+			sbs, err := cl.ListSandboxes(cmd.Context(), pairs...)
+			if err != nil {
+				return err
 			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATE\tISOLATION\tTEMPLATE\tCPUS\tMEMORY\tEXPIRES IN")
-			for _, sb := range sbs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\t%s\n", tsafe(sb.Name), tsafe(sb.State), tsafe(sb.Isolation), tsafe(sb.Template), sb.CPUs, core.FormatBytes(sb.MemoryBytes), until(sb.ExpiresAt))
-			}
-			return tw.Flush()
+			return printList(cmd.OutOrStdout(), &out, sbs, sbs, func(sb api.Sandbox) string { return sb.Name }, func(w io.Writer) error {
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "NAME\tSTATE\tISOLATION\tTEMPLATE\tCPUS\tMEMORY\tEXPIRES IN")
+				for _, sb := range sbs {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\t%s\n", tsafe(sb.Name), tsafe(sb.State), tsafe(sb.Isolation), tsafe(sb.Template), sb.CPUs, core.FormatBytes(sb.MemoryBytes), until(sb.ExpiresAt))
+				}
+				return tw.Flush()
+			})
 		}),
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	addFilter(c, &filters, listfilter.SandboxKeys)
+	addOutput[api.Sandbox](c, &out, "the list", true)
 	return c
 }
 
 func inspectCmd() *cobra.Command {
-	var asJSON bool
+	var out output
 	c := &cobra.Command{
 		Use:   "inspect NAME",
 		Short: "Show a sandbox",
@@ -416,8 +457,8 @@ func inspectCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), sb)
+			if out.machine() {
+				return out.print(cmd.OutOrStdout(), sb, nil)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(tw, "name:\t%s\nid:\t%s\nstate:\t%s\n", tsafe(sb.Name), tsafe(sb.ID), tsafe(sb.State))
@@ -480,13 +521,14 @@ func inspectCmd() *cobra.Command {
 			return tw.Flush()
 		}),
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	addOutput[api.Sandbox](c, &out, "the sandbox", false)
 	return c
 }
 
 func execCmd() *cobra.Command {
 	var req api.ExecRequest
 	var env []string
+	var out output
 	c := &cobra.Command{
 		Use:   "exec [-d] [-i] [-t] [--env K=V]... [--cwd DIR] [--user U] [--timeout D] NAME -- CMD [ARG...]",
 		Short: "Run a command in a sandbox, streaming its output; exits with its code",
@@ -500,6 +542,9 @@ func execCmd() *cobra.Command {
 			var err error
 			if req.Env, err = core.ParseEnvList(env); err != nil {
 				return &usageError{err}
+			}
+			if out.machine() && !req.Background {
+				return &usageError{errors.New("--json and --format print the process exec -d starts: give -d")}
 			}
 			// Flags stop at NAME, so "--" (if given) is still in args.
 			req.Cmd = args[1:]
@@ -515,8 +560,10 @@ func execCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintln(cmd.OutOrStdout(), pid)
-				return nil
+				return out.print(cmd.OutOrStdout(), api.StartedProcess{PID: pid}, func(w io.Writer) error {
+					_, err := fmt.Fprintln(w, pid)
+					return err
+				})
 			}
 			if req.Stdin || req.TTY {
 				return runInteractive(cmd, cl, args[0], req)
@@ -534,6 +581,7 @@ func execCmd() *cobra.Command {
 	c.Flags().StringVarP(&req.User, "user", "u", "", "user (name or uid[:gid]; default root)")
 	c.Flags().StringVar(&req.Timeout, "timeout", "", "kill the command after this long, e.g. 30s")
 	c.Flags().BoolVarP(&req.Background, "detach", "d", false, "run in the background and print its PID (see nook ps, attach, kill)")
+	addOutput[api.StartedProcess](c, &out, "the started process (with -d)", false)
 	c.Flags().BoolVarP(&req.Stdin, "interactive", "i", false, "pass standard input to the command")
 	c.Flags().BoolVarP(&req.TTY, "tty", "t", false, "run the command on a terminal")
 	return c
@@ -563,7 +611,8 @@ func signalNumber(name string) int {
 }
 
 func ttlCmd() *cobra.Command {
-	return &cobra.Command{
+	var out output
+	c := &cobra.Command{
 		Use:   "ttl NAME DURATION",
 		Short: "Set a sandbox's remaining time to live (e.g. 2h, 3d)",
 		Args:  cobra.ExactArgs(2),
@@ -572,30 +621,43 @@ func ttlCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s expires at %s (in %s)\n", tsafe(sb.Name), sb.ExpiresAt.Local().Format(time.RFC3339), until(sb.ExpiresAt))
-			return nil
+			return out.print(cmd.OutOrStdout(), sb, func(w io.Writer) error {
+				_, err := fmt.Fprintf(w, "%s expires at %s (in %s)\n", tsafe(sb.Name), sb.ExpiresAt.Local().Format(time.RFC3339), until(sb.ExpiresAt))
+				return err
+			})
 		}),
 	}
+	addOutput[api.Sandbox](c, &out, "the sandbox", false)
+	return c
 }
 
 func rmCmd() *cobra.Command {
-	return &cobra.Command{
+	var out output
+	c := &cobra.Command{
 		Use:     "rm NAME...",
 		Aliases: []string{"destroy"},
 		Short:   "Destroy sandboxes and everything they had on the host",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			var errs []error
+			var done []removed
 			for _, name := range args {
 				if err := cl.DeleteSandbox(cmd.Context(), name); err != nil {
 					errs = append(errs, err)
 					continue
 				}
-				fmt.Fprintln(cmd.OutOrStdout(), name)
+				done = append(done, removed{Name: name})
 			}
-			return errors.Join(errs...)
+			return errors.Join(append(errs, printList(cmd.OutOrStdout(), &out, done, done, nil, func(w io.Writer) error {
+				for _, r := range done {
+					fmt.Fprintln(w, tsafe(r.Name))
+				}
+				return nil
+			}))...)
 		}),
 	}
+	addOutput[removed](c, &out, `what it removed (a list of {"name": NAME})`, false)
+	return c
 }
 
 func templateCmd() *cobra.Command {
@@ -603,7 +665,7 @@ func templateCmd() *cobra.Command {
 	var req api.BuildTemplateRequest
 	var dreq api.DockerfileBuild
 	var buildArgs, secretSpecs []string
-	var buildJSON bool
+	var buildOut output
 	build := &cobra.Command{
 		Use:   "build NAME [--from IMAGE [--pull] | [-f Dockerfile] CONTEXT [--build-arg K=V]... [--target STAGE] [--secret id=ID,src=FILE]... [--allow RULE]...] [--start CMD|none] [--ready port:N|file:PATH|cmd:CMD]",
 		Short: "Build (or rebuild) a template: one of nook's (base, dev), or from an image",
@@ -680,7 +742,7 @@ pulled); the template's build ID (or with --json the template) to stdout.`,
 				view := newBuildView(cmd.ErrOrStderr())
 				t, err := cl.BuildTemplateDockerfile(cmd.Context(), req.Name, dreq, tarStream, view.event)
 				view.finish()
-				return printBuilt(cmd, t, err, buildJSON)
+				return printBuilt(cmd, t, err, &buildOut)
 			}
 			if len(buildArgs) > 0 || dreq.Target != "" || len(dreq.Allow) > 0 || len(secretSpecs) > 0 {
 				return &usageError{errors.New("--build-arg, --target, --secret and --allow are for Dockerfile builds: give the build CONTEXT")}
@@ -691,46 +753,41 @@ pulled); the template's build ID (or with --json the template) to stdout.`,
 			view := newBuildView(cmd.ErrOrStderr())
 			t, err := cl.BuildTemplateFrom(cmd.Context(), req, view.event)
 			view.finish()
-			return printBuilt(cmd, t, err, buildJSON)
+			return printBuilt(cmd, t, err, &buildOut)
 		}),
 	}
 	build.Flags().StringVar(&req.From, "from", "", "build from this image (registry reference, oci:DIR[:TAG] or docker-archive:FILE[:REPO:TAG])")
 	build.Flags().BoolVar(&req.Pull, "pull", false, "resolve the image's tag again instead of the digest the template recorded")
 	build.Flags().StringVar(&req.Start, "start", "", "the service every sandbox of the template starts, a shell command run as the image's user (default the image's ENTRYPOINT and CMD; none: nothing)")
 	build.Flags().StringVar(&req.Ready, "ready", "", "what a create waits for once the service started: port:N, file:PATH or cmd:COMMAND (at most 2m)")
-	build.Flags().BoolVar(&buildJSON, "json", false, "print the template as JSON")
+	addOutput[api.Template](build, &buildOut, "the template", false)
 	build.Flags().StringVarP(&dreq.Dockerfile, "file", "f", "", "the Dockerfile (default CONTEXT/Dockerfile)")
 	build.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "an ARG's value, NAME=VALUE (or NAME: its value here)")
 	build.Flags().StringVar(&dreq.Target, "target", "", "the stage to build (default the last)")
 	build.Flags().StringArrayVar(&secretSpecs, "secret", nil, "a secret RUN --mount=type=secret,id=ID reads: id=ID,src=FILE (kept in no layer)")
 	build.Flags().StringArrayVar(&dreq.Allow, "allow", nil, "what RUN steps may reach on the network, as nook create --allow (default @registries)")
-	var lsJSON, inspectJSON bool
+	var lsOut, inspectOut, rmOut output
+	var lsFilters []string
 	ls := &cobra.Command{
-		Use:   "ls",
-		Short: "List templates",
+		Use:   "ls [--filter name=GLOB] [-q | --json | --format TEMPLATE]",
+		Short: "List templates (--format and -q: the built ones)",
 		Args:  cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
+			filter, _, err := parseFilter(lsFilters, listfilter.NameKeys)
+			if err != nil {
+				return err
+			}
 			tl, err := cl.ListTemplates(cmd.Context())
 			if err != nil {
 				return err
 			}
-			if lsJSON {
-				return printJSON(cmd.OutOrStdout(), tl)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tBUILD\tSOURCE\tSIZE\tCREATED\tIN USE BY")
-			for _, t := range tl.Templates {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", tsafe(t.Name), tsafe(t.ID), tsafe(templateSource(t)), core.FormatBytes(t.SizeBytes), t.CreatedAt.Local().Format(time.RFC3339), t.InUseBy)
-			}
-			for _, r := range tl.Buildable {
-				if !hasTemplate(tl, r.Name) {
-					fmt.Fprintf(tw, "%s\t(not built: nook template build %s)\t\t\t\t\n", tsafe(r.Name), tsafe(r.Name))
-				}
-			}
-			return tw.Flush()
+			tl.Templates = slices.DeleteFunc(tl.Templates, func(t api.Template) bool { return !filter.Name(t.Name) })
+			tl.Buildable = slices.DeleteFunc(tl.Buildable, func(r api.TemplateRecipe) bool { return !filter.Name(r.Name) })
+			return printList(cmd.OutOrStdout(), &lsOut, tl, tl.Templates, func(t api.Template) string { return t.Name }, func(w io.Writer) error { return printTemplates(w, tl) })
 		}),
 	}
-	ls.Flags().BoolVar(&lsJSON, "json", false, "print the list as JSON")
+	addFilter(ls, &lsFilters, listfilter.NameKeys)
+	addOutput[api.Template](ls, &lsOut, "the list", true)
 	inspect := &cobra.Command{
 		Use:   "inspect NAME",
 		Short: "Show a template: its source, digest, layers and image config",
@@ -744,36 +801,52 @@ pulled); the template's build ID (or with --json the template) to stdout.`,
 				if t.Name != args[0] {
 					continue
 				}
-				if inspectJSON {
-					return printJSON(cmd.OutOrStdout(), t)
-				}
-				return printTemplate(cmd.OutOrStdout(), t)
+				return inspectOut.print(cmd.OutOrStdout(), t, func(w io.Writer) error { return printTemplate(w, t) })
 			}
 			return fmt.Errorf("template %s not found: nook template ls lists them", tsafe(args[0]))
 		}),
 	}
-	inspect.Flags().BoolVar(&inspectJSON, "json", false, "print the template as JSON")
-	c.AddCommand(build, ls, inspect, &cobra.Command{
+	addOutput[api.Template](inspect, &inspectOut, "the template", false)
+	rm := &cobra.Command{
 		Use:   "rm NAME",
 		Short: "Remove a template no sandbox uses (its image layers go once no other template uses them)",
 		Args:  cobra.ExactArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
-			return cl.DeleteTemplate(cmd.Context(), args[0])
+			if err := cl.DeleteTemplate(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			return rmOut.print(cmd.OutOrStdout(), removed{Name: args[0]}, nil)
 		}),
-	})
+	}
+	addOutput[removed](rm, &rmOut, `what it removed ({"name": NAME})`, false)
+	c.AddCommand(build, ls, inspect, rm)
 	return c
 }
 
-// printBuilt prints a built template's build ID (or the template as JSON).
-func printBuilt(cmd *cobra.Command, t *api.Template, err error, asJSON bool) error {
+// printTemplates is template ls's table.
+func printTemplates(w io.Writer, tl *api.TemplateList) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tBUILD\tSOURCE\tSIZE\tCREATED\tIN USE BY")
+	for _, t := range tl.Templates {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", tsafe(t.Name), tsafe(t.ID), tsafe(templateSource(t)), core.FormatBytes(t.SizeBytes), t.CreatedAt.Local().Format(time.RFC3339), t.InUseBy)
+	}
+	for _, r := range tl.Buildable {
+		if !hasTemplate(tl, r.Name) {
+			fmt.Fprintf(tw, "%s\t(not built: nook template build %s)\t\t\t\t\n", tsafe(r.Name), tsafe(r.Name))
+		}
+	}
+	return tw.Flush()
+}
+
+// printBuilt prints a built template's build ID (or the template, --json or --format).
+func printBuilt(cmd *cobra.Command, t *api.Template, err error, out *output) error {
 	if err != nil {
 		return err
 	}
-	if asJSON {
-		return printJSON(cmd.OutOrStdout(), t)
-	}
-	fmt.Fprintln(cmd.OutOrStdout(), t.ID)
-	return nil
+	return out.print(cmd.OutOrStdout(), t, func(w io.Writer) error {
+		_, err := fmt.Fprintln(w, t.ID)
+		return err
+	})
 }
 
 // templateSource says in a few words what a template was built from.
@@ -842,7 +915,7 @@ func printTemplate(w io.Writer, t api.Template) error {
 }
 
 func infoCmd() *cobra.Command {
-	var asJSON bool
+	var out output
 	c := &cobra.Command{
 		Use:   "info",
 		Short: "Show host capabilities: backends, accelerator, versions",
@@ -852,8 +925,8 @@ func infoCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), info)
+			if out.machine() {
+				return out.print(cmd.OutOrStdout(), info, nil)
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "nook %s (client %s) at %s\nkernel: %s\ncpus: %d  memory: %s\naccelerator: %s\ncontainer pause: %s\ncgroups: %s\ndata dir: %s\nsandboxes: %s\ncommitted memory: %s\nsnapshots: %s on disk\nbackends:\n",
@@ -889,7 +962,7 @@ func infoCmd() *cobra.Command {
 			return nil
 		}),
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	addOutput[api.Info](c, &out, "the host's information", false)
 	return c
 }
 
@@ -953,8 +1026,10 @@ func printRunc(w io.Writer, r *api.RuncInfo) {
 func tokenCmd() *cobra.Command {
 	c := &cobra.Command{Use: "token", Short: "Manage API tokens for the TCP listener (on the host, over the unix socket)"}
 	var req api.CreateTokenRequest
+	var createOut, lsOut, rmOut output
+	var lsFilters []string
 	create := &cobra.Command{
-		Use:   "create [--name NAME] [--scope admin|read-only|sandbox:NAME] [--ttl 30d|never] [--e2b]",
+		Use:   "create [--name NAME] [--scope admin|read-only|sandbox:NAME] [--ttl 30d|never] [--e2b] [--max-sandboxes N] [--max-cpus N] [--max-memory SIZE] [--max-disk SIZE] [--max-snapshots N] [--max-ttl D]",
 		Short: "Create a token and print it (shown only once)",
 		Long: `Create a token for the TCP listener and print it (shown only once).
 
@@ -964,53 +1039,83 @@ anything; sandbox:NAME may use and destroy only that sandbox (not create,
 fork, widen its network, expose ports or extend its TTL), and stops working
 if the sandbox is destroyed and the name reused. Tokens expire after --ttl
 (default 30d); "never" makes one that does not. --e2b makes the secret an
-E2B API key (e2b_ and hex), for E2B's SDKs against nook serve --e2b-listen.`,
+E2B API key (e2b_ and hex), for E2B's SDKs against nook serve --e2b-listen.
+
+Quotas (--max-*) limit what the sandboxes the token creates or forks hold
+together, in any state until they are removed: their number, CPUs, memory
+and disk, and their snapshots. A create, fork or snapshot beyond one is
+refused (HTTP 429, saying what is in use and what is allowed). --max-ttl
+refuses a longer --ttl (create, nook ttl) and gives a create without --ttl
+(or a fork) at most that. Quotas follow the token, not its name; token ls
+shows each one's use.`,
 		Args: cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
 			t, err := cl.CreateToken(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), t.Secret)
-			return nil
+			return createOut.print(cmd.OutOrStdout(), t, func(w io.Writer) error {
+				_, err := fmt.Fprintln(w, t.Secret)
+				return err
+			})
 		}),
 	}
+	addOutput[api.Token](create, &createOut, "the token (with its secret)", false)
 	create.Flags().StringVar(&req.Name, "name", "", "a label for the token")
 	create.Flags().StringVar(&req.Scope, "scope", "admin", "what the token may do: admin, read-only or sandbox:NAME")
 	create.Flags().StringVar(&req.TTL, "ttl", "30d", "how long the token works, e.g. 12h, 30d, or never")
 	create.Flags().BoolVar(&req.E2B, "e2b", false, "make the secret an E2B API key (e2b_ and hex digits) that E2B's SDKs accept")
-	c.AddCommand(create, &cobra.Command{
-		Use:   "ls",
-		Short: "List tokens",
+	addQuotaFlags(create, &req)
+	ls := &cobra.Command{
+		Use:   "ls [--filter name=GLOB] [-q | --json | --format TEMPLATE]",
+		Short: "List tokens (-q: their IDs)",
 		Args:  cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
+			filter, _, err := parseFilter(lsFilters, listfilter.NameKeys)
+			if err != nil {
+				return err
+			}
 			ts, err := cl.ListTokens(cmd.Context())
 			if err != nil {
 				return err
 			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tSCOPE\tCREATED\tEXPIRES")
-			for _, t := range ts {
-				exp := "never"
-				if t.ExpiresAt != nil {
-					exp = t.ExpiresAt.Local().Format(time.RFC3339)
-					if !time.Now().Before(*t.ExpiresAt) {
-						exp += " (expired)"
-					}
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", tsafe(t.ID), tsafe(t.Name), tsafe(t.Scope), t.CreatedAt.Local().Format(time.RFC3339), exp)
-			}
-			return tw.Flush()
+			ts = slices.DeleteFunc(ts, func(t api.Token) bool { return !filter.Name(t.Name) })
+			return printList(cmd.OutOrStdout(), &lsOut, ts, ts, func(t api.Token) string { return t.ID }, func(w io.Writer) error { return printTokens(w, ts) })
 		}),
-	}, &cobra.Command{
+	}
+	addFilter(ls, &lsFilters, listfilter.NameKeys)
+	addOutput[api.Token](ls, &lsOut, "the list", true)
+	rm := &cobra.Command{
 		Use:   "rm ID",
 		Short: "Revoke a token",
 		Args:  cobra.ExactArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
-			return cl.DeleteToken(cmd.Context(), args[0])
+			if err := cl.DeleteToken(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			return rmOut.print(cmd.OutOrStdout(), removed{ID: args[0]}, nil)
 		}),
-	})
+	}
+	addOutput[removed](rm, &rmOut, `what it revoked ({"id": ID})`, false)
+	c.AddCommand(create, ls, rm)
 	return c
+}
+
+// printTokens is token ls's table.
+func printTokens(w io.Writer, ts []api.Token) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tSCOPE\tCREATED\tEXPIRES\tQUOTAS (USED/ALLOWED)")
+	for _, t := range ts {
+		exp := "never"
+		if t.ExpiresAt != nil {
+			exp = t.ExpiresAt.Local().Format(time.RFC3339)
+			if !time.Now().Before(*t.ExpiresAt) {
+				exp += " (expired)"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", tsafe(t.ID), tsafe(t.Name), tsafe(t.Scope), t.CreatedAt.Local().Format(time.RFC3339), exp, tsafe(quotaSummary(t)))
+	}
+	return tw.Flush()
 }
 
 func stopCmd(stop bool) *cobra.Command {
@@ -1028,22 +1133,32 @@ func pauseCmd(pause bool) *cobra.Command {
 }
 
 // eachCmd is a command that calls op on each sandbox it names, printing
-// the name of each it succeeded on.
+// the name of each it succeeded on (--json, --format: the sandboxes).
 func eachCmd(use, short string, op func(*sdk.Client, context.Context, string) (*api.Sandbox, error)) *cobra.Command {
-	return &cobra.Command{
+	var out output
+	c := &cobra.Command{
 		Use:   use,
 		Short: short,
 		Args:  cobra.MinimumNArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
 			var errs []error
+			var done []api.Sandbox
 			for _, name := range args {
-				if _, err := op(cl, cmd.Context(), name); err != nil {
+				sb, err := op(cl, cmd.Context(), name)
+				if err != nil {
 					errs = append(errs, err)
 					continue
 				}
-				fmt.Fprintln(cmd.OutOrStdout(), name)
+				done = append(done, *sb)
 			}
-			return errors.Join(errs...)
+			return errors.Join(append(errs, printList(cmd.OutOrStdout(), &out, done, done, nil, func(w io.Writer) error {
+				for _, sb := range done {
+					fmt.Fprintln(w, tsafe(sb.Name))
+				}
+				return nil
+			}))...)
 		}),
 	}
+	addOutput[api.Sandbox](c, &out, "the sandboxes (a list)", false)
+	return c
 }

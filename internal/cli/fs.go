@@ -115,10 +115,11 @@ func printInfo(tw io.Writer, info *api.FileInfo, name string) {
 }
 
 func fsLsCmd() *cobra.Command {
-	var recursive, asJSON bool
+	var recursive bool
+	var out output
 	var maxEntries int
 	c := &cobra.Command{
-		Use:   "ls [-r] [--max N] [--json] NAME:/path",
+		Use:   "ls [-r] [--max N] [-q | --json | --format TEMPLATE] NAME:/path",
 		Short: "List a directory in a sandbox (-r: the whole tree)",
 		Args:  cobra.ExactArgs(1),
 		RunE: withRemote(func(cmd *cobra.Command, cl *sdk.Client, rp remotePath) error {
@@ -126,19 +127,23 @@ func fsLsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printListing(cmd, l, recursive, asJSON)
+			return printListing(cmd, l, recursive, &out)
 		}),
 	}
 	c.Flags().BoolVarP(&recursive, "recursive", "r", false, "list the whole tree")
 	c.Flags().IntVar(&maxEntries, "max", 0, "list at most this many entries (default 10000)")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	addOutput[api.FileInfo](c, &out, "the listing", true)
 	return c
 }
 
 // printListing prints a listing of a sandbox's or a volume's files.
-func printListing(cmd *cobra.Command, l *api.FileList, recursive, asJSON bool) error {
-	if asJSON {
-		return printJSON(cmd.OutOrStdout(), l)
+func printListing(cmd *cobra.Command, l *api.FileList, recursive bool, out *output) error {
+	if out.machine() || out.quiet {
+		name := func(e api.FileInfo) string { return e.Name }
+		if recursive {
+			name = func(e api.FileInfo) string { return e.Path }
+		}
+		return printList(cmd.OutOrStdout(), out, l, l.Entries, name, nil)
 	}
 	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 1, ' ', 0)
 	for i := range l.Entries {
@@ -176,9 +181,9 @@ func fsCatCmd() *cobra.Command {
 }
 
 func fsStatCmd() *cobra.Command {
-	var asJSON bool
+	var out output
 	c := &cobra.Command{
-		Use:   "stat [--json] NAME:/path",
+		Use:   "stat [--json | --format TEMPLATE] NAME:/path",
 		Short: "Describe a path in a sandbox",
 		Args:  cobra.ExactArgs(1),
 		RunE: withRemote(func(cmd *cobra.Command, cl *sdk.Client, rp remotePath) error {
@@ -186,15 +191,15 @@ func fsStatCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), info)
+			if out.machine() {
+				return out.print(cmd.OutOrStdout(), info, nil)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 1, ' ', 0)
 			printInfo(tw, info, info.Path)
 			return tw.Flush()
 		}),
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	addOutput[api.FileInfo](c, &out, "the file's information", false)
 	return c
 }
 
@@ -324,9 +329,10 @@ func fsChmodCmd() *cobra.Command {
 }
 
 func fsWatchCmd() *cobra.Command {
-	var recursive, asJSON bool
+	var recursive bool
+	var format output
 	c := &cobra.Command{
-		Use:   "watch [-r] [--json] NAME:/path",
+		Use:   "watch [-r] [--json | --format TEMPLATE] NAME:/path",
 		Short: "Print create, write, remove, rename and chmod events under a path until interrupted",
 		Args:  cobra.ExactArgs(1),
 		RunE: withRemote(func(cmd *cobra.Command, cl *sdk.Client, rp remotePath) error {
@@ -346,9 +352,12 @@ func fsWatchCmd() *cobra.Command {
 					}
 					return err
 				}
-				if asJSON {
+				switch {
+				case format.json:
 					err = printJSONLine(out, ev)
-				} else {
+				case format.tmpl != nil:
+					err = format.execute(out, []any{ev})
+				default:
 					_, err = fmt.Fprintf(out, "%s %-8s %s\n", ev.Time.Local().Format("15:04:05.000"), tsafe(ev.Type), tsafe(ev.Path))
 				}
 				if err != nil {
@@ -358,7 +367,7 @@ func fsWatchCmd() *cobra.Command {
 		}),
 	}
 	c.Flags().BoolVarP(&recursive, "recursive", "r", false, "watch subdirectories too, including new ones")
-	c.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per event")
+	addOutput[api.FileEvent](c, &format, "one object per event (a line each)", false)
 	return c
 }
 

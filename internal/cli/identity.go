@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/identity"
 	"github.com/nookhq/nook/sdk"
 )
@@ -28,7 +29,7 @@ endpoint; the subject is spiffe://TRUST-DOMAIN/sandbox/ID, new for every
 fork.`,
 	}
 	var audience, ttl string
-	var asJSON bool
+	var out output
 	token := &cobra.Command{
 		Use:   "token NAME --audience AUD",
 		Short: "Issue a sandbox's identity token (printed alone, for scripts)",
@@ -38,8 +39,8 @@ fork.`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), t)
+			if out.machine() {
+				return out.print(cmd.OutOrStdout(), t, nil)
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), t.Token)
 			return nil
@@ -47,10 +48,10 @@ fork.`,
 	}
 	token.Flags().StringVar(&audience, "audience", "", "the token's audience (aud): the relying party's identifier, e.g. sts.amazonaws.com (required)")
 	token.Flags().StringVar(&ttl, "ttl", "", "the token's lifetime, e.g. 10m (default 10m; at most the daemon's --identity-max-ttl and the sandbox's expiry)")
-	token.Flags().BoolVar(&asJSON, "json", false, "print the token with its subject, audience, jti and expiry as JSON")
+	addOutput[api.IdentityToken](token, &out, "the token with its subject, audience, jti and expiry", false)
 	token.MarkFlagRequired("audience")
 
-	var logJSON bool
+	var logOut output
 	log := &cobra.Command{
 		Use:   "log NAME",
 		Short: "List the identity tokens issued to a sandbox, and who asked",
@@ -60,8 +61,8 @@ fork.`,
 			if err != nil {
 				return err
 			}
-			if logJSON {
-				return printJSON(cmd.OutOrStdout(), l)
+			if logOut.machine() {
+				return logOut.print(cmd.OutOrStdout(), l, nil)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "TIME\tAUDIENCE\tEXPIRES\tVIA\tJTI")
@@ -73,7 +74,7 @@ fork.`,
 			return tw.Flush()
 		}),
 	}
-	log.Flags().BoolVar(&logJSON, "json", false, "print JSON")
+	addOutput[api.IdentityLog](log, &logOut, "the log", false)
 
 	rotate := &cobra.Command{
 		Use:   "rotate",

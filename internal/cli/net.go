@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -63,7 +64,7 @@ func (f *serveNetFlags) apply(cfg *daemon.NetConfig) error {
 
 func netCmd() *cobra.Command {
 	var req api.SetNetworkRequest
-	var asJSON bool
+	var out output
 	c := &cobra.Command{
 		Use:   "net NAME [--net allowlist|none] [--allow RULE]... [--deny RULE]...",
 		Short: "Show a sandbox's network, or replace its egress policy",
@@ -97,8 +98,8 @@ is refused, so that clients fall back to TCP. Refusals are in nook net log.`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), n)
+			if out.machine() {
+				return out.print(cmd.OutOrStdout(), n, nil)
 			}
 			printNetwork(cmd, n)
 			return nil
@@ -108,7 +109,7 @@ is refused, so that clients fall back to TCP. Refusals are in nook net log.`,
 	f.StringVar(&req.Net, "net", "", "network mode: allowlist or none")
 	f.StringArrayVar(&req.Allow, "allow", nil, "allow rule (repeatable; replaces every allow rule)")
 	f.StringArrayVar(&req.Deny, "deny", nil, "deny rule (repeatable; replaces every deny rule)")
-	f.BoolVar(&asJSON, "json", false, "print JSON")
+	addOutput[api.Network](c, &out, "the network", false)
 	c.AddCommand(netLogCmd())
 	return c
 }
@@ -135,7 +136,7 @@ func printNetwork(cmd *cobra.Command, n *api.Network) {
 }
 
 func netLogCmd() *cobra.Command {
-	var asJSON bool
+	var out output
 	c := &cobra.Command{
 		Use:   "log NAME",
 		Short: "Show what a sandbox was denied: connections and DNS queries, with why",
@@ -145,8 +146,8 @@ func netLogCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), l)
+			if out.machine() {
+				return out.print(cmd.OutOrStdout(), l, nil)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "TIME\tKIND\tDESTINATION\tREASON\tDETAIL")
@@ -161,7 +162,7 @@ func netLogCmd() *cobra.Command {
 			return tw.Flush()
 		}),
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	addOutput[api.NetLog](c, &out, "the log", false)
 	return c
 }
 
@@ -171,6 +172,7 @@ func exposeCmd(expose bool) *cobra.Command {
 		use, short = "unexpose NAME PORT", "Close an exposed port"
 	}
 	var auth string
+	var out output
 	c := &cobra.Command{
 		Use:   use,
 		Short: short,
@@ -199,14 +201,17 @@ none anyone who reaches the preview listener may open it.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), tsafe(e.HostAddress))
-			if e.URL != "" {
-				fmt.Fprintln(cmd.OutOrStdout(), tsafe(e.URL))
-			}
-			return nil
+			return out.print(cmd.OutOrStdout(), e, func(w io.Writer) error {
+				fmt.Fprintln(w, tsafe(e.HostAddress))
+				if e.URL != "" {
+					fmt.Fprintln(w, tsafe(e.URL))
+				}
+				return nil
+			})
 		}),
 	}
 	if expose {
+		addOutput[api.ExposedPort](c, &out, "the exposed port", false)
 		c.Flags().StringVar(&auth, "auth", api.PreviewAuthToken, "who may open the preview URL: token (the URL's token, then a cookie) or none (anyone who reaches the preview listener)")
 	}
 	return c

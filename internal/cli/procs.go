@@ -31,7 +31,7 @@ func parsePID(s string) (int, error) {
 }
 
 func psCmd() *cobra.Command {
-	var asJSON bool
+	var out output
 	c := &cobra.Command{
 		Use:   "ps NAME",
 		Short: "List the commands started through nook in a sandbox",
@@ -41,8 +41,8 @@ func psCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), ps)
+			if out.machine() || out.quiet {
+				return printList(cmd.OutOrStdout(), &out, ps, ps, func(p api.Process) string { return strconv.Itoa(p.PID) }, nil)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "PID\tSTATUS\tSTARTED\tOUTPUT\tCOMMAND")
@@ -62,7 +62,7 @@ func psCmd() *cobra.Command {
 			return tw.Flush()
 		}),
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	addOutput[api.Process](c, &out, "the list", true)
 	return c
 }
 

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/listfilter"
 	"github.com/nookhq/nook/sdk"
 )
 
@@ -58,28 +61,34 @@ in nook net log; answers from the bound hosts are scrubbed of the value.`,
 	}
 	set.Flags().StringVar(&file, "file", "", "read the value from this file")
 
-	var asJSON bool
+	var out output
+	var filters []string
 	ls := &cobra.Command{
-		Use:   "ls",
+		Use:   "ls [--filter name=GLOB] [-q | --json | --format TEMPLATE]",
 		Short: "List the secrets (names and owners, never values)",
 		Args:  cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
+			filter, _, err := parseFilter(filters, listfilter.NameKeys)
+			if err != nil {
+				return err
+			}
 			list, err := cl.ListSecrets(cmd.Context())
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), list)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tOWNER\tUPDATED")
-			for _, s := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", tsafe(s.Name), tsafe(s.Owner), s.UpdatedAt.Local().Format(time.DateTime))
-			}
-			return tw.Flush()
+			list = slices.DeleteFunc(list, func(s api.Secret) bool { return !filter.Name(s.Name) })
+			return printList(cmd.OutOrStdout(), &out, list, list, func(s api.Secret) string { return s.Name }, func(w io.Writer) error {
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "NAME\tOWNER\tUPDATED")
+				for _, s := range list {
+					fmt.Fprintf(tw, "%s\t%s\t%s\n", tsafe(s.Name), tsafe(s.Owner), s.UpdatedAt.Local().Format(time.DateTime))
+				}
+				return tw.Flush()
+			})
 		}),
 	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	addFilter(ls, &filters, listfilter.NameKeys)
+	addOutput[api.Secret](ls, &out, "the list", true)
 	rm := &cobra.Command{
 		Use:   "rm NAME...",
 		Short: "Remove secrets (requests that would carry them are refused from then on)",

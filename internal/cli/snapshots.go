@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -11,12 +13,13 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/listfilter"
 	"github.com/nookhq/nook/sdk"
 )
 
 func snapshotCmd() *cobra.Command {
 	var name string
-	var asJSON bool
+	var out, rmOut output
 	c := &cobra.Command{
 		Use:   "snapshot NAME [--name LABEL]",
 		Short: "Snapshot a running or paused sandbox (disk, and memory on vm): it goes on running",
@@ -26,50 +29,62 @@ func snapshotCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), sn)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), tsafe(sn.Name))
-			return nil
+			return out.print(cmd.OutOrStdout(), sn, func(w io.Writer) error {
+				_, err := fmt.Fprintln(w, tsafe(sn.Name))
+				return err
+			})
 		}),
 	}
 	c.Flags().StringVar(&name, "name", "", "the snapshot's name, unique within the sandbox (default snap-N)")
-	c.Flags().BoolVar(&asJSON, "json", false, "print the snapshot as JSON")
-	c.AddCommand(&cobra.Command{
+	addOutput[api.Snapshot](c, &out, "the snapshot", false)
+	rm := &cobra.Command{
 		Use:   "rm NAME SNAPSHOT...",
 		Short: "Remove snapshots (their files go once no later snapshot or fork uses them)",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
+			var done []removed
+			var err error
 			for _, s := range args[1:] {
-				if err := cl.DeleteSnapshot(cmd.Context(), args[0], s); err != nil {
-					return err
+				if err = cl.DeleteSnapshot(cmd.Context(), args[0], s); err != nil {
+					break
 				}
-				fmt.Fprintln(cmd.OutOrStdout(), s)
+				done = append(done, removed{Name: s})
 			}
-			return nil
+			return errors.Join(err, printList(cmd.OutOrStdout(), &rmOut, done, done, nil, func(w io.Writer) error {
+				for _, r := range done {
+					fmt.Fprintln(w, tsafe(r.Name))
+				}
+				return nil
+			}))
 		}),
-	})
+	}
+	addOutput[removed](rm, &rmOut, `what it removed (a list of {"name": SNAPSHOT})`, false)
+	c.AddCommand(rm)
 	return c
 }
 
 func snapshotsCmd() *cobra.Command {
-	var asJSON bool
+	var out output
+	var filters []string
 	c := &cobra.Command{
-		Use:   "snapshots NAME",
+		Use:   "snapshots NAME [--filter name=GLOB] [-q | --json | --format TEMPLATE]",
 		Short: "List a sandbox's snapshots as a tree: each under its parent, with its time and size",
 		Args:  cobra.ExactArgs(1),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
+			filter, _, err := parseFilter(filters, listfilter.NameKeys)
+			if err != nil {
+				return err
+			}
 			list, err := cl.ListSnapshots(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), list)
-			}
-			return printSnapshotTree(cmd.OutOrStdout(), list)
+			list = slices.DeleteFunc(list, func(s api.Snapshot) bool { return !filter.Name(s.Name) })
+			return printList(cmd.OutOrStdout(), &out, list, list, func(s api.Snapshot) string { return s.Name }, func(w io.Writer) error { return printSnapshotTree(w, list) })
 		}),
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	addFilter(c, &filters, listfilter.NameKeys)
+	addOutput[api.Snapshot](c, &out, "the list", true)
 	return c
 }
 
@@ -118,22 +133,29 @@ func printSnapshotTree(w io.Writer, list []api.Snapshot) error {
 }
 
 func rollbackCmd() *cobra.Command {
-	return &cobra.Command{
+	var out output
+	c := &cobra.Command{
 		Use:   "rollback NAME SNAPSHOT",
 		Short: "Put a sandbox back to one of its snapshots (files, and on vm running processes); it runs after",
 		Args:  cobra.ExactArgs(2),
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, args []string) error {
-			if _, err := cl.Rollback(cmd.Context(), args[0], args[1]); err != nil {
+			sb, err := cl.Rollback(cmd.Context(), args[0], args[1])
+			if err != nil {
 				return err
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), args[0])
-			return nil
+			return out.print(cmd.OutOrStdout(), sb, func(w io.Writer) error {
+				_, err := fmt.Fprintln(w, tsafe(args[0]))
+				return err
+			})
 		}),
 	}
+	addOutput[api.Sandbox](c, &out, "the sandbox", false)
+	return c
 }
 
 func forkCmd() *cobra.Command {
 	var req api.ForkRequest
+	var out output
 	c := &cobra.Command{
 		Use:   "fork NAME[:SNAPSHOT] [--count N] [--name PREFIX]",
 		Short: "Make new independent sandboxes from a sandbox (a snapshot taken now) or one of its snapshots",
@@ -146,13 +168,16 @@ func forkCmd() *cobra.Command {
 			name, snap, _ := strings.Cut(args[0], ":")
 			req.Snapshot = snap
 			sbs, err := cl.Fork(cmd.Context(), name, req)
-			for _, sb := range sbs {
-				fmt.Fprintln(cmd.OutOrStdout(), tsafe(sb.Name))
-			}
-			return err
+			return errors.Join(err, printList(cmd.OutOrStdout(), &out, sbs, sbs, nil, func(w io.Writer) error {
+				for _, sb := range sbs {
+					fmt.Fprintln(w, tsafe(sb.Name))
+				}
+				return nil
+			}))
 		}),
 	}
 	c.Flags().IntVar(&req.Count, "count", 1, "how many forks (1 to 20)")
 	c.Flags().StringVar(&req.Name, "name", "", "the fork's name, or the prefix of NAME-1..N with --count")
+	addOutput[api.Sandbox](c, &out, "the forks (a list)", false)
 	return c
 }

@@ -61,6 +61,7 @@ A key added for a sandbox logs in to that sandbox; a key added without one logs
 in to every sandbox your token may run commands in (an admin token's: all of
 them), for as long as that token is valid. Keys of a sandbox go with it.`,
 	}
+	var addOut output
 	add := &cobra.Command{
 		Use:   "add [NAME] FILE",
 		Short: "Add a public key (FILE, e.g. ~/.ssh/id_ed25519.pub, or - for stdin) for sandbox NAME, or for every sandbox your token reaches",
@@ -75,11 +76,14 @@ them), for as long as that token is valid. Keys of a sandbox go with it.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", k.ID, k.Fingerprint)
-			return nil
+			return addOut.print(cmd.OutOrStdout(), k, func(w io.Writer) error {
+				_, err := fmt.Fprintf(w, "%s %s\n", k.ID, k.Fingerprint)
+				return err
+			})
 		}),
 	}
-	var asJSON bool
+	addOutput[api.SSHKey](add, &addOut, "the key", false)
+	var out output
 	ls := &cobra.Command{
 		Use:   "ls [NAME]",
 		Short: "List sandbox NAME's keys, or your token's own",
@@ -93,8 +97,8 @@ them), for as long as that token is valid. Keys of a sandbox go with it.`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), keys)
+			if out.machine() || out.quiet {
+				return printList(cmd.OutOrStdout(), &out, keys, keys, func(k api.SSHKey) string { return k.ID }, nil)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tFINGERPRINT\tCOMMENT\tOWNER\tADDED")
@@ -104,7 +108,7 @@ them), for as long as that token is valid. Keys of a sandbox go with it.`,
 			return tw.Flush()
 		}),
 	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	addOutput[api.SSHKey](ls, &out, "the list", true)
 	rm := &cobra.Command{
 		Use:   "rm [NAME] ID",
 		Short: "Remove a key of sandbox NAME, or one of your token's own",

@@ -23,7 +23,7 @@ type versions struct {
 }
 
 func versionCmd() *cobra.Command {
-	var asJSON bool
+	var out output
 	c := &cobra.Command{
 		Use:   "version",
 		Short: "Print the client's version, and the daemon's when it answers",
@@ -46,8 +46,8 @@ prints the client's alone).`,
 					v.Server = info.Version
 				}
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), v)
+			if out.machine() {
+				return out.print(cmd.OutOrStdout(), v, nil)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "client: %s\n", v.Client)
 			if v.Server != "" {
@@ -58,6 +58,6 @@ prints the client's alone).`,
 			return nil
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	addOutput[versions](c, &out, "the versions", false)
 	return c
 }

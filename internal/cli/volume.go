@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/listfilter"
 	"github.com/nookhq/nook/sdk"
 )
 
@@ -33,7 +35,8 @@ sandbox makes to a file the vm looked at in the last second shows within
 that second (a new file, at once). Owners are ids 0 to 65535 in both.`,
 	}
 	var size string
-	var createJSON bool
+	var createOut, lsOut, inspectOut output
+	var lsFilters []string
 	create := &cobra.Command{
 		Use:   "create NAME [--size 10G]",
 		Short: "Create a volume",
@@ -43,39 +46,41 @@ that second (a new file, at once). Owners are ids 0 to 65535 in both.`,
 			if err != nil {
 				return err
 			}
-			if createJSON {
-				return printJSON(cmd.OutOrStdout(), v)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), tsafe(v.Name))
-			return nil
+			return createOut.print(cmd.OutOrStdout(), v, func(w io.Writer) error {
+				_, err := fmt.Fprintln(w, tsafe(v.Name))
+				return err
+			})
 		}),
 	}
 	create.Flags().StringVar(&size, "size", "", "its size, e.g. 10G (default 10G, at least 64M)")
-	create.Flags().BoolVar(&createJSON, "json", false, "print the volume as JSON")
-	var lsJSON bool
+	addOutput[api.Volume](create, &createOut, "the volume", false)
 	ls := &cobra.Command{
-		Use:   "ls",
+		Use:   "ls [--filter name=GLOB] [-q | --json | --format TEMPLATE]",
 		Short: "List volumes",
 		Args:  cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
+			filter, _, err := parseFilter(lsFilters, listfilter.NameKeys)
+			if err != nil {
+				return err
+			}
 			vols, err := cl.ListVolumes(cmd.Context())
 			if err != nil {
 				return err
 			}
-			if lsJSON {
-				return printJSON(cmd.OutOrStdout(), api.VolumeList{Volumes: vols})
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSIZE\tUSED\tCREATED\tMOUNTED BY")
-			for _, v := range vols {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", tsafe(v.Name), core.FormatBytes(v.SizeBytes), core.FormatBytes(v.UsedBytes),
-					v.CreatedAt.Local().Format(time.RFC3339), tsafe(strings.Join(v.MountedBy, ",")))
-			}
-			return tw.Flush()
+			vols = slices.DeleteFunc(vols, func(v api.Volume) bool { return !filter.Name(v.Name) })
+			return printList(cmd.OutOrStdout(), &lsOut, api.VolumeList{Volumes: vols}, vols, func(v api.Volume) string { return v.Name }, func(w io.Writer) error {
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "NAME\tSIZE\tUSED\tCREATED\tMOUNTED BY")
+				for _, v := range vols {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", tsafe(v.Name), core.FormatBytes(v.SizeBytes), core.FormatBytes(v.UsedBytes),
+						v.CreatedAt.Local().Format(time.RFC3339), tsafe(strings.Join(v.MountedBy, ",")))
+				}
+				return tw.Flush()
+			})
 		}),
 	}
-	ls.Flags().BoolVar(&lsJSON, "json", false, "print the list as JSON")
-	var inspectJSON bool
+	addFilter(ls, &lsFilters, listfilter.NameKeys)
+	addOutput[api.Volume](ls, &lsOut, "the list", true)
 	inspect := &cobra.Command{
 		Use:   "inspect NAME",
 		Short: "Show a volume and the sandboxes that mount it",
@@ -85,8 +90,8 @@ that second (a new file, at once). Owners are ids 0 to 65535 in both.`,
 			if err != nil {
 				return err
 			}
-			if inspectJSON {
-				return printJSON(cmd.OutOrStdout(), v)
+			if inspectOut.machine() {
+				return inspectOut.print(cmd.OutOrStdout(), v, nil)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(tw, "name:\t%s\nsize:\t%s\nused:\t%s\ncreated:\t%s\n", tsafe(v.Name), core.FormatBytes(v.SizeBytes),
@@ -97,7 +102,7 @@ that second (a new file, at once). Owners are ids 0 to 65535 in both.`,
 			return tw.Flush()
 		}),
 	}
-	inspect.Flags().BoolVar(&inspectJSON, "json", false, "print the volume as JSON")
+	addOutput[api.Volume](inspect, &inspectOut, "the volume", false)
 	var force bool
 	rm := &cobra.Command{
 		Use:   "rm NAME... [--force]",
@@ -156,10 +161,11 @@ root (the root of a sandbox that mounts the volume).`,
 
 func volumeFsCmd() *cobra.Command {
 	c := &cobra.Command{Use: "fs", Short: "Files of a volume, without a sandbox: ls, cat"}
-	var recursive, asJSON bool
+	var recursive bool
+	var out output
 	var maxEntries int
 	ls := &cobra.Command{
-		Use:   "ls [-r] [--max N] [--json] VOLUME:/path",
+		Use:   "ls [-r] [--max N] [-q | --json | --format TEMPLATE] VOLUME:/path",
 		Short: "List a directory of a volume (-r: the whole tree)",
 		Args:  cobra.ExactArgs(1),
 		RunE: withRemote(func(cmd *cobra.Command, cl *sdk.Client, rp remotePath) error {
@@ -167,12 +173,12 @@ func volumeFsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printListing(cmd, l, recursive, asJSON)
+			return printListing(cmd, l, recursive, &out)
 		}),
 	}
 	ls.Flags().BoolVarP(&recursive, "recursive", "r", false, "list the whole tree")
 	ls.Flags().IntVar(&maxEntries, "max", 0, "list at most this many entries (default 100000)")
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	addOutput[api.FileInfo](ls, &out, "the listing", true)
 	cat := &cobra.Command{
 		Use:   "cat VOLUME:/path",
 		Short: "Print a file of a volume",

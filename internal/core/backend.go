@@ -7,6 +7,7 @@ package core
 import (
 	"context"
 	"net"
+	"os"
 
 	"github.com/nookhq/nook/api"
 )
@@ -206,6 +207,23 @@ type ChangesExporter interface {
 // console output, attached to errors when its agent never answers.
 type ConsoleLogger interface {
 	ConsoleTail(id string) string
+}
+
+// Log names: a sandbox's agent's log, and its console (a vm's serial port).
+const (
+	LogAgent   = "agent"
+	LogConsole = "console"
+)
+
+// LogOpener is an optional Backend feature: a sandbox's logs, for `nook
+// logs`. MainLog is the log that holds what the sandbox's init and agent
+// write; OpenLog opens a log (LogAgent or LogConsole) for reading, or
+// says, as an errdefs.ErrNotFound error, why the backend has none. The
+// sandbox writes its logs: a reader bounds what it reads and trusts none
+// of it.
+type LogOpener interface {
+	MainLog() string
+	OpenLog(id, log string) (*os.File, error)
 }
 
 // NetHooks is how a backend gives its sandboxes their network, through

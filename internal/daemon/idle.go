@@ -287,6 +287,7 @@ func (m *Manager) idlePause(ctx context.Context, sb *core.Sandbox, seen time.Tim
 		return
 	}
 	m.log.Info("sandbox paused: idle", "sandbox", sb.Name, "idle_pause", idleFor)
+	m.emit(ctx, api.EventPausedByIdle, sb, "idle for "+idleFor)
 }
 
 // expirePause handles the TTL of an on_expire=pause sandbox running out:
@@ -325,6 +326,7 @@ func (m *Manager) markExpired(ctx context.Context, sb *core.Sandbox, kept core.S
 		return
 	}
 	m.log.Info("sandbox expired: kept, not destroyed", "sandbox", sb.Name, "on_expire", cur.OnExpire, "state", cur.State)
+	m.emit(ctx, api.EventExpired, cur, string(cur.State))
 }
 
 // gone reports whether a pause failed because the sandbox is no longer

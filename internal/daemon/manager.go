@@ -34,6 +34,7 @@ import (
 	"github.com/nookhq/nook/internal/backend/vm"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/events"
 	"github.com/nookhq/nook/internal/fsutil"
 	"github.com/nookhq/nook/internal/identity"
 	"github.com/nookhq/nook/internal/image"
@@ -89,6 +90,9 @@ type Config struct {
 	AllowHostMounts []string
 	// Identity configures sandboxes' identity tokens (identity.go).
 	Identity IdentityConfig
+	// Observer, if set, is told of operations' latencies and errors and
+	// of refused connections and DNS queries (stats.go; the metrics).
+	Observer Observer
 	Log      *slog.Logger
 }
 
@@ -188,9 +192,14 @@ type Manager struct {
 
 	limits *ledger // the host limits and their use (limits.go)
 
+	quotas *quotaLedger // tokens' quotas: reservations under way (quotas.go)
+	idem   *idempotency // idempotency keys' requests under way (idempotency.go)
+
 	issuer  *identity.Issuer // sandboxes' identity tokens (identity.go)
 	secrets *secretStore     // secrets and sandboxes' bindings (secrets.go)
 	idlog   *identityLog
+
+	events events.Bus // lifecycle events (events.go)
 }
 
 // DefaultCRIU is where scripts/criu.sh installs the CRIU nook builds.
@@ -291,6 +300,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		volRestored: map[string]bool{},
 		idle:        newIdleTracker(),
 		limits:      newLedger(cfg.MaxSandboxes, cfg.MaxMemory),
+		quotas:      newQuotaLedger(),
+		idem:        newIdempotency(),
 	}
 	if m.volumes, err = volume.Open(cfg.VolumesDir, cfg.Log); err != nil {
 		st.Close()
@@ -481,7 +492,8 @@ func generateName() string {
 
 // Create validates a request, makes the sandbox and returns it running.
 // progress receives template build output when the template must be built first.
-func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, progress io.Writer) (*core.Sandbox, error) {
+func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, progress io.Writer) (_ *core.Sandbox, err error) {
+	defer m.observe(opCreate, time.Now(), &err)
 	return m.create(ctx, req, progress, "")
 }
 
@@ -507,6 +519,9 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	ttl, err := core.ValidateTTL(req.TTL)
 	if err != nil {
+		return nil, err
+	}
+	if ttl, err = m.capTTL(ctx, ttl, req.TTL != ""); err != nil {
 		return nil, err
 	}
 	idlePause, onExpire, err := m.idleSettings(req, b)
@@ -610,6 +625,12 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 		return nil, err
 	}
 	defer room.release()
+	// And in the quotas of the caller's token (quotas.go), the same way.
+	share, err := m.reserveQuota(ctx, tokenIDFrom(ctx), store.Usage{Sandboxes: 1, CPUs: cpus, MemoryBytes: mem, DiskBytes: disk}, "creating this sandbox")
+	if err != nil {
+		return nil, err
+	}
+	defer share.release()
 	tplName := req.Template
 	if tplName == "" {
 		tplName = "base"
@@ -696,11 +717,21 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 			sb.ID, warm = id, true
 		}
 	}
+	if err := m.linkIdempotent(ctx, idemSandbox, sb.ID); err != nil {
+		if derr := b.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
+			m.log.Error("release sandbox resources after failed insert", "sandbox", sb.ID, "err", derr)
+		}
+		return nil, err
+	}
 	if err := m.insertSandbox(ctx, sb, room); err != nil {
 		if derr := b.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
 			m.log.Error("release sandbox resources after failed insert", "sandbox", sb.ID, "err", derr)
 		}
 		return nil, err
+	}
+	if err := m.recordOwner(context.WithoutCancel(ctx), share, sb.ID); err != nil {
+		m.abandonCreate(context.WithoutCancel(ctx), b, sb)
+		return nil, fmt.Errorf("create sandbox %s: record its token: %w", sb.Name, err)
 	}
 	m.tplMu.RUnlock()
 	tplLocked = false
@@ -756,6 +787,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	m.idle.touch(sb.ID)
 	m.log.Info("sandbox created", "sandbox", sb.Name, "id", sb.ID, "template", sb.TemplateID, "duration", time.Since(start),
 		"backend", backendDone.Sub(start), "agent", time.Since(backendDone), "warm", warm)
+	m.emit(ctx, api.EventCreated, sb, "")
 	return sb, nil
 }
 
@@ -904,6 +936,7 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 	// Its snapshots' records went with it; their files go unless forks use them.
 	m.gcSnapshots(ctx)
 	m.log.Info("sandbox destroyed", "sandbox", sb.Name, "id", sb.ID)
+	m.emit(ctx, api.EventDestroyed, sb, "")
 	return nil
 }
 
@@ -949,7 +982,8 @@ func (m *Manager) View(sb *core.Sandbox) api.Sandbox {
 
 // Pause stops a running sandbox's processes, keeping them (how depends on
 // the backend: Capabilities.Pause, and PauseKind in the sandbox).
-func (m *Manager) Pause(ctx context.Context, name string) (*core.Sandbox, error) {
+func (m *Manager) Pause(ctx context.Context, name string) (_ *core.Sandbox, err error) {
+	defer m.observe(opPause, time.Now(), &err)
 	return m.setPaused(ctx, name, true, "")
 }
 
@@ -960,7 +994,8 @@ func (m *Manager) pauseFor(ctx context.Context, name, reason string) (*core.Sand
 }
 
 // Resume continues a paused sandbox.
-func (m *Manager) Resume(ctx context.Context, name string) (*core.Sandbox, error) {
+func (m *Manager) Resume(ctx context.Context, name string) (_ *core.Sandbox, err error) {
+	defer m.observe(opResume, time.Now(), &err)
 	sb, err := m.setPaused(ctx, name, false, "")
 	if err == nil {
 		m.resumed(sb)
@@ -1046,6 +1081,9 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason
 		// Frozen in RAM, it still holds its memory; saved to disk, it
 		// holds none from now on.
 		m.limits.commit(nil, sb.ID, m.holds(sb))
+		if reason == "" { // nook's own pauses emit their own events
+			m.emit(ctx, api.EventPaused, sb, "")
+		}
 		return sb, nil
 	}
 	// A sandbox paused to disk takes its memory again: room first.
@@ -1070,7 +1108,11 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason
 	}
 	// The reason nook paused it for goes with the pause.
 	sb.State, sb.Reason = core.StateRunning, ""
-	return sb, m.commitSandbox(cctx, sb, room)
+	if err := m.commitSandbox(cctx, sb, room); err != nil {
+		return sb, err
+	}
+	m.emit(ctx, api.EventResumed, sb, "")
+	return sb, nil
 }
 
 // alignPause makes the host's pause state match the record after a restart.
@@ -1117,6 +1159,9 @@ func (m *Manager) SetTTL(ctx context.Context, name, ttl string) (*core.Sandbox, 
 	if sb.State == core.StateDestroying {
 		return nil, errdefs.Precondition("sandbox %s is being destroyed", name)
 	}
+	if d, err = m.capTTL(ctx, d, true); err != nil {
+		return nil, err
+	}
 	sb.ExpiresAt, sb.Expired = time.Now().Add(d), false
 	return sb, m.updateSandbox(ctx, sb)
 }
@@ -1124,7 +1169,8 @@ func (m *Manager) SetTTL(ctx context.Context, name, ttl string) (*core.Sandbox, 
 // Exec starts a command in a sandbox. The caller reads the Process to its
 // FrameExit and closes it; closing early kills the command. A background
 // command returns a Process with only its PID set.
-func (m *Manager) Exec(ctx context.Context, name string, req api.ExecRequest) (*agent.Process, error) {
+func (m *Manager) Exec(ctx context.Context, name string, req api.ExecRequest) (_ *agent.Process, err error) {
+	defer m.observe(opExec, time.Now(), &err)
 	sb, c, areq, err := m.execRequest(ctx, name, req)
 	if err != nil {
 		return nil, err
@@ -1147,7 +1193,8 @@ func (m *Manager) Exec(ctx context.Context, name string, req api.ExecRequest) (*
 // returned Process, as an attach with input from its first byte would:
 // read it to its FrameExit; closing it detaches, and the command runs
 // on (Processes, Attach and Signal reach it by its PID).
-func (m *Manager) ExecFollow(ctx context.Context, name string, req api.ExecRequest) (*agent.Process, error) {
+func (m *Manager) ExecFollow(ctx context.Context, name string, req api.ExecRequest) (_ *agent.Process, err error) {
+	defer m.observe(opExec, time.Now(), &err)
 	req.Background = true
 	sb, c, areq, err := m.execRequest(ctx, name, req)
 	if err != nil {
@@ -1370,6 +1417,7 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 	*sb = *cur
 	m.dropAgent(sb.ID)
 	m.log.Warn("sandbox stopped unexpectedly", "sandbox", sb.Name, "reason", rs.Detail)
+	m.emit(ctx, api.EventFailed, cur, rs.Detail)
 	return false
 }
 
@@ -1398,6 +1446,7 @@ func (m *Manager) refreshLiveness(ctx context.Context, lv core.Liveness, sb *cor
 // half created are removed, interrupted destroys finished, running ones
 // re-adopted or marked failed, and host resources no record owns removed.
 func (m *Manager) reconcile(ctx context.Context) error {
+	ctx = byNook(ctx)
 	start := time.Now()
 	sbs, err := m.store.ListSandboxes(ctx)
 	if err != nil {
@@ -1525,6 +1574,7 @@ func (m *Manager) Run(ctx context.Context) {
 }
 
 func (m *Manager) reapOnce(ctx context.Context) {
+	ctx = byNook(ctx)
 	expired, err := m.store.Expired(ctx, time.Now())
 	if err != nil {
 		m.log.Error("list expired sandboxes", "err", err)
@@ -1544,6 +1594,7 @@ func (m *Manager) reapOnce(ctx context.Context) {
 				m.expireStop(ctx, cur)
 				continue
 			}
+			m.emit(ctx, api.EventExpired, cur, "destroyed")
 			if err := m.destroyLocked(ctx, cur); err != nil {
 				m.log.Error("destroy expired sandbox", "sandbox", sb.Name, "err", err)
 			}

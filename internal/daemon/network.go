@@ -134,6 +134,8 @@ type sandboxNets struct {
 	// closeIntercept closes the upstream connections a sandbox's
 	// interceptor keeps, when its network goes.
 	closeIntercept func(id string)
+	// obs counts refusals for the metrics (nil: none; stats.go).
+	obs Observer
 
 	logc chan store.NetLogEntry
 	// qmu guards queued (entries of each sandbox in logc) and dropped
@@ -151,7 +153,7 @@ var _ core.NetHooks = (*sandboxNets)(nil)
 
 func newSandboxNets(ctx context.Context, cfg Config, st *store.Store, metadata func(string, netip.Addr) http.Handler) (*sandboxNets, error) {
 	n := &sandboxNets{
-		store: st, log: cfg.Log, state: map[string]*netState{}, metadata: metadata, metaSrv: map[string]*http.Server{},
+		store: st, log: cfg.Log, obs: cfg.Observer, state: map[string]*netState{}, metadata: metadata, metaSrv: map[string]*http.Server{},
 		egress: map[string]*egressProxy{}, names: map[string]*egress.Names{},
 		logc: make(chan store.NetLogEntry, netLogQueue), flushc: make(chan chan struct{}),
 		queued: map[string]int{}, dropped: map[string]int{},
@@ -560,6 +562,7 @@ func (n *sandboxNets) serveEgress(ctx context.Context, id string, subnet netip.P
 			return n.mgr.DialHost(ctx, dst)
 		},
 		OnDenied: func(ev egress.Event) {
+			n.countDenied(deniedConnection, ev.Reason, 1)
 			// At most egressLogRate a second (burst twice that), the rest
 			// counted in the next entry, as the kernel's denials are.
 			if !limiter.Allow() {
@@ -722,11 +725,13 @@ func (n *sandboxNets) secretRefused(id string, r secrets.Refusal) {
 }
 
 func (n *sandboxNets) dnsDenied(id string, ev dns.Event) {
+	n.countDenied(deniedDNS, string(ev.Reason), 1+ev.Suppressed)
 	n.record(store.NetLogEntry{SandboxID: id, Time: ev.Time, Kind: api.NetLogDNS, Destination: ev.Name + " " + ev.QType,
 		Reason: string(ev.Reason), Detail: ev.Detail, Suppressed: ev.Suppressed})
 }
 
 func (n *sandboxNets) packetDenied(id string, ev network.Event) {
+	n.countDenied(deniedConnection, ev.Reason, 1+ev.Suppressed)
 	dst := ev.Dst.Addr().String()
 	if ev.Dst.Port() != 0 {
 		dst = ev.Dst.String()

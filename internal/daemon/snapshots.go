@@ -33,7 +33,8 @@ func (m *Manager) snapshotter(sb *core.Sandbox) (core.Snapshotter, error) {
 
 // Snapshot takes a snapshot of a running or paused sandbox; label names it
 // (default snap-N).
-func (m *Manager) Snapshot(ctx context.Context, name, label string) (*core.Snapshot, error) {
+func (m *Manager) Snapshot(ctx context.Context, name, label string) (_ *core.Snapshot, err error) {
+	defer m.observe(opSnapshot, time.Now(), &err)
 	if err := core.ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -76,6 +77,19 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *core.Sandbox, label st
 		return nil, err
 	}
 	rec := &core.Snapshot{ID: "snap-" + newID()[:12], SandboxID: sb.ID, Sandbox: sb.Name, Name: label, Parent: parent, CreatedAt: time.Now().UTC()}
+	// A snapshot counts against the token that owns the sandbox (quotas.go).
+	owner, err := m.store.SandboxOwner(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	share, err := m.reserveQuota(ctx, owner, store.Usage{Snapshots: 1}, "this snapshot")
+	if err != nil {
+		return nil, err
+	}
+	defer share.release()
+	if err := m.linkIdempotent(ctx, idemSnapshot, rec.ID); err != nil {
+		return nil, err
+	}
 	// The backend's files first, then the record: a crash in between
 	// leaves files no record names, which GC removes once nothing uses them.
 	// A backend that cannot save the host's connections to the agent
@@ -92,7 +106,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *core.Sandbox, label st
 		return nil, fmt.Errorf("snapshot sandbox %s: %w", sb.Name, err)
 	}
 	rec.Memory, rec.SizeBytes = info.Memory, info.SizeBytes
-	if err := m.store.InsertSnapshot(ctx, rec); err != nil {
+	if err := share.commit(func() error { return m.store.InsertSnapshot(ctx, rec) }); err != nil {
 		return nil, err
 	}
 	switch {
@@ -106,6 +120,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *core.Sandbox, label st
 		}
 	}
 	m.log.Info("snapshot taken", "sandbox", sb.Name, "snapshot", rec.Name, "id", rec.ID, "bytes", rec.SizeBytes)
+	m.emit(ctx, api.EventSnapshotTaken, sb, rec.Name)
 	return rec, nil
 }
 
@@ -251,6 +266,7 @@ func (m *Manager) Rollback(ctx context.Context, name, ref string) (*core.Sandbox
 	m.restarted(cctx, sb)
 	m.idle.touch(sb.ID)
 	m.log.Info("sandbox rolled back", "sandbox", name, "snapshot", sn.Name)
+	m.emit(ctx, api.EventRolledBack, sb, "to snapshot "+sn.Name)
 	return sb, nil
 }
 
@@ -259,7 +275,8 @@ func (m *Manager) Rollback(ctx context.Context, name, ref string) (*core.Sandbox
 // Each fork gets its own name (prefix-1, prefix-2...; prefix alone for one
 // fork), ID, hostname, address and records; it inherits the source's
 // limits, template and network policy.
-func (m *Manager) Fork(ctx context.Context, name, ref string, count int, prefix string) ([]*core.Sandbox, error) {
+func (m *Manager) Fork(ctx context.Context, name, ref string, count int, prefix string) (_ []*core.Sandbox, err error) {
+	defer m.observe(opFork, time.Now(), &err)
 	if err := core.ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -285,6 +302,17 @@ func (m *Manager) Fork(ctx context.Context, name, ref string, count int, prefix 
 		}
 	}
 	cctx := context.WithoutCancel(ctx)
+	// Room for them all in the caller's quotas, before anything is made
+	// (each fork reserves its own again as it is made).
+	if src, err := m.store.GetSandbox(ctx, name); err == nil {
+		one := store.Usage{Sandboxes: 1, CPUs: src.CPUs, MemoryBytes: src.MemoryBytes, DiskBytes: src.DiskBytes}
+		all := store.Usage{Sandboxes: count, CPUs: one.CPUs * float64(count), MemoryBytes: one.MemoryBytes * int64(count), DiskBytes: one.DiskBytes * int64(count)}
+		share, err := m.reserveQuota(ctx, tokenIDFrom(ctx), all, fmt.Sprintf("forking %d sandboxes", count))
+		if err != nil {
+			return nil, err
+		}
+		share.release()
+	}
 	// The source: take the snapshot (or find it) under its lock.
 	unlock := m.lockName(name)
 	src, err := m.store.GetSandbox(ctx, name)
@@ -323,6 +351,7 @@ func (m *Manager) Fork(ctx context.Context, name, ref string, count int, prefix 
 			return out, err
 		}
 		out = append(out, sb)
+		m.emit(ctx, api.EventForked, sb, "from "+src.Name+" at snapshot "+sn.Name)
 	}
 	return out, nil
 }
@@ -353,11 +382,25 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 	if sb.ExpiresAt.Before(now.Add(time.Minute)) {
 		sb.ExpiresAt = now.Add(time.Hour)
 	}
+	// The caller's --max-ttl caps the TTL it inherits (quotas.go).
+	ttl, err := m.capTTL(ctx, sb.ExpiresAt.Sub(now), false)
+	if err != nil {
+		return nil, err
+	}
+	sb.ExpiresAt = now.Add(ttl)
 	room, err := m.limits.reserve(1, sb.MemoryBytes, "forking")
 	if err != nil {
 		return nil, err
 	}
 	defer room.release()
+	share, err := m.reserveQuota(ctx, tokenIDFrom(ctx), store.Usage{Sandboxes: 1, CPUs: sb.CPUs, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes}, "forking this sandbox")
+	if err != nil {
+		return nil, err
+	}
+	defer share.release()
+	if err := m.linkIdempotent(ctx, idemFork, sb.ID); err != nil {
+		return nil, err
+	}
 	// Its volumes must still be there when its record names them.
 	m.volMu.RLock()
 	err = m.volumesExist(sb.Volumes)
@@ -367,6 +410,10 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 	m.volMu.RUnlock()
 	if err != nil {
 		return nil, err
+	}
+	if err := m.recordOwner(ctx, share, sb.ID); err != nil {
+		m.abandonCreate(ctx, b, sb)
+		return nil, fmt.Errorf("fork %s: record its token: %w", name, err)
 	}
 	if len(bound) > 0 {
 		err = m.secrets.record(ctx, sb.ID, bound, ca)

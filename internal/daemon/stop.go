@@ -164,6 +164,9 @@ func (m *Manager) stopFor(ctx context.Context, name, reason string) (*core.Sandb
 		return nil, err
 	}
 	m.log.Info("sandbox stopped", "sandbox", name, "reason", reason)
+	if reason == "" { // a TTL's stop is an expired event
+		m.emit(ctx, api.EventStopped, sb, "")
+	}
 	return sb, nil
 }
 
@@ -192,6 +195,7 @@ func (m *Manager) Start(ctx context.Context, name string) (*core.Sandbox, error)
 	}
 	m.resumed(sb)
 	m.log.Info("sandbox started", "sandbox", name)
+	m.emit(ctx, api.EventStarted, sb, "")
 	return sb, nil
 }
 
@@ -251,6 +255,7 @@ func (m *Manager) recordStopped(ctx context.Context, cur *core.Sandbox) {
 	}
 	m.dropAgent(cur.ID)
 	m.log.Info("sandbox stopped", "sandbox", cur.Name, "state", cur.State, "reason", cur.Reason)
+	m.emit(ctx, api.EventStopped, cur, cur.Reason)
 }
 
 // reboot starts sandbox name (id) again after its guest rebooted, as
@@ -273,6 +278,7 @@ func (m *Manager) reboot(ctx context.Context, name, id string, st core.Stopper) 
 		m.log.Info("sandbox rebooted by its guest: starting it again", "sandbox", name)
 		err := m.startLocked(ctx, cur, st, nil) // recorded running: it holds its memory
 		if err == nil {
+			m.emit(ctx, api.EventStarted, cur, "its guest rebooted")
 			return
 		}
 		// The guest may have rebooted, or powered off, again as it booted.

@@ -124,6 +124,10 @@ func (m *Manager) CreateToken(ctx context.Context, req api.CreateTokenRequest) (
 		}
 		expires = now.Add(d)
 	}
+	quotas, err := parseQuotas(req.Quotas)
+	if err != nil {
+		return api.Token{}, err
+	}
 	b := make([]byte, 32)
 	rand.Read(b)
 	secret := "nook_" + base64.RawURLEncoding.EncodeToString(b)
@@ -135,8 +139,14 @@ func (m *Manager) CreateToken(ctx context.Context, req api.CreateTokenRequest) (
 	if err := m.store.InsertToken(ctx, t); err != nil {
 		return api.Token{}, err
 	}
+	if err := m.store.SetTokenQuotas(ctx, t.ID, quotas); err != nil {
+		// Its secret was never shown: nobody can use it.
+		m.store.DeleteToken(context.WithoutCancel(ctx), t.ID)
+		return api.Token{}, err
+	}
 	out := tokenView(t)
 	out.Secret = secret
+	out.Quotas = quotasView(quotas)
 	return out, nil
 }
 
@@ -149,14 +159,28 @@ func tokenView(t store.Token) api.Token {
 	return out
 }
 
-// Tokens lists tokens (never their secrets).
+// Tokens lists tokens (never their secrets), with their quotas and
+// what counts against them.
 func (m *Manager) Tokens(ctx context.Context) ([]api.Token, error) {
 	ts, err := m.store.ListTokens(ctx)
+	if err != nil {
+		return nil, err
+	}
+	quotas, err := m.store.AllTokenQuotas(ctx)
+	if err != nil {
+		return nil, err
+	}
+	usage, err := m.store.AllTokenUsage(ctx)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]api.Token, 0, len(ts))
 	for _, t := range ts {
-		out = append(out, tokenView(t))
+		v := tokenView(t)
+		v.Quotas, v.Usage = quotasView(quotas[t.ID]), usageView(usage[t.ID])
+		out = append(out, v)
 	}
-	return out, err
+	return out, nil
 }
 
 // RevokeToken deletes a token.

@@ -93,7 +93,7 @@ func (s *Server) authorize(write bool, f func(http.ResponseWriter, *http.Request
 				return
 			}
 		}
-		f(w, r.WithContext(daemon.WithCreator(r.Context(), ti.Name)), sc)
+		f(w, r.WithContext(daemon.WithTokenID(daemon.WithCreator(r.Context(), ti.Name), ti.ID)), sc)
 	}
 }
 

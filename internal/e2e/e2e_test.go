@@ -158,7 +158,10 @@ func (d *daemon) start(extra ...string) {
 	if len(extra) == 0 {
 		extra = d.args
 	}
-	args := append([]string{"serve", "--data-dir", d.data, "--run-dir", d.run, "--templates-dir", testutil.TemplatesDir(),
+	// --config /dev/null: the host's /etc/nook/config.toml (make install
+	// puts one there) is not the test's; a test's own --config comes later
+	// and wins.
+	args := append([]string{"serve", "--config", "/dev/null", "--data-dir", d.data, "--run-dir", d.run, "--templates-dir", testutil.TemplatesDir(),
 		"--cgroup-parent", d.cgroup, "--reap-interval", "200ms", "--vm-cache-dir", vmCacheDir()}, extra...)
 	if d.log == nil {
 		d.log = &logBuffer{}

@@ -74,6 +74,8 @@ func TestEscapeTokenScope(t *testing.T) {
 	want := map[string]string{
 		"GET /v1/openapi.yaml":                             anyToken,
 		"GET /v1/info":                                     anyToken,
+		"GET /v1/events":                                   anyToken, // filtered for sandbox tokens
+		"GET /v1/sandboxes/{name}/logs":                    read,
 		"GET /v1/templates":                                anyToken,
 		"GET /v1/sandboxes":                                anyToken, // filtered for sandbox tokens
 		"POST /v1/sandboxes":                               admin,
@@ -89,6 +91,8 @@ func TestEscapeTokenScope(t *testing.T) {
 		"DELETE /v1/sandboxes/{name}/snapshots/{snapshot}": write,
 		"POST /v1/sandboxes/{name}/rollback":               write,
 		"POST /v1/sandboxes/{name}/fork":                   admin,
+		"GET /v1/sandboxes/{name}/stats":                   read,
+		"GET /v1/stats":                                    anyToken, // filtered for sandbox tokens
 		"GET /v1/sandboxes/{name}/network":                 read,
 		"PUT /v1/sandboxes/{name}/network":                 admin,
 		"GET /v1/sandboxes/{name}/network/log":             read,

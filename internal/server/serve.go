@@ -11,6 +11,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -18,6 +19,8 @@ import (
 
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/e2b"
+	"github.com/nookhq/nook/internal/metrics"
+	"github.com/nookhq/nook/internal/sdnotify"
 	"github.com/nookhq/nook/internal/sshd"
 )
 
@@ -72,6 +75,10 @@ type Config struct {
 	// DebugSocket, if set, is a unix socket (root only) serving Go's
 	// profiles (net/http/pprof) for diagnosing the daemon.
 	DebugSocket string
+	// MetricsListen, if set, is a TCP address serving Prometheus metrics
+	// at /metrics (internal/metrics), plain HTTP without authentication:
+	// loopback or a private network.
+	MetricsListen string
 }
 
 // Serve runs the daemon until ctx ends. Sandboxes keep running after it
@@ -81,6 +88,17 @@ func Serve(ctx context.Context, cfg Config) error {
 	if log == nil {
 		log = slog.Default()
 		cfg.Daemon.Log = log
+	}
+	// Under systemd (Type=notify, packaging/nook.service): read before
+	// anything starts a process, which must not inherit the socket.
+	notify, nerr := sdnotify.FromEnv()
+	if nerr != nil {
+		log.Warn("the daemon cannot tell systemd it is ready", "err", nerr)
+	}
+	sdNotify := func(msgs ...string) {
+		if err := notify.Send(msgs...); err != nil {
+			log.Warn("tell systemd", "err", err)
+		}
 	}
 	if cfg.Socket == "" {
 		cfg.Socket = DefaultSocket
@@ -121,6 +139,11 @@ func Serve(ctx context.Context, cfg Config) error {
 			ds.Close()
 			os.Remove(cfg.DebugSocket)
 		}()
+	}
+	var mx *metrics.Metrics
+	if cfg.MetricsListen != "" {
+		mx = metrics.New(log)
+		cfg.Daemon.Observer = mx
 	}
 	m, err := daemon.New(ctx, cfg.Daemon)
 	if err != nil {
@@ -191,10 +214,20 @@ func Serve(ctx context.Context, cfg Config) error {
 		servers = append(servers, ps)
 		listeners = append(listeners, netutil.LimitListener(pl, cmp.Or(cfg.MaxConns, DefaultMaxConns)))
 	}
+	if mx != nil {
+		ml, err := listenMetrics(cfg.MetricsListen, mx, m)
+		if err != nil {
+			closeAll(listeners)
+			return err
+		}
+		servers = append(servers, newHTTPServer(mx.Mux(), cfg.IdleTimeout, log))
+		listeners = append(listeners, netutil.LimitListener(ml, cmp.Or(cfg.MaxConns, DefaultMaxConns)))
+	}
 	errc := make(chan error, len(servers)+2)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var sshDone chan struct{}
+	var sshAddr string
 	if cfg.SSHListen != "" {
 		sl, err := net.Listen("tcp", cfg.SSHListen)
 		if err != nil {
@@ -207,7 +240,8 @@ func Serve(ctx context.Context, cfg Config) error {
 			closeAll(listeners)
 			return err
 		}
-		ssrv.SetAddress(sl.Addr().String())
+		sshAddr = sl.Addr().String()
+		ssrv.SetAddress(sshAddr)
 		srv.SetSSH(ssrv)
 		sshDone = make(chan struct{})
 		go func() {
@@ -227,6 +261,16 @@ func Serve(ctx context.Context, cfg Config) error {
 		log.Info("nook daemon listening", "address", listeners[i].Addr().String())
 	}
 	go m.Run(runCtx)
+	// Ready: sandboxes are re-adopted (daemon.New) and every listener
+	// accepts.
+	var addrs []string
+	for _, l := range listeners {
+		addrs = append(addrs, l.Addr().String())
+	}
+	if sshAddr != "" {
+		addrs = append(addrs, sshAddr+" (SSH)")
+	}
+	sdNotify(sdnotify.Ready, sdnotify.MainPID(), sdnotify.Status("serving on "+strings.Join(addrs, ", ")))
 	if cfg.Ready != nil {
 		cfg.Ready()
 	}
@@ -234,6 +278,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
+	sdNotify(sdnotify.Stopping, sdnotify.Status("stopping; sandboxes keep running"))
 	shutdownCtx, done := context.WithTimeout(context.Background(), 5*time.Second)
 	defer done()
 	for _, s := range servers {

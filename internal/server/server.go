@@ -28,6 +28,7 @@ import (
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/image"
+	"github.com/nookhq/nook/internal/listfilter"
 	"github.com/nookhq/nook/internal/template"
 )
 
@@ -89,7 +90,8 @@ func (s *Server) routes() []route {
 	return []route{
 		{"GET /v1/openapi.yaml", accessAnyToken, s.openapi},
 		{"GET /v1/info", accessAnyToken, s.info},
-		{"POST /v1/sandboxes", accessAdmin, s.createSandbox},
+		{"GET /v1/events", accessList, s.events},
+		{"POST /v1/sandboxes", accessAdmin, s.idempotent(daemon.IdempotentCreate, s.createSandbox)},
 		{"GET /v1/sandboxes", accessList, s.listSandboxes},
 		{"GET /v1/sandboxes/{name}", accessSandboxRead, s.getSandbox},
 		{"DELETE /v1/sandboxes/{name}", accessSandboxWrite, s.deleteSandbox},
@@ -98,16 +100,19 @@ func (s *Server) routes() []route {
 		{"POST /v1/sandboxes/{name}/resume", accessSandboxWrite, s.resumeSandbox},
 		{"POST /v1/sandboxes/{name}/stop", accessSandboxWrite, s.stopSandbox},
 		{"POST /v1/sandboxes/{name}/start", accessSandboxWrite, s.startSandbox},
-		{"POST /v1/sandboxes/{name}/snapshots", accessSandboxWrite, s.createSnapshot},
+		{"POST /v1/sandboxes/{name}/snapshots", accessSandboxWrite, s.idempotent(daemon.IdempotentSnapshot, s.createSnapshot)},
 		{"GET /v1/sandboxes/{name}/snapshots", accessSandboxRead, s.listSnapshots},
 		{"DELETE /v1/sandboxes/{name}/snapshots/{snapshot}", accessSandboxWrite, s.deleteSnapshot},
 		{"POST /v1/sandboxes/{name}/rollback", accessSandboxWrite, s.rollback},
-		{"POST /v1/sandboxes/{name}/fork", accessAdmin, s.fork},
+		{"POST /v1/sandboxes/{name}/fork", accessAdmin, s.idempotent(daemon.IdempotentFork, s.fork)},
+		{"GET /v1/sandboxes/{name}/stats", accessSandboxRead, s.sandboxStats},
+		{"GET /v1/stats", accessList, s.allStats},
 		{"GET /v1/sandboxes/{name}/network", accessSandboxRead, s.getNetwork},
 		{"PUT /v1/sandboxes/{name}/network", accessAdmin, s.setNetwork},
 		{"GET /v1/sandboxes/{name}/network/log", accessSandboxRead, s.netLog},
 		{"POST /v1/sandboxes/{name}/identity/token", accessSandboxWrite, s.identityToken},
 		{"GET /v1/sandboxes/{name}/identity/log", accessSandboxRead, s.identityLog},
+		{"GET /v1/sandboxes/{name}/logs", accessSandboxRead, s.sandboxLogs},
 		{"POST /v1/identity/rotate", accessHost, s.rotateIdentityKeys},
 		{"GET /v1/secrets", accessAdmin, s.listSecrets},
 		{"PUT /v1/secrets/{secret}", accessAdmin, s.setSecret},
@@ -364,7 +369,14 @@ func (s slogWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// listSandboxes is GET /v1/sandboxes, filtered by its query parameters
+// (label, state, template, isolation, name: package listfilter).
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	filter, err := listfilter.FromQuery(r.URL.Query(), listfilter.SandboxKeys)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	sbs, err := s.m.List(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
@@ -377,7 +389,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		if scope.Kind == daemon.ScopeSandbox && sb.ID != scope.SandboxID {
 			continue
 		}
-		out = append(out, s.m.View(sb))
+		if v := s.m.View(sb); filter.Sandbox(&v) {
+			out = append(out, v)
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
 }

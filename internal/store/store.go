@@ -178,6 +178,43 @@ var migrations = []string{
 		DELETE FROM ssh_keys WHERE owner = old.id;
 	END;
 	ALTER TABLE sandbox_net ADD COLUMN previews TEXT NOT NULL DEFAULT '{}';`,
+	// 11: token quotas (JSON, quotas.go) and the token (by ID, never by
+	// a name that can be reused) each sandbox counts against; a sandbox
+	// made without a token (the Unix socket) has no row.
+	`CREATE TABLE token_quotas (
+		token_id TEXT PRIMARY KEY,
+		quotas   TEXT NOT NULL
+	);
+	CREATE TABLE sandbox_owners (
+		sandbox_id TEXT PRIMARY KEY,
+		token_id   TEXT NOT NULL
+	);
+	CREATE INDEX sandbox_owners_token ON sandbox_owners(token_id);
+	CREATE TRIGGER tokens_delete_quotas AFTER DELETE ON tokens BEGIN
+		DELETE FROM token_quotas WHERE token_id = old.id;
+	END;
+	CREATE TRIGGER sandboxes_delete_owner AFTER DELETE ON sandboxes BEGIN
+		DELETE FROM sandbox_owners WHERE sandbox_id = old.id;
+	END;`,
+	// 12: idempotency keys (quotas.go): per caller (a token's ID, or
+	// "host"), the request a key was first used with, what it made
+	// (links) and, once answered, the answer.
+	`CREATE TABLE idempotency_keys (
+		owner      TEXT NOT NULL,
+		key        TEXT NOT NULL,
+		route      TEXT NOT NULL,
+		body_hash  BLOB NOT NULL,
+		boot       TEXT NOT NULL,
+		links      TEXT NOT NULL DEFAULT '[]',
+		status     INTEGER NOT NULL DEFAULT 0,
+		response   BLOB,
+		created_at INTEGER NOT NULL,
+		PRIMARY KEY (owner, key)
+	);
+	CREATE INDEX idempotency_keys_created ON idempotency_keys(created_at);
+	CREATE TRIGGER tokens_delete_idempotency_keys AFTER DELETE ON tokens BEGIN
+		DELETE FROM idempotency_keys WHERE owner = old.id;
+	END;`,
 }
 
 // Store is the daemon's database.

@@ -1,0 +1,101 @@
+package listfilter
+
+import (
+	"errors"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/errdefs"
+)
+
+func TestSplit(t *testing.T) {
+	for in, want := range map[string][]string{
+		"label=team=a,state=paused": {"label=team=a", "state=paused"},
+		"label=k=x,y,state=paused":  {"label=k=x,y", "state=paused"},
+		"name=web-*":                {"name=web-*"},
+		"state=running,bogus=1":     {"state=running,bogus=1"}, // not a key: part of the value
+		",state=paused":             {"", "state=paused"},
+	} {
+		if got := Split(in, SandboxKeys); !slices.Equal(got, want) {
+			t.Errorf("Split(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	for in, want := range map[string]string{
+		"bogus=1":      "unknown filter \"bogus\": the filters are label, state, template, isolation, name",
+		"state":        "give KEY=VALUE",
+		"state=asleep": "the states are running, paused",
+		"label==v":     "give label=KEY=VALUE or label=KEY",
+		"template=":    "filter template has no value",
+		"name=[a":      "syntax error in pattern",
+	} {
+		_, err := Parse([]string{in}, SandboxKeys)
+		if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("Parse(%q) = %v, want an invalid argument error with %q", in, err, want)
+		}
+	}
+	if _, err := Parse([]string{"state=paused"}, NameKeys); err == nil || !strings.Contains(err.Error(), "the filters are name") {
+		t.Errorf("state on a name-only list: %v", err)
+	}
+}
+
+func TestSandbox(t *testing.T) {
+	sbs := []api.Sandbox{
+		{Name: "web-1", State: "running", Template: "base", Isolation: "container", Labels: map[string]string{"team": "a", "env": "prod"}},
+		{Name: "web-2", State: "paused", Template: "dev", Isolation: "vm", Labels: map[string]string{"team": "b"}},
+		{Name: "db", State: "stopped", Template: "base", Isolation: "container"},
+	}
+	for _, tc := range []struct {
+		filters []string
+		want    []string
+	}{
+		{nil, []string{"web-1", "web-2", "db"}},
+		{[]string{"label=team=a"}, []string{"web-1"}},
+		{[]string{"label=team"}, []string{"web-1", "web-2"}},
+		{[]string{"label=team=a", "label=env=prod"}, []string{"web-1"}},
+		{[]string{"label=team=a,label=env=dev"}, nil},
+		{[]string{"state=paused"}, []string{"web-2"}},
+		{[]string{"state=paused,state=stopped"}, []string{"web-2", "db"}},
+		{[]string{"template=base"}, []string{"web-1", "db"}},
+		{[]string{"isolation=vm"}, []string{"web-2"}},
+		{[]string{"name=web"}, []string{"web-1", "web-2"}},
+		{[]string{"name=*-2"}, []string{"web-2"}},
+		{[]string{"name=we"}, []string{"web-1", "web-2"}},
+		{[]string{"name=d?"}, []string{"db"}},
+		{[]string{"template=base", "state=running"}, []string{"web-1"}},
+	} {
+		f, err := Parse(tc.filters, SandboxKeys)
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", tc.filters, err)
+		}
+		var got []string
+		for i := range sbs {
+			if f.Sandbox(&sbs[i]) {
+				got = append(got, sbs[i].Name)
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%q matched %q, want %q", tc.filters, got, tc.want)
+		}
+	}
+}
+
+// The query the SDK sends reads back as the same filter.
+func TestFromQuery(t *testing.T) {
+	q, _ := url.ParseQuery("label=team%3Da&state=paused&state=running")
+	f, err := FromQuery(q, SandboxKeys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.Sandbox(&api.Sandbox{State: "running", Labels: map[string]string{"team": "a"}}) || f.Sandbox(&api.Sandbox{State: "paused"}) {
+		t.Error("label=team=a with state paused or running")
+	}
+	if _, err := FromQuery(url.Values{"progress": {"1"}}, SandboxKeys); err == nil {
+		t.Error("an unknown parameter was taken")
+	}
+}
