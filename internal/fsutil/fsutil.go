@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/poll"
 )
 
 // Flock takes an exclusive lock on path (created if missing) across
@@ -53,22 +55,18 @@ func flock(ctx context.Context, path string, how int) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	for {
+	err = poll.Until(ctx, poll.Options{Min: 5 * time.Millisecond, Max: 50 * time.Millisecond}, func() (bool, error) {
 		err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
-		if err == nil {
-			return func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return false, nil
 		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, err
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
+		return err == nil, err
+	})
+	if err != nil {
+		f.Close()
+		return nil, err
 	}
+	return func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
 }
 
 // WriteFileSync writes b to path and syncs it to disk.

@@ -20,6 +20,7 @@ import (
 	"github.com/nookhq/nook/internal/cgroups"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/poll"
 	"github.com/nookhq/nook/internal/procfs"
 )
 
@@ -472,22 +473,24 @@ func (b *Backend) lockCRIU(ctx context.Context, id string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	for {
+	var lockErr error
+	err = poll.Until(ctx, poll.Options{Min: 5 * time.Millisecond, Max: 5 * time.Millisecond}, func() (bool, error) {
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return f, nil
+		if err == nil || errors.Is(err, unix.EWOULDBLOCK) || errors.Is(err, unix.EINTR) {
+			return err == nil, nil
 		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("waiting for the CRIU of an earlier checkpoint or restore of sandbox %s to finish: %w", id, ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
+		lockErr = fmt.Errorf("lock %s: %w", f.Name(), err)
+		return false, lockErr
+	})
+	switch {
+	case err == nil:
+		return f, nil
+	case lockErr != nil:
+		f.Close()
+		return nil, lockErr
 	}
+	f.Close()
+	return nil, fmt.Errorf("waiting for the CRIU of an earlier checkpoint or restore of sandbox %s to finish: %w", id, err)
 }
 
 // waitCRIU waits for the runc of a checkpoint or restore of sandbox id

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/poll"
 )
 
 // The agent listens, and logs, inside the sandbox's own root (CRIU can
@@ -83,19 +84,20 @@ func (b *Backend) dialAgent(ctx context.Context, id string, alive func() bool) (
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", b.socket(id))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
-		conn, err := dialInRoot(ctx, b.rootfs(id), agentSocketInSandbox)
-		if err == nil {
-			return conn, nil
+	var conn net.Conn
+	var last error
+	err := poll.Until(ctx, poll.Options{Timeout: 10 * time.Second, Max: 50 * time.Millisecond}, func() (bool, error) {
+		conn, last = dialInRoot(ctx, b.rootfs(id), agentSocketInSandbox)
+		if last == nil || !errors.Is(last, unix.ENOENT) && !errors.Is(last, unix.ECONNREFUSED) || !alive() {
+			return true, nil
 		}
-		if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ECONNREFUSED) || !alive() || time.Now().After(deadline) {
-			return nil, fmt.Errorf("the sandbox's agent: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("the sandbox's agent: %w (%w)", ctx.Err(), err)
-		case <-time.After(wait):
-		}
+		return false, nil
+	})
+	switch {
+	case err == nil && last == nil:
+		return conn, nil
+	case err == nil || errors.Is(err, poll.ErrTimeout):
+		return nil, fmt.Errorf("the sandbox's agent: %w", last)
 	}
+	return nil, fmt.Errorf("the sandbox's agent: %w (%w)", err, last)
 }

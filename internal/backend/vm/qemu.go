@@ -14,6 +14,7 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent/guestinit"
+	"github.com/nookhq/nook/internal/poll"
 )
 
 // machine is everything that must be identical between the QEMU that saved
@@ -307,17 +308,15 @@ type monitor struct {
 
 // dialQMP connects to a QEMU's QMP socket, waiting for QEMU to create it.
 func dialQMP(ctx context.Context, path string) (*monitor, error) {
-	for {
-		q, err := qmpDial(ctx, path)
-		if err == nil {
-			return &monitor{q: q}, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("connect to QEMU's monitor: %w (last error: %v)", ctx.Err(), err)
-		case <-time.After(2 * time.Millisecond):
-		}
+	var q *qmpConn
+	var last error
+	if err := poll.Until(ctx, poll.Options{Min: 2 * time.Millisecond, Max: 2 * time.Millisecond}, func() (bool, error) {
+		q, last = qmpDial(ctx, path)
+		return last == nil, nil
+	}); err != nil {
+		return nil, fmt.Errorf("connect to QEMU's monitor: %w (last error: %v)", err, last)
 	}
+	return &monitor{q: q}, nil
 }
 
 // run executes a QMP command and decodes its "return" into out (if not nil).
@@ -349,26 +348,22 @@ func (m *monitor) runFile(cmd string, args any, f *os.File, out any) error {
 // waitMigration polls query-migrate until the migration (outgoing, or
 // incoming on a restoring QEMU) completes or fails.
 func (m *monitor) waitMigration(ctx context.Context) error {
-	for {
+	return poll.Until(ctx, poll.Options{Min: time.Millisecond, Max: time.Millisecond}, func() (bool, error) {
 		var st struct {
 			Status    string `json:"status"`
 			ErrorDesc string `json:"error-desc"`
 		}
 		if err := m.run("query-migrate", nil, &st); err != nil {
-			return err
+			return false, err
 		}
 		switch st.Status {
 		case "completed":
-			return nil
+			return true, nil
 		case "failed", "cancelled":
-			return fmt.Errorf("migration %s: %s", st.Status, st.ErrorDesc)
+			return false, fmt.Errorf("migration %s: %s", st.Status, st.ErrorDesc)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Millisecond):
-		}
-	}
+		return false, nil
+	})
 }
 
 // status returns QEMU's run state (running, paused, inmigrate, postmigrate...).
@@ -426,19 +421,11 @@ func (m *monitor) loadState(ctx context.Context, f *os.File) error {
 	if err := m.run("migrate-incoming", map[string]any{"uri": "fd:snap"}, nil); err != nil {
 		return err
 	}
-	for {
+	if err := poll.Until(ctx, poll.Options{Min: 500 * time.Microsecond, Max: 500 * time.Microsecond}, func() (bool, error) {
 		st, err := m.status()
-		if err != nil {
-			return err
-		}
-		if st != "inmigrate" {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Microsecond):
-		}
+		return err == nil && st != "inmigrate", err
+	}); err != nil {
+		return err
 	}
 	if err := m.waitMigration(ctx); err != nil {
 		return err

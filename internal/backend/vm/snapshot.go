@@ -21,6 +21,7 @@ import (
 	"github.com/nookhq/nook/internal/agent/guestinit"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/fsutil"
+	"github.com/nookhq/nook/internal/poll"
 	"golang.org/x/sys/unix"
 )
 
@@ -294,22 +295,26 @@ func (b *Backend) bootAndSave(ctx context.Context, templateID string, m machine,
 func (b *Backend) waitBoot(ctx context.Context, proc *qemuProc, sock, dir string) error {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.BootTimeout)
 	defer cancel()
-	var err error
-	for {
-		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
-		err = pingAgent(actx, sock)
-		acancel()
-		if err == nil {
-			return nil
-		}
+	var last error
+	errExited := errors.New("QEMU exited")
+	err := poll.Until(ctx, poll.Options{Min: 50 * time.Millisecond, Max: 50 * time.Millisecond}, func() (bool, error) {
 		select {
 		case <-proc.exited:
-			return fmt.Errorf("QEMU exited: %s%s", lastLines(readTail(proc.log), 3), b.consoleTail(dir))
-		case <-ctx.Done():
-			return fmt.Errorf("the guest agent did not answer within %s: %w%s", b.cfg.BootTimeout, err, b.consoleTail(dir))
-		case <-time.After(50 * time.Millisecond):
+			return false, errExited
+		default:
 		}
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		last = pingAgent(actx, sock)
+		acancel()
+		return last == nil, nil
+	})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errExited):
+		return fmt.Errorf("QEMU exited: %s%s", lastLines(readTail(proc.log), 3), b.consoleTail(dir))
 	}
+	return fmt.Errorf("the guest agent did not answer within %s: %w%s", b.cfg.BootTimeout, last, b.consoleTail(dir))
 }
 
 var qemuVersionOnce sync.Once
