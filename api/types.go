@@ -471,8 +471,10 @@ type TokenQuotas struct {
 	MaxMemory    string `json:"max_memory,omitempty"`
 	MaxDisk      string `json:"max_disk,omitempty"`
 	MaxSnapshots int    `json:"max_snapshots,omitempty"`
-	// MaxTTL (e.g. 2h) caps a sandbox's TTL: a longer one is refused, and
-	// a create or fork without one gets at most this.
+	// MaxTTL (e.g. 2h) caps the TTL of the token's sandboxes, whoever
+	// sets it, and of any sandbox the token sets one on: a longer one is
+	// refused, and a create or fork without one gets at most this. It caps
+	// each TTL (the time left), not the lifetime since creation.
 	MaxTTL string `json:"max_ttl,omitempty"`
 }
 

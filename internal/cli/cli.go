@@ -1043,11 +1043,16 @@ E2B API key (e2b_ and hex), for E2B's SDKs against nook serve --e2b-listen.
 
 Quotas (--max-*) limit what the sandboxes the token creates or forks hold
 together, in any state until they are removed: their number, CPUs, memory
-and disk, and their snapshots. A create, fork or snapshot beyond one is
-refused (HTTP 429, saying what is in use and what is allowed). --max-ttl
-refuses a longer --ttl (create, nook ttl) and gives a create without --ttl
-(or a fork) at most that. Quotas follow the token, not its name; token ls
-shows each one's use.`,
+and disk (a sandbox made without --disk counts its backend's default
+disk), and their snapshots. Volumes (nook volume create) count against no
+quota, nor do a Dockerfile build's RUN steps. A create, fork or snapshot
+beyond one is refused (HTTP 429, saying what is in use and what is
+allowed). --max-ttl caps the time a sandbox of the token's has left
+whenever it is set (create, fork, nook ttl, E2B's timeout), whoever sets
+it: a longer --ttl is refused, a create without --ttl (or a fork) gets at
+most that. It caps each TTL, not the lifetime: the sandbox may be extended
+again, by at most that much each time. Quotas follow the token, not its
+name; token ls shows each one's use.`,
 		Args: cobra.NoArgs,
 		RunE: withClient(func(cmd *cobra.Command, cl *sdk.Client, _ []string) error {
 			t, err := cl.CreateToken(cmd.Context(), req)

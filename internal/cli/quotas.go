@@ -18,9 +18,9 @@ func addQuotaFlags(c *cobra.Command, req *api.CreateTokenRequest) {
 	f.IntVar(&q.MaxSandboxes, "max-sandboxes", 0, "at most `N` sandboxes made by the token at once (0: no limit)")
 	f.Float64Var(&q.MaxCPUs, "max-cpus", 0, "at most `N` CPUs in the token's sandboxes together")
 	f.StringVar(&q.MaxMemory, "max-memory", "", "at most `SIZE` (e.g. 8G) of memory in the token's sandboxes together")
-	f.StringVar(&q.MaxDisk, "max-disk", "", "at most `SIZE` (e.g. 50G) of disk in the token's sandboxes together")
+	f.StringVar(&q.MaxDisk, "max-disk", "", "at most `SIZE` (e.g. 50G) of disk in the token's sandboxes together (a backend's default disk counts; volumes do not)")
 	f.IntVar(&q.MaxSnapshots, "max-snapshots", 0, "at most `N` snapshots of the token's sandboxes")
-	f.StringVar(&q.MaxTTL, "max-ttl", "", "the longest TTL (`DURATION`, e.g. 2h) of a sandbox the token makes or extends: a longer one is refused, a create without --ttl gets at most this")
+	f.StringVar(&q.MaxTTL, "max-ttl", "", "the longest TTL (`DURATION`, e.g. 2h) anyone may give a sandbox the token makes, or the token any sandbox: a longer one is refused, a create without --ttl gets at most this (each TTL, not the lifetime: extending again is allowed)")
 	prev := c.PreRunE
 	c.PreRunE = func(cmd *cobra.Command, args []string) error {
 		if q != (api.TokenQuotas{}) {

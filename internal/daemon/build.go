@@ -26,8 +26,9 @@ import (
 // stepRunner runs a Dockerfile build's RUN steps in the daemon's own
 // container sandboxes (template.Runner): each step is a sandbox of its
 // own, recorded like any other (it counts against the host's limits,
-// shows in nook ls as build-..., and a daemon killed meanwhile finds it
-// on restart), made from the build of the stage so far under the
+// not against the quotas of the token that asked for the build; shows in
+// nook ls as build-..., and a daemon killed meanwhile finds it on
+// restart), made from the build of the stage so far under the
 // build's network policy, destroyed once its changes are copied out.
 type stepRunner struct {
 	m     *Manager
@@ -59,7 +60,10 @@ func (r *stepRunner) Run(ctx context.Context, templateID string, step template.R
 	if r.m.net == nil {
 		req.Allow = nil
 	}
-	sb, err := r.m.create(ctx, req, io.Discard, templateID)
+	// The daemon's own sandbox, not the caller's: made without its token,
+	// it counts against none of its quotas (nor takes its --max-ttl), and
+	// only the host's limits hold it.
+	sb, err := r.m.create(WithTokenID(ctx, ""), req, io.Discard, templateID)
 	if err != nil {
 		return fmt.Errorf("the step's sandbox: %w", err)
 	}

@@ -190,24 +190,42 @@ func clipKey(k string) string {
 // Finish records the answer of a call (a 2xx one is kept for retries;
 // another forgets the key) and lets waiting retries go on. A second call
 // does nothing.
+//
+// The record and the call's entry in running change together, under the
+// lock BeginIdempotent claims under: once the key is forgotten, a new
+// request may claim it and put its own entry in running, which this call
+// must leave alone (a retry waking from this call's end finds it and
+// waits for that request, instead of taking the key over and doing the
+// work a second time).
 func (c *IdempotentCall) Finish(ctx context.Context, ans IdempotentAnswer) {
 	c.once.Do(func() {
+		ix := c.m.idem
+		id := c.owner + "\x00" + c.key
+		ix.mu.Lock()
 		var err error
 		if ans.Status >= 200 && ans.Status < 300 {
 			err = c.m.store.AnswerIdempotencyKey(ctx, c.owner, c.key, ans.Status, encodeAnswer(ans))
 		} else {
 			err = c.m.store.ReleaseIdempotencyKey(ctx, c.owner, c.key)
 		}
+		if ix.running[id] == c.done {
+			delete(ix.running, id)
+		}
+		ix.mu.Unlock()
 		if err != nil {
 			c.m.log.Error("record an idempotency key's answer", "key", clipKey(c.key), "err", err)
 		}
-		ix := c.m.idem
-		ix.mu.Lock()
-		delete(ix.running, c.owner+"\x00"+c.key)
-		ix.mu.Unlock()
+		if testHookIdempotentFinished != nil {
+			testHookIdempotentFinished(c.key)
+		}
 		close(c.done)
 	})
 }
+
+// testHookIdempotentFinished, set by tests alone, runs once a call's
+// answer is recorded (or its key forgotten), before the retries waiting
+// for it go on.
+var testHookIdempotentFinished func(key string)
 
 // linkIdempotent adds id, about to be recorded, to what the idempotent
 // request of ctx makes, if that request is of kind (a fork's implicit

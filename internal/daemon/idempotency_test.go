@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/nookhq/nook/internal/core"
@@ -151,4 +152,67 @@ func TestIdempotencyPrune(t *testing.T) {
 	if _, claimed, err := m.store.ClaimIdempotencyKey(ctx, store.IdempotencyRecord{Owner: "host", Key: "old-1", Route: "r", BodyHash: []byte("h"), Boot: "b", CreatedAt: time.Now()}, time.Time{}); err != nil || claimed {
 		t.Fatalf("the fresh old-1 was pruned: %v %v", claimed, err)
 	}
+}
+
+// A first request fails while a retry waits for it, and another request
+// claims the key the moment the failure forgets it (before the waiting
+// retry goes on): the retries then wait for that request and get its
+// answer; none takes the key over to do the work a second time.
+func TestIdempotencyRetriesAroundAFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := storeManager(t)
+		ctx := WithTokenID(context.Background(), "tok")
+		const route, key = "POST /v1/sandboxes", "k"
+		body := []byte(`{"name":"a"}`)
+		_, first, _, err := m.BeginIdempotent(ctx, IdempotentCreate, key, route, body)
+		if err != nil || first == nil {
+			t.Fatal(first, err)
+		}
+		type result struct {
+			call *IdempotentCall
+			ans  *IdempotentAnswer
+			err  error
+		}
+		retry := func() chan result {
+			ch := make(chan result, 1)
+			go func() {
+				_, c, a, err := m.BeginIdempotent(ctx, IdempotentCreate, key, route, body)
+				ch <- result{c, a, err}
+			}()
+			synctest.Wait() // it waits (or, taking the key over, has ended)
+			return ch
+		}
+		waiting := retry()
+		var next *IdempotentCall
+		testHookIdempotentFinished = func(k string) {
+			if next != nil {
+				return
+			}
+			// The key is forgotten: a new request claims it now.
+			var err error
+			if _, next, _, err = m.BeginIdempotent(ctx, IdempotentCreate, k, route, body); err != nil || next == nil {
+				t.Errorf("the claim after the failure: %v %v", next, err)
+			}
+		}
+		t.Cleanup(func() { testHookIdempotentFinished = nil })
+		first.Finish(ctx, IdempotentAnswer{Status: 500})
+		if next == nil {
+			t.Fatal("no request claimed the key after the failure")
+		}
+		late := retry()
+		next.Finish(ctx, IdempotentAnswer{Status: 201, ContentType: "application/json", Body: []byte(`{"id":"once"}`)})
+		for _, ch := range []chan result{waiting, late} {
+			select {
+			case r := <-ch:
+				if r.call != nil {
+					t.Errorf("a retry took the key over to do the work again, beside the request that claimed it")
+					r.call.Finish(ctx, IdempotentAnswer{Status: 500}) // lets the other retry end
+				} else if r.err != nil || r.ans == nil || string(r.ans.Body) != `{"id":"once"}` {
+					t.Errorf("a retry's answer: %+v %v; want the answer of the request that claimed the key", r.ans, r.err)
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("a retry did not get the answer")
+			}
+		}
+	})
 }

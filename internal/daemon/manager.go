@@ -521,7 +521,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err != nil {
 		return nil, err
 	}
-	if ttl, err = m.capTTL(ctx, ttl, req.TTL != ""); err != nil {
+	if ttl, err = m.capTTL(ctx, ttl, req.TTL != "", ""); err != nil {
 		return nil, err
 	}
 	idlePause, onExpire, err := m.idleSettings(req, b)
@@ -1159,7 +1159,13 @@ func (m *Manager) SetTTL(ctx context.Context, name, ttl string) (*core.Sandbox, 
 	if sb.State == core.StateDestroying {
 		return nil, errdefs.Precondition("sandbox %s is being destroyed", name)
 	}
-	if d, err = m.capTTL(ctx, d, true); err != nil {
+	// The cap of the token the sandbox counts against holds too, whoever
+	// asks (quotas.go).
+	owner, err := m.store.SandboxOwner(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	if d, err = m.capTTL(ctx, d, true, owner); err != nil {
 		return nil, err
 	}
 	sb.ExpiresAt, sb.Expired = time.Now().Add(d), false

@@ -31,9 +31,22 @@ import (
 // reservation becomes the record's (the sandbox's owner row, the snapshot
 // row is written) under the same mutex, so nothing is counted twice.
 //
-// --max-ttl caps a sandbox's TTL: a create or `nook ttl` asking for more
-// is refused; a create without a TTL, or a fork (which inherits its
-// source's), gets at most --max-ttl.
+// A refusal names the token and its figures only to the token itself; a
+// caller charged on another token's behalf (a snapshot of a sandbox it
+// does not own, a fork's implicit snapshot) is told only which quota the
+// sandbox's owner has reached.
+//
+// --max-ttl caps the time a sandbox has left, whenever it is set (capTTL):
+// a create, `nook ttl` or E2B timeout asking for more is refused; a
+// create without a TTL, or a fork (which inherits its source's), gets at
+// most --max-ttl. Both the caller's and the sandbox owner's cap hold.
+//
+// What counts is what the sandbox gets: a create without --disk counts
+// the backend's default disk (Capabilities.DefaultDiskBytes). Volumes
+// (nook volume create) belong to no token and count against none. The
+// daemon's own sandboxes (a Dockerfile build's RUN steps) are made
+// without the caller's token: they count against no quota, and only the
+// host's limits hold them.
 type quotaLedger struct {
 	mu      sync.Mutex
 	pending map[string]store.Usage // by token ID: reserved, not yet recorded
@@ -84,35 +97,41 @@ func (m *Manager) reserveQuota(ctx context.Context, token string, add store.Usag
 			return nil, err
 		}
 		used = addUsage(used, q.pending[token], 1)
-		if err := overQuota(m.tokenName(ctx, token), lim, used, add, what); err != nil {
-			return nil, err
+		if flag, detail := overQuota(lim, used, add, what); flag != "" {
+			if token != tokenIDFrom(ctx) {
+				// Charged to another token (a snapshot of its sandbox):
+				// neither its name nor its figures are the caller's to see.
+				return nil, errdefs.Limit("the sandbox's owner has reached its %s quota", flag)
+			}
+			return nil, errdefs.Limit("token %s: %s", m.tokenName(ctx, token), detail)
 		}
 	}
 	q.pending[token] = addUsage(q.pending[token], add, 1)
 	return &quotaReservation{q: q, token: token, u: add}, nil
 }
 
-// overQuota says which quota used+add would go over, if any.
-func overQuota(name string, lim store.Quotas, used, add store.Usage, what string) error {
+// overQuota says which quota used+add would go over, if any: its flag
+// (--max-snapshots) and what is in use and allowed.
+func overQuota(lim store.Quotas, used, add store.Usage, what string) (flag, detail string) {
 	const eps = 1e-9
 	switch {
 	case add.Sandboxes > 1 && lim.MaxSandboxes > 0 && used.Sandboxes+add.Sandboxes > lim.MaxSandboxes:
-		return errdefs.Limit("token %s: %d of %d sandboxes in use; %s needs %d (--max-sandboxes %d)", name, used.Sandboxes, lim.MaxSandboxes, what, add.Sandboxes, lim.MaxSandboxes)
+		return "--max-sandboxes", fmt.Sprintf("%d of %d sandboxes in use; %s needs %d (--max-sandboxes %d)", used.Sandboxes, lim.MaxSandboxes, what, add.Sandboxes, lim.MaxSandboxes)
 	case add.Sandboxes > 0 && lim.MaxSandboxes > 0 && used.Sandboxes+add.Sandboxes > lim.MaxSandboxes:
-		return errdefs.Limit("token %s: %d of %d sandboxes in use (--max-sandboxes %d)", name, used.Sandboxes, lim.MaxSandboxes, lim.MaxSandboxes)
+		return "--max-sandboxes", fmt.Sprintf("%d of %d sandboxes in use (--max-sandboxes %d)", used.Sandboxes, lim.MaxSandboxes, lim.MaxSandboxes)
 	case add.CPUs > 0 && lim.MaxCPUs > 0 && used.CPUs+add.CPUs > lim.MaxCPUs+eps:
-		return errdefs.Limit("token %s: %s of %s cpus in use; %s needs %s more (--max-cpus %s)", name,
+		return "--max-cpus", fmt.Sprintf("%s of %s cpus in use; %s needs %s more (--max-cpus %s)",
 			fmtCPUs(used.CPUs), fmtCPUs(lim.MaxCPUs), what, fmtCPUs(add.CPUs), fmtCPUs(lim.MaxCPUs))
 	case add.MemoryBytes > 0 && lim.MaxMemory > 0 && used.MemoryBytes+add.MemoryBytes > lim.MaxMemory:
-		return errdefs.Limit("token %s: %s of %s memory in use; %s needs %s more (--max-memory %s)", name,
+		return "--max-memory", fmt.Sprintf("%s of %s memory in use; %s needs %s more (--max-memory %s)",
 			core.FormatBytes(used.MemoryBytes), core.FormatBytes(lim.MaxMemory), what, core.FormatBytes(add.MemoryBytes), core.FormatBytes(lim.MaxMemory))
 	case add.DiskBytes > 0 && lim.MaxDisk > 0 && used.DiskBytes+add.DiskBytes > lim.MaxDisk:
-		return errdefs.Limit("token %s: %s of %s disk in use; %s needs %s more (--max-disk %s)", name,
+		return "--max-disk", fmt.Sprintf("%s of %s disk in use; %s needs %s more (--max-disk %s)",
 			core.FormatBytes(used.DiskBytes), core.FormatBytes(lim.MaxDisk), what, core.FormatBytes(add.DiskBytes), core.FormatBytes(lim.MaxDisk))
 	case add.Snapshots > 0 && lim.MaxSnapshots > 0 && used.Snapshots+add.Snapshots > lim.MaxSnapshots:
-		return errdefs.Limit("token %s: %d of %d snapshots in use (--max-snapshots %d)", name, used.Snapshots, lim.MaxSnapshots, lim.MaxSnapshots)
+		return "--max-snapshots", fmt.Sprintf("%d of %d snapshots in use (--max-snapshots %d)", used.Snapshots, lim.MaxSnapshots, lim.MaxSnapshots)
 	}
-	return nil
+	return "", ""
 }
 
 func fmtCPUs(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
@@ -163,21 +182,57 @@ func (m *Manager) recordOwner(ctx context.Context, r *quotaReservation, id strin
 	return r.commit(func() error { return m.store.SetSandboxOwner(ctx, id, r.token) })
 }
 
-// capTTL applies the --max-ttl of ctx's token to a TTL: one the caller
-// gave over it is refused, a default one is lowered to it.
-func (m *Manager) capTTL(ctx context.Context, ttl time.Duration, given bool) (time.Duration, error) {
-	token := tokenIDFrom(ctx)
-	if token == "" {
+// diskOf is the disk a sandbox has: its own size, or, for a record that
+// names none (a vm made before its backend stated its default), its
+// backend's default, which is what it got. A fork inherits this, and
+// it is what the fork counts against a quota.
+func (m *Manager) diskOf(sb *core.Sandbox) int64 {
+	if sb.DiskBytes > 0 {
+		return sb.DiskBytes
+	}
+	if b, err := m.backend(sb.Isolation); err == nil {
+		return b.Capabilities().DefaultDiskBytes
+	}
+	return 0
+}
+
+// capTTL applies --max-ttl to a TTL that ctx's caller sets on a
+// sandbox that counts against owner ("": none, or the caller itself, as
+// for a create or fork): the smaller of the caller's and the owner's, so
+// the owner's cap holds whoever asks. A TTL the caller gave over it is
+// refused, a default one is lowered to it. --max-ttl caps the time left
+// from now, not the lifetime since creation: an allowed caller may
+// extend a sandbox again and again (TTLs are extendable by design).
+func (m *Manager) capTTL(ctx context.Context, ttl time.Duration, given bool, owner string) (time.Duration, error) {
+	caller := tokenIDFrom(ctx)
+	if owner == caller {
+		owner = ""
+	}
+	var limit time.Duration
+	var by string
+	for _, token := range []string{caller, owner} {
+		if token == "" {
+			continue
+		}
+		lim, err := m.store.TokenQuotas(ctx, token)
+		if err != nil {
+			return 0, err
+		}
+		if lim.MaxTTL > 0 && (limit == 0 || lim.MaxTTL < limit) {
+			limit, by = lim.MaxTTL, token
+		}
+	}
+	switch {
+	case limit == 0 || ttl <= limit:
 		return ttl, nil
+	case !given:
+		return limit, nil
+	case by != caller:
+		// The owner's cap: neither its name nor its figure are the
+		// caller's to see.
+		return 0, errdefs.Limit("ttl %s is over the --max-ttl of the sandbox's owner", core.FormatDuration(ttl))
 	}
-	lim, err := m.store.TokenQuotas(ctx, token)
-	if err != nil || lim.MaxTTL == 0 || ttl <= lim.MaxTTL {
-		return ttl, err
-	}
-	if given {
-		return 0, errdefs.Limit("token %s: ttl %s is over its --max-ttl %s", m.tokenName(ctx, token), core.FormatDuration(ttl), core.FormatDuration(lim.MaxTTL))
-	}
-	return lim.MaxTTL, nil
+	return 0, errdefs.Limit("token %s: ttl %s is over its --max-ttl %s", m.tokenName(ctx, caller), core.FormatDuration(ttl), core.FormatDuration(limit))
 }
 
 // tokenName is a token's name, else its ID.

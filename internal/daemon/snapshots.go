@@ -305,7 +305,7 @@ func (m *Manager) Fork(ctx context.Context, name, ref string, count int, prefix 
 	// Room for them all in the caller's quotas, before anything is made
 	// (each fork reserves its own again as it is made).
 	if src, err := m.store.GetSandbox(ctx, name); err == nil {
-		one := store.Usage{Sandboxes: 1, CPUs: src.CPUs, MemoryBytes: src.MemoryBytes, DiskBytes: src.DiskBytes}
+		one := store.Usage{Sandboxes: 1, CPUs: src.CPUs, MemoryBytes: src.MemoryBytes, DiskBytes: m.diskOf(src)}
 		all := store.Usage{Sandboxes: count, CPUs: one.CPUs * float64(count), MemoryBytes: one.MemoryBytes * int64(count), DiskBytes: one.DiskBytes * int64(count)}
 		share, err := m.reserveQuota(ctx, tokenIDFrom(ctx), all, fmt.Sprintf("forking %d sandboxes", count))
 		if err != nil {
@@ -372,7 +372,7 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 	now := time.Now()
 	sb := &core.Sandbox{
 		ID: newID(), Name: name, Template: src.Template, TemplateID: src.TemplateID, Isolation: src.Isolation,
-		State: core.StateCreating, CPUs: src.CPUs, MemoryBytes: src.MemoryBytes, DiskBytes: src.DiskBytes, PidsLimit: src.PidsLimit,
+		State: core.StateCreating, CPUs: src.CPUs, MemoryBytes: src.MemoryBytes, DiskBytes: m.diskOf(src), PidsLimit: src.PidsLimit,
 		Env: env, Repo: src.Repo, CreatedAt: now, ExpiresAt: now.Add(src.ExpiresAt.Sub(src.CreatedAt)), IdlePause: src.IdlePause, OnExpire: src.OnExpire,
 		Volumes: src.Volumes, // a fork mounts the same volumes (they are in no snapshot)
 		Labels:  src.Labels,
@@ -383,7 +383,7 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 		sb.ExpiresAt = now.Add(time.Hour)
 	}
 	// The caller's --max-ttl caps the TTL it inherits (quotas.go).
-	ttl, err := m.capTTL(ctx, sb.ExpiresAt.Sub(now), false)
+	ttl, err := m.capTTL(ctx, sb.ExpiresAt.Sub(now), false, "")
 	if err != nil {
 		return nil, err
 	}

@@ -200,7 +200,10 @@ func (b *Backend) Isolation() string { return api.IsolationVM }
 
 // Capabilities implements core.Backend.
 func (b *Backend) Capabilities() api.Capabilities {
-	return api.Capabilities{CPULimit: true, MemoryLimit: true, DiskLimit: true, Pause: true, Snapshot: true, OwnKernel: true, Stop: true, SystemdInit: true}
+	// A vm that asks for no disk gets its template's image: its files and
+	// defaultImageSize free (growDisk leaves it as it is).
+	return api.Capabilities{CPULimit: true, MemoryLimit: true, DiskLimit: true, Pause: true, Snapshot: true, OwnKernel: true, Stop: true, SystemdInit: true,
+		DefaultDiskBytes: defaultImageSize}
 }
 
 // Available implements core.Backend.
