@@ -132,13 +132,18 @@ func filterPrefix(all []string, prefix, suffix string) []string {
 }
 
 // completeFork completes fork's NAME[:SNAPSHOT]: sandbox names, then
-// after NAME: that sandbox's snapshots.
+// after NAME: that sandbox's snapshots, each as NAME:SNAPSHOT (the shells
+// keep only the candidates that start with the word being completed).
 func completeFork(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
 	if len(args) > 0 {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
-	if name, snap, ok := strings.Cut(toComplete, ":"); ok {
-		return filterPrefix(ask(cmd, snapshotNames, []string{name}), snap, ""), cobra.ShellCompDirectiveNoFileComp
+	if name, _, ok := strings.Cut(toComplete, ":"); ok {
+		var full []string
+		for _, snap := range ask(cmd, snapshotNames, []string{name}) {
+			full = append(full, name+":"+snap)
+		}
+		return filterPrefix(full, toComplete, ""), cobra.ShellCompDirectiveNoFileComp
 	}
 	return filterPrefix(ask(cmd, sandboxNames, nil), toComplete, ""), cobra.ShellCompDirectiveNoFileComp
 }

@@ -2,9 +2,14 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/nookhq/nook/api"
 )
 
 // Each command completions names is one nook has, and got its function.
@@ -46,5 +51,37 @@ func TestCompletionFilter(t *testing.T) {
 	out.Reset()
 	if code := Main([]string{"__complete", "volume", "ls", "--filter", ""}, &out, &errb); code != 0 || out.String() != "name=\n:6\n" {
 		t.Errorf("volume ls --filter: exit %d, %q", code, out.String())
+	}
+}
+
+// fork NAME:<Tab> offers that sandbox's snapshots as NAME:SNAPSHOT,
+// which the shells keep (they drop candidates that do not start with
+// the word): asked of a daemon on a unix socket.
+func TestCompletionForkSnapshots(t *testing.T) {
+	sock := t.TempDir() + "/nook.sock"
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/sandboxes/web/snapshots" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode([]api.Snapshot{{Name: "before"}, {Name: "base"}, {Name: "after"}})
+	})}
+	go srv.Serve(l)
+	defer srv.Close()
+	t.Setenv("NOOK_HOST", "unix://"+sock)
+	for word, want := range map[string]string{
+		"web:":   "web:before\nweb:base\nweb:after\n:4\n",
+		"web:b":  "web:before\nweb:base\n:4\n",
+		"web:ba": "web:base\n:4\n",
+	} {
+		var out, errb bytes.Buffer
+		if code := Main([]string{"__complete", "fork", word}, &out, &errb); code != 0 || out.String() != want {
+			t.Errorf("nook __complete fork %s: exit %d, %q (stderr %q); want %q", word, code, out.String(), errb.String(), want)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,12 +70,45 @@ func (sc *serveConfig) load(flags *pflag.FlagSet) error {
 // readConfigFile reads a configuration file. The daemon runs as root and
 // the file chooses the binaries it runs (--runc, --criu, --agent) and the
 // host directories sandboxes may mount, so a file another user could
-// write would hand them root: it must belong to root (or to the user
-// running nook), and a regular file must not be writable by others, nor
-// by a group other than root's (or the daemon's).
+// write, or put in its place, would hand them root:
+//
+//   - it must be a regular file, not a symbolic link (opened with
+//     O_NOFOLLOW), a FIFO (which would hang the start) or a device;
+//     /dev/null is taken as no configuration;
+//   - it must belong to root (or to the user running nook), and not be
+//     writable by others, nor by a group other than root's (or the
+//     daemon's);
+//   - each directory above it (symbolic links resolved) must belong to
+//     root or that user and be writable by neither group nor others,
+//     except a sticky directory root owns (/tmp): there only an entry's
+//     owner can rename or remove it, and the entry under it is checked in
+//     turn, so no other user can swap it.
 func readConfigFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	if path == os.DevNull {
+		return nil, nil // --config /dev/null: no configuration, on purpose
+	}
+	abs, err := filepath.Abs(path)
 	if err != nil {
+		return nil, err
+	}
+	dir, err := filepath.EvalSymlinks(filepath.Dir(abs))
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	// O_NONBLOCK: opening a FIFO waits for a writer without it.
+	f, err := os.OpenFile(filepath.Join(dir, filepath.Base(abs)), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, syscall.ELOOP) {
+			return nil, fmt.Errorf("%s is a symbolic link: the daemon takes its configuration only from the file itself (give --config the path it points to)", path)
+		}
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			pe.Path = path
+		}
 		return nil, err
 	}
 	defer f.Close()
@@ -85,16 +119,60 @@ func readConfigFile(path string) ([]byte, error) {
 	if fi.IsDir() {
 		return nil, fmt.Errorf("%s is a directory, not a TOML file", path)
 	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%s): give a TOML file, or /dev/null for no configuration", path, fileKind(fi.Mode()))
+	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		if st.Uid != 0 && int(st.Uid) != os.Geteuid() {
 			return nil, fmt.Errorf("%s belongs to uid %d: the daemon takes its configuration only from a file root owns (chown root %s)", path, st.Uid, path)
 		}
 		perm := fi.Mode().Perm()
-		if fi.Mode().IsRegular() && (perm&0o002 != 0 || perm&0o020 != 0 && st.Gid != 0 && int(st.Gid) != os.Getegid()) {
+		if perm&0o002 != 0 || perm&0o020 != 0 && st.Gid != 0 && int(st.Gid) != os.Getegid() {
 			return nil, fmt.Errorf("%s is writable by other users (mode %04o): the daemon takes its configuration only from a file they cannot change (chmod go-w %s)", path, perm, path)
 		}
 	}
+	if err := checkConfigDirs(dir); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
 	return io.ReadAll(f)
+}
+
+// checkConfigDirs checks dir (with no symbolic links) and each directory
+// above it as readConfigFile says.
+func checkConfigDirs(dir string) error {
+	for d := dir; ; d = filepath.Dir(d) {
+		fi, err := os.Lstat(d)
+		if err != nil {
+			return err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			if st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+				return fmt.Errorf("its directory %s belongs to uid %d, who could put another file in its place: the daemon takes its configuration only from directories root owns (chown root %s)", d, st.Uid, d)
+			}
+			mode := st.Mode & 0o7777
+			if mode&0o022 != 0 && (mode&0o1000 == 0 || st.Uid != 0) {
+				return fmt.Errorf("its directory %s is writable by other users (mode %04o), who could put another file in its place: the daemon takes its configuration only from directories they cannot change (chmod go-w %s)", d, mode, d)
+			}
+		}
+		if d == filepath.Dir(d) {
+			return nil
+		}
+	}
+}
+
+// fileKind names a file's type for an error.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return m.Type().String()
 }
 
 // applyServeConfig sets the flags the TOML document data (read from path)
@@ -456,7 +534,8 @@ func writeServeConfigExample(w io.Writer, flags *pflag.FlagSet) error {
 # string in quotes, which the flag parses as on the command line. A flag
 # given on the command line wins over this file. An unknown key or a wrong
 # type stops the daemon with the file's name and the line. The file must
-# belong to root, and no other user may write it: it chooses what the
+# be a regular file (not a symbolic link) that belongs to root, and no
+# other user may write it or a directory above it: it chooses what the
 # daemon runs as root.
 #
 # nook serve --print-config prints the configuration in effect (this file

@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 )
@@ -244,6 +246,85 @@ func TestServeConfigPermissions(t *testing.T) {
 	if _, _, err := loadServe(t, path); err != nil {
 		t.Errorf("a file root's group can write: %v", err)
 	}
+}
+
+// The file must be a regular file, not a symbolic link, FIFO or device
+// (/dev/null is no configuration), and no other user may be able to
+// change a directory above it: they could put another file there.
+func TestServeConfigFileAndDirs(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "etc") // under /tmp, a sticky directory root owns
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(path, []byte("debug = true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := loadServe(t, path); err != nil {
+		t.Fatalf("a file in a directory of root's: %v", err)
+	}
+	fifo := filepath.Join(dir, "fifo.toml")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, _, err := loadServe(t, fifo); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "is not a regular file (a FIFO)") {
+			t.Errorf("a FIFO as --config: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a FIFO as --config hangs")
+	}
+	if _, _, err := loadServe(t, "/dev/zero"); err == nil || !strings.Contains(err.Error(), "is not a regular file (a character device)") {
+		t.Errorf("/dev/zero as --config: %v", err)
+	}
+	link := filepath.Join(dir, "link.toml")
+	os.Symlink(path, link)
+	if _, _, err := loadServe(t, link); err == nil || !strings.Contains(err.Error(), "is a symbolic link") {
+		t.Errorf("a symbolic link as --config: %v", err)
+	}
+	// A link to the directory is followed: its target is what is checked.
+	linkDir := filepath.Join(filepath.Dir(dir), "etc-link")
+	os.Symlink(dir, linkDir)
+	if _, _, err := loadServe(t, filepath.Join(linkDir, "config.toml")); err != nil {
+		t.Errorf("through a link to a safe directory: %v", err)
+	}
+
+	for _, mode := range []os.FileMode{0o777, 0o775, 0o757} {
+		os.Chmod(dir, mode)
+		if _, _, err := loadServe(t, path); err == nil || !strings.Contains(err.Error(), "its directory "+dir+" is writable by other users") {
+			t.Errorf("a directory of mode %04o: %v", mode, err)
+		}
+		if _, _, err := loadServe(t, filepath.Join(linkDir, "config.toml")); err == nil || !strings.Contains(err.Error(), "its directory "+dir+" is writable") {
+			t.Errorf("through a link to a directory of mode %04o: %v", mode, err)
+		}
+	}
+	// Sticky and root's, as /tmp: only an entry's owner may replace it.
+	os.Chmod(dir, os.ModeSticky|0o777)
+	if os.Geteuid() != 0 {
+		t.Skip("chown needs root")
+	}
+	if _, _, err := loadServe(t, path); err != nil {
+		t.Errorf("in a sticky directory root owns: %v", err)
+	}
+	if err := os.Chown(dir, 12345, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := loadServe(t, path); err == nil || !strings.Contains(err.Error(), "its directory "+dir+" belongs to uid 12345") {
+		t.Errorf("in a sticky directory another user owns: %v", err)
+	}
+	os.Chmod(dir, 0o755)
+	if _, _, err := loadServe(t, path); err == nil || !strings.Contains(err.Error(), "its directory "+dir+" belongs to uid 12345") {
+		t.Errorf("in a directory another user owns: %v", err)
+	}
+	os.Chown(dir, 0, 0)
+	os.Chmod(filepath.Dir(dir), 0o777) // a directory further up
+	if _, _, err := loadServe(t, path); err == nil || !strings.Contains(err.Error(), "its directory "+filepath.Dir(dir)+" is writable") {
+		t.Errorf("under a directory others can write: %v", err)
+	}
+	os.Chmod(filepath.Dir(dir), 0o755)
 }
 
 // Through the real command: serve --print-config prints the file and

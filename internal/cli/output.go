@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/template"
 
@@ -132,7 +133,10 @@ func printList[T any](w io.Writer, o *output, asJSON any, items []T, name func(T
 }
 
 // execute runs the template on each value, a line each; nothing is
-// written unless all succeed. Its errors are usage errors.
+// written unless all succeed. Its errors are usage errors. The values
+// hold text a sandbox chose (file names, command lines), so on a
+// terminal what the template wrote goes through termsafe, all but its
+// newlines and tabs; to a pipe or file it is written exact.
 func (o *output) execute(w io.Writer, vs []any) error {
 	var buf bytes.Buffer
 	for _, v := range vs {
@@ -141,8 +145,26 @@ func (o *output) execute(w io.Writer, vs []any) error {
 		}
 		buf.WriteByte('\n')
 	}
-	_, err := w.Write(buf.Bytes())
+	out := buf.Bytes()
+	if f, ok := w.(*os.File); ok && isTerminal(f) {
+		out = []byte(tsafeLayout(buf.String()))
+	}
+	_, err := w.Write(out)
 	return err
+}
+
+// tsafeLayout is tsafe keeping s's newlines and tabs: a template's
+// layout, on a terminal.
+func tsafeLayout(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		cols := strings.Split(l, "\t")
+		for j, c := range cols {
+			cols[j] = tsafe(c)
+		}
+		lines[i] = strings.Join(cols, "\t")
+	}
+	return strings.Join(lines, "\n")
 }
 
 // addFilter puts --filter on a list that takes the keys given (package

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/creack/pty"
 	"github.com/spf13/cobra"
 
 	"github.com/nookhq/nook/api"
@@ -103,6 +104,11 @@ func TestOutputErrors(t *testing.T) {
 	if code := Main([]string{"ls", "--filter", "color=red"}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), `--filter: unknown filter "color": the filters are label, state, template, isolation, name`) {
 		t.Errorf("nook ls --filter color=red: exit %d, stderr %q", code, stderr.String())
 	}
+	// A filter too costly to match is refused here too, before the daemon.
+	stderr.Reset()
+	if code := Main([]string{"ls", "--filter", "name=*" + strings.Repeat("[b-b]", 30)}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "--filter: filter name: a value of 151 bytes, more than the 126 allowed") {
+		t.Errorf("nook ls --filter with a long name pattern: exit %d, stderr %q", code, stderr.String())
+	}
 }
 
 // Every command with --json has --format beside it, and every list -q.
@@ -120,4 +126,40 @@ func TestOutputFlagsEverywhere(t *testing.T) {
 		}
 	}
 	walk(newRoot(io.Discard, io.Discard))
+}
+
+// On a terminal, --format escapes what a sandbox chose (an escape
+// sequence in a name) but keeps the template's newlines and tabs; to a
+// pipe it prints exact.
+func TestOutputFormatTerminal(t *testing.T) {
+	evil := []api.Sandbox{{Name: "a\x1b]0;owned\a\x1b[2J", State: "running"}, {Name: "b", State: "paused"}}
+	run := func(w io.Writer) error {
+		var o output
+		c := &cobra.Command{Use: "x", RunE: func(cmd *cobra.Command, _ []string) error {
+			return printList(cmd.OutOrStdout(), &o, evil, evil, func(v api.Sandbox) string { return v.Name }, nil)
+		}}
+		addOutput[api.Sandbox](c, &o, "it", true)
+		c.SetOut(w)
+		c.SetErr(io.Discard)
+		c.SetArgs([]string{"--format", "{{.Name}}\t{{.State}}"})
+		c.SilenceErrors, c.SilenceUsage = true, true
+		return c.Execute()
+	}
+	var b bytes.Buffer
+	if err := run(&b); err != nil || b.String() != evil[0].Name+"\trunning\nb\tpaused\n" {
+		t.Errorf("to a pipe: %q, %v; want the names exact", b.String(), err)
+	}
+
+	master, tty, err := pty.Open()
+	if err != nil {
+		t.Skipf("no pty: %v", err)
+	}
+	defer master.Close()
+	err = run(tty)
+	tty.Close()
+	got, _ := io.ReadAll(master) // ends with EIO once the terminal is closed
+	s := strings.ReplaceAll(string(got), "\r\n", "\n")
+	if err != nil || s != `a\x1b]0;owned\a\x1b[2J`+"\trunning\nb\tpaused\n" {
+		t.Errorf("to a terminal: %q, %v; want the escape sequences escaped, the tabs and newlines kept", s, err)
+	}
 }

@@ -112,7 +112,8 @@ func (m *Manager) readStats(sb *core.Sandbox) api.SandboxStats {
 }
 
 // AllStats reads what every sandbox uses now (CPUPercent 0), for the
-// metrics, which count CPU seconds.
+// metrics, which count CPU seconds. It stops between sandboxes when ctx
+// ends (the scrape's timeout), with ctx's error.
 func (m *Manager) AllStats(ctx context.Context) ([]api.SandboxStats, error) {
 	sbs, err := m.List(ctx)
 	if err != nil {
@@ -120,6 +121,9 @@ func (m *Manager) AllStats(ctx context.Context) ([]api.SandboxStats, error) {
 	}
 	out := make([]api.SandboxStats, 0, len(sbs))
 	for _, sb := range sbs {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		out = append(out, m.readStats(sb))
 	}
 	return out, nil
@@ -144,7 +148,8 @@ const StatsInterval = time.Second
 // interval and calls emit with each sample but the first, which only
 // starts the CPU clock: CPUPercent is the CPU used since the sandbox's
 // previous sample. It returns after the first emit if once is set, else
-// when emit fails, list fails or ctx ends (nil then).
+// when emit fails, list fails or ctx ends (nil then: it stops between
+// sandboxes, so a client gone in the middle of a sample costs no more).
 func (m *Manager) SampleStats(ctx context.Context, list func(context.Context) ([]*core.Sandbox, error), interval time.Duration, once bool, emit func([]api.SandboxStats) error) error {
 	prev := map[string]api.SandboxStats{}
 	t := time.NewTicker(interval)
@@ -157,6 +162,9 @@ func (m *Manager) SampleStats(ctx context.Context, list func(context.Context) ([
 		cur := make([]api.SandboxStats, 0, len(sbs))
 		next := make(map[string]api.SandboxStats, len(sbs))
 		for _, sb := range sbs {
+			if ctx.Err() != nil {
+				return nil
+			}
 			s := m.readStats(sb)
 			if p, ok := prev[s.ID]; ok {
 				s.CPUPercent = cpuPercent(p, s)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/store"
 )
 
 // halfBusy is a backend whose one sandbox uses half a CPU, by the clock.
@@ -109,4 +111,62 @@ func TestObserveCategories(t *testing.T) {
 	// No observer: nothing to do, nothing breaks.
 	var err error
 	(&Manager{}).observe(opExec, time.Now(), &err)
+}
+
+// cancelling is a backend whose ReadStats ends a context after reading
+// a given number of sandboxes, counting its reads.
+type cancelling struct {
+	core.Backend // only ReadStats is called
+	after        int
+	cancel       context.CancelFunc
+	mu           sync.Mutex
+	reads        int
+}
+
+func (b *cancelling) ReadStats(*core.Sandbox) (core.Stats, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.reads++; b.reads == b.after {
+		b.cancel()
+	}
+	return core.Stats{}, nil
+}
+
+// A sample stops between sandboxes once its context ends (the client
+// went, the scrape timed out): it does not read the rest.
+func TestStatsStopWithContext(t *testing.T) {
+	var sbs []*core.Sandbox
+	for i := range 50 {
+		sbs = append(sbs, &core.Sandbox{ID: fmt.Sprint("id", i), Name: fmt.Sprint("s", i), Isolation: api.IsolationContainer})
+	}
+	list := func(context.Context) ([]*core.Sandbox, error) { return sbs, nil }
+
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &cancelling{after: 3, cancel: cancel}
+	m := &Manager{log: slog.New(slog.DiscardHandler), backends: map[string]core.Backend{api.IsolationContainer: b}}
+	emitted := false
+	err := m.SampleStats(ctx, list, time.Hour, true, func([]api.SandboxStats) error { emitted = true; return nil })
+	if err != nil || emitted || b.reads != 3 {
+		t.Errorf("SampleStats with its context ended after 3 sandboxes: %v, emitted %v, %d read; want nil, nothing, 3", err, emitted, b.reads)
+	}
+
+	// AllStats (the metrics' reading) stops as well, with the context's error.
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "nook.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, sb := range sbs {
+		sb.State = core.StateRunning
+		if err := st.InsertSandbox(context.Background(), sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	b = &cancelling{after: 5, cancel: cancel}
+	m = &Manager{store: st, log: slog.New(slog.DiscardHandler), backends: map[string]core.Backend{api.IsolationContainer: b}}
+	out, err := m.AllStats(ctx)
+	if !errors.Is(err, context.Canceled) || out != nil || b.reads != 5 {
+		t.Errorf("AllStats with its context ended after 5 sandboxes: %d stats, %v, %d read; want none, canceled, 5", len(out), err, b.reads)
+	}
 }

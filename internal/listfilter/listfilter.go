@@ -14,6 +14,11 @@
 // alternatives (state=running,state=paused: either), except label, whose
 // repeats must all match. Other lists (snapshots, templates, volumes,
 // tokens) take name only.
+//
+// Matching costs the daemon work for every sandbox, so a filter is
+// bounded: at most MaxValues values of one key, each at most
+// MaxValueBytes long (a label's at most MaxLabelBytes, enough for any
+// label; a name's at most MaxNameBytes, twice the longest name).
 package listfilter
 
 import (
@@ -23,7 +28,17 @@ import (
 	"strings"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+)
+
+// Bounds of a filter: path.Match costs the pattern's length times the
+// name's for each sandbox and pattern.
+const (
+	MaxValues     = 16                                                  // values of one key
+	MaxValueBytes = 256                                                 // a state, template or isolation value
+	MaxLabelBytes = core.MaxLabelKeyBytes + 1 + core.MaxLabelValueBytes // label=K=V: compared, not matched
+	MaxNameBytes  = 2 * core.MaxNameLen                                 // name=GLOB
 )
 
 // SandboxKeys are the keys a sandbox list takes; NameKeys those of the
@@ -114,9 +129,22 @@ func FromQuery(q url.Values, allowed []string) (*Filter, error) {
 		if !slices.Contains(allowed, k) {
 			return nil, errdefs.Invalid("unknown filter %q: the filters are %s", k, strings.Join(allowed, ", "))
 		}
+		if len(vs) > MaxValues {
+			return nil, errdefs.Invalid("filter %s is given %d times: at most %d", k, len(vs), MaxValues)
+		}
 		for _, v := range vs {
 			if v == "" {
 				return nil, errdefs.Invalid("filter %s has no value: give %s=VALUE", k, k)
+			}
+			limit := MaxValueBytes
+			switch k {
+			case "label":
+				limit = MaxLabelBytes
+			case "name":
+				limit = MaxNameBytes
+			}
+			if len(v) > limit {
+				return nil, errdefs.Invalid("filter %s: a value of %d bytes, more than the %d allowed", k, len(v), limit)
 			}
 			switch k {
 			case "label":

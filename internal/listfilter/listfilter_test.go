@@ -27,17 +27,28 @@ func TestSplit(t *testing.T) {
 
 func TestParseErrors(t *testing.T) {
 	for in, want := range map[string]string{
-		"bogus=1":      "unknown filter \"bogus\": the filters are label, state, template, isolation, name",
-		"state":        "give KEY=VALUE",
-		"state=asleep": "the states are running, paused",
-		"label==v":     "give label=KEY=VALUE or label=KEY",
-		"template=":    "filter template has no value",
-		"name=[a":      "syntax error in pattern",
+		"bogus=1":                              "unknown filter \"bogus\": the filters are label, state, template, isolation, name",
+		"state":                                "give KEY=VALUE",
+		"state=asleep":                         "the states are running, paused",
+		"label==v":                             "give label=KEY=VALUE or label=KEY",
+		"template=":                            "filter template has no value",
+		"name=[a":                              "syntax error in pattern",
+		"name=*" + strings.Repeat("[b-b]", 30): "more than the 126 allowed",
+		"template=" + strings.Repeat("t", 257): "more than the 256 allowed",
+		"label=k=" + strings.Repeat("v", 1200): "more than the 1153 allowed",
+		strings.Repeat("state=running,", 17) + "state=paused": "filter state is given 18 times: at most 16",
 	} {
 		_, err := Parse([]string{in}, SandboxKeys)
 		if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("Parse(%q) = %v, want an invalid argument error with %q", in, err, want)
 		}
+	}
+	// A label as long as a label may be is taken, and 16 names.
+	if _, err := Parse([]string{"label=" + strings.Repeat("k", 128) + "=" + strings.Repeat("v", 1024), "name=" + strings.Repeat("a", 126)}, SandboxKeys); err != nil {
+		t.Errorf("a filter within the bounds: %v", err)
+	}
+	if _, err := Parse([]string{strings.Repeat("name=a*,", 15) + "name=b*"}, NameKeys); err != nil {
+		t.Errorf("16 names: %v", err)
 	}
 	if _, err := Parse([]string{"state=paused"}, NameKeys); err == nil || !strings.Contains(err.Error(), "the filters are name") {
 		t.Errorf("state on a name-only list: %v", err)

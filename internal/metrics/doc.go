@@ -18,6 +18,16 @@
 //     figures `nook stats` shows), the warm pools. A destroyed sandbox's
 //     series go at the next scrape.
 //
+// Reading every sandbox costs the daemon work for each, and /metrics
+// asks no token, so the reading is bounded: one reading serves every
+// scrape within a second of it (scrapes that come while it is under way
+// wait for it and share it, rather than each reading again), and it is
+// given 10 seconds, the Source stopping between sandboxes when they are
+// up (the scrape then reports an invalid nook_sandboxes and the rest).
+// The API's stats (GET /v1/stats, `nook stats`) are bounded apart: at
+// most 16 served at once, each stopping between sandboxes when its
+// client goes.
+//
 // The metrics, with their labels:
 //
 //	nook_operation_duration_seconds{op}            histogram: create, exec (until the process started), pause, resume, snapshot, fork

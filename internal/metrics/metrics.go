@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +26,11 @@ type Source interface {
 // scrapeTimeout bounds the reading of a Source at one scrape.
 const scrapeTimeout = 10 * time.Second
 
+// readEvery is how long one reading of the Source serves: the scrapes
+// within it (and those waiting on it) share it, so that scraping often,
+// or many at once, does not read every sandbox each time.
+const readEvery = time.Second
+
 // Metrics holds the daemon's metrics in a registry of its own (not
 // Prometheus's global one). Its Operation and Denied methods make it a
 // daemon.Observer.
@@ -35,6 +41,7 @@ type Metrics struct {
 	errs   *prometheus.CounterVec
 	denied *prometheus.CounterVec
 	dns    *prometheus.CounterVec
+	now    func() time.Time // the clock of Watch's cache, replaceable in tests
 }
 
 // New makes the metrics, with the Go runtime's and the daemon process's.
@@ -45,6 +52,7 @@ func New(log *slog.Logger) *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		log: log,
+		now: time.Now,
 		ops: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "nook_operation_duration_seconds",
 			Help:    "How long sandbox operations took (create, exec: until the process started, pause, resume, snapshot, fork), failed ones included.",
@@ -88,10 +96,11 @@ func (m *Metrics) Denied(kind, reason string, n int) {
 	}
 }
 
-// Watch reads src at each scrape: sandboxes by state and backend, each
-// sandbox's resources, the warm pools. Call it once.
+// Watch reads src at scrape time: sandboxes by state and backend, each
+// sandbox's resources, the warm pools; one reading of the sandboxes
+// serves every scrape within readEvery of it. Call it once.
 func (m *Metrics) Watch(src Source) {
-	m.reg.MustRegister(&sourceCollector{src: src, log: m.log})
+	m.reg.MustRegister(&sourceCollector{src: src, log: m.log, now: m.now})
 }
 
 // Gatherer is the registry, for tests.
@@ -145,6 +154,28 @@ var (
 type sourceCollector struct {
 	src Source
 	log *slog.Logger
+	now func() time.Time
+
+	mu    sync.Mutex // held while reading: concurrent scrapes wait and share
+	at    time.Time  // when stats and err were read (zero: never)
+	stats []api.SandboxStats
+	err   error
+}
+
+// allStats reads the Source's sandboxes, or returns the last reading if
+// it is less than readEvery old. The reading is bounded by
+// scrapeTimeout (the Source stops between sandboxes when it ends).
+func (c *sourceCollector) allStats() ([]api.SandboxStats, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.at.IsZero() && c.now().Sub(c.at) < readEvery {
+		return c.stats, c.err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+	defer cancel()
+	c.stats, c.err = c.src.AllStats(ctx)
+	c.at = c.now()
+	return c.stats, c.err
 }
 
 func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -154,9 +185,7 @@ func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
-	defer cancel()
-	stats, err := c.src.AllStats(ctx)
+	stats, err := c.allStats()
 	if err != nil {
 		c.log.Warn("metrics: list sandboxes", "err", err)
 		ch <- prometheus.NewInvalidMetric(descSandboxes, err)

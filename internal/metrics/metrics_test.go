@@ -3,8 +3,10 @@ package metrics
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,12 +23,39 @@ type fakeSource struct {
 	stats []api.SandboxStats
 	pools []api.WarmPool
 	err   error
+	reads int           // AllStats calls
+	slow  chan struct{} // if set, AllStats waits for it to close
 }
 
 func (f *fakeSource) AllStats(context.Context) ([]api.SandboxStats, error) {
 	f.mu.Lock()
+	f.reads++
+	slow := f.slow
+	f.mu.Unlock()
+	if slow != nil {
+		<-slow
+	}
+	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]api.SandboxStats(nil), f.stats...), f.err
+}
+
+// clock is a settable time for the collector's cache.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
 }
 
 func (f *fakeSource) WarmPools() []api.WarmPool {
@@ -99,6 +128,8 @@ func TestMetrics(t *testing.T) {
 		pools: []api.WarmPool{{Isolation: api.IsolationContainer, Key: "base@1", Ready: 2, Target: 2, Hits: 5, Misses: 1}},
 	}
 	m := New(nil)
+	clk := &clock{t: time.Now()}
+	m.now = clk.now
 	m.Watch(src)
 	srv := httptest.NewServer(m.Mux())
 	defer srv.Close()
@@ -158,6 +189,7 @@ func TestMetrics(t *testing.T) {
 	src.mu.Lock()
 	src.stats = src.stats[:1]
 	src.mu.Unlock()
+	clk.add(readEvery)
 	fams = scrape(t, srv.URL)
 	if m := find(fams, "nook_sandbox_memory_bytes", map[string]string{"name": "b"}); m != nil {
 		t.Errorf("sandbox b is gone but its series is still served: %v", m)
@@ -170,6 +202,7 @@ func TestMetrics(t *testing.T) {
 	src.mu.Lock()
 	src.err = errors.New("database is closed")
 	src.mu.Unlock()
+	clk.add(readEvery)
 	fams = scrape(t, srv.URL)
 	if fams["nook_sandboxes"] != nil || fams["nook_operation_duration_seconds"] == nil {
 		t.Errorf("with a failing source: sandboxes served %v, operations served %v; want none and some",
@@ -189,5 +222,63 @@ func TestOnlyMetricsPath(t *testing.T) {
 		if resp.StatusCode != http.StatusNotFound {
 			t.Errorf("GET %s: %s, want 404", path, resp.Status)
 		}
+	}
+}
+
+// Scrapes within readEvery of a reading share it, those at once too:
+// the sandboxes are read once, not once a scrape.
+func TestScrapesShareReading(t *testing.T) {
+	src := &fakeSource{stats: []api.SandboxStats{{Name: "a", ID: "id-a", State: api.StateRunning, Isolation: api.IsolationContainer, MemoryBytes: 7}}}
+	m := New(nil)
+	clk := &clock{t: time.Now()}
+	m.now = clk.now
+	m.Watch(src)
+	srv := httptest.NewServer(m.Mux())
+	defer srv.Close()
+	reads := func() int {
+		src.mu.Lock()
+		defer src.mu.Unlock()
+		return src.reads
+	}
+
+	// Four scrapes at once, the reading held up until all have come.
+	src.slow = make(chan struct{})
+	var wg sync.WaitGroup
+	results := make(chan string, 4)
+	for range 4 {
+		wg.Go(func() { // no t.Fatal off the test's goroutine
+			resp, err := http.Get(srv.URL + "/metrics")
+			if err != nil {
+				results <- err.Error()
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			results <- string(b)
+		})
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for reads() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	close(src.slow)
+	wg.Wait()
+	close(results)
+	for page := range results {
+		if !strings.Contains(page, `nook_sandbox_memory_bytes{id="id-a",isolation="container",name="a"} 7`+"\n") {
+			t.Errorf("a scrape served no memory 7 for a:\n%.500s", page)
+		}
+	}
+	if n := reads(); n != 1 {
+		t.Errorf("4 scrapes at once read the sandboxes %d times, want 1", n)
+	}
+	scrape(t, srv.URL)
+	if n := reads(); n != 1 {
+		t.Errorf("a scrape within %v of the reading read again (%d reads)", readEvery, n)
+	}
+	clk.add(readEvery)
+	scrape(t, srv.URL)
+	if n := reads(); n != 2 {
+		t.Errorf("a scrape %v after the reading: %d reads, want 2", readEvery, n)
 	}
 }

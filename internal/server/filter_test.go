@@ -21,6 +21,8 @@ func TestListSandboxesBadFilter(t *testing.T) {
 		"label=":            "filter label has no value",
 		"name=%5B":          "syntax error in pattern",
 		"metadata=team%3Da": `unknown filter \"metadata\"`,
+		"name=*" + strings.Repeat("%5Bb-b%5D", 60):  "more than the 126 allowed",
+		strings.Repeat("name=a%2A&", 17) + "name=b": "filter name is given 18 times",
 	} {
 		rec := httptest.NewRecorder()
 		s.listSandboxes(rec, httptest.NewRequest("GET", "/v1/sandboxes?"+q, nil))

@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nookhq/nook/api"
@@ -48,6 +49,8 @@ type Server struct {
 	// ssh and preview are the endpoints nook serve runs, or nil.
 	ssh     SSHEndpoint
 	preview PreviewEndpoint
+	// statsServing counts the stats requests being served (maxStats).
+	statsServing atomic.Int32
 }
 
 // New returns a Server.
