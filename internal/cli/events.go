@@ -35,30 +35,12 @@ own sandbox's events only. With --json, one object per line (NDJSON).`,
 				return err
 			}
 			defer s.Close()
-			out := cmd.OutOrStdout()
-			for {
-				ev, err := s.Next()
-				if err != nil {
-					if ctx.Err() != nil {
-						return nil // interrupted
-					}
-					return err
-				}
-				switch {
-				case format.json:
-					err = printJSONLine(out, ev)
-				case format.tmpl != nil:
-					err = format.execute(out, []any{ev})
-				default:
-					err = printEvent(out, ev)
-				}
-				if err != nil {
-					return err
-				}
+			return printStream(ctx, cmd.OutOrStdout(), &format, s.Next, printEvent, func(ev *api.Event) error {
 				if ev.Type == api.EventLagged {
 					return fmt.Errorf("the event stream fell behind and ended: run nook events --since again")
 				}
-			}
+				return nil
+			})
 		}),
 	}
 	c.Flags().StringVar(&o.Sandbox, "sandbox", "", "only this sandbox's events")

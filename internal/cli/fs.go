@@ -343,27 +343,10 @@ func fsWatchCmd() *cobra.Command {
 			}
 			defer w.Close()
 			fmt.Fprintf(cmd.ErrOrStderr(), "watching %s (Ctrl-C to stop)\n", rp)
-			out := cmd.OutOrStdout()
-			for {
-				ev, err := w.Next()
-				if err != nil {
-					if ctx.Err() != nil {
-						return nil // interrupted
-					}
-					return err
-				}
-				switch {
-				case format.json:
-					err = printJSONLine(out, ev)
-				case format.tmpl != nil:
-					err = format.execute(out, []any{ev})
-				default:
-					_, err = fmt.Fprintf(out, "%s %-8s %s\n", ev.Time.Local().Format("15:04:05.000"), tsafe(ev.Type), tsafe(ev.Path))
-				}
-				if err != nil {
-					return err
-				}
-			}
+			return printStream(ctx, cmd.OutOrStdout(), &format, w.Next, func(out io.Writer, ev *api.FileEvent) error {
+				_, err := fmt.Fprintf(out, "%s %-8s %s\n", ev.Time.Local().Format("15:04:05.000"), tsafe(ev.Type), tsafe(ev.Path))
+				return err
+			}, nil)
 		}),
 	}
 	c.Flags().BoolVarP(&recursive, "recursive", "r", false, "watch subdirectories too, including new ones")

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -200,6 +201,36 @@ func parseFilter(pairs []string, keys []string) (*listfilter.Filter, []string, e
 // --format): a command with long human output checks this first and
 // calls print, leaving its own text as it is.
 func (o *output) machine() bool { return o.json || o.tmpl != nil }
+
+// printStream prints each item next gives, a line each (JSON, the
+// template, or human's line), until next fails: the end of a stream the
+// caller interrupted (ctx) is no error. stop, if not nil, may end the
+// stream after an item with its error.
+func printStream[T any](ctx context.Context, w io.Writer, o *output, next func() (T, error), human func(io.Writer, T) error, stop func(T) error) error {
+	for {
+		v, err := next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // interrupted
+			}
+			return err
+		}
+		switch {
+		case o.json:
+			err = printJSONLine(w, v)
+		case o.tmpl != nil:
+			err = o.execute(w, []any{v})
+		default:
+			err = human(w, v)
+		}
+		if err == nil && stop != nil {
+			err = stop(v)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
 
 // removed is what a command that removes things prints with --json or
 // --format: the name (or ID) of each it removed.
