@@ -234,5 +234,14 @@ func TestVMLogs(t *testing.T) {
 		t.Fatalf("nook logs vmlog:\n%s", out)
 	}
 	d.expectCLI(t, []cliCase{{[]string{"logs", "--log", "agent", "vmlog"}, 1, "a vm's agent has no log of its own"}})
+	// A vm's stats: QEMU's CPU and memory (its cgroup), its disk's top
+	// layer on the host.
+	var st []api.SandboxStats
+	if err := json.Unmarshal([]byte(d.must("stats", "vmlog", "--no-stream", "--json")), &st); err != nil || len(st) != 1 {
+		t.Fatalf("nook stats vmlog: %v %+v", err, st)
+	}
+	if s := st[0]; s.Isolation != "vm" || s.CPUSeconds <= 0 || s.MemoryBytes <= 0 || s.MemoryLimitBytes <= 0 || s.DiskBytes <= 0 {
+		t.Errorf("a vm's stats: %+v", s)
+	}
 	d.must("rm", "vmlog")
 }
