@@ -114,6 +114,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseNames -fuzztime 10s ./internal/e2b
 	$(GO) test -run '^$$' -fuzz FuzzMetadataRequest -fuzztime 20s ./internal/identity
 	$(GO) test -run '^$$' -fuzz FuzzServeConfig -fuzztime 10s ./internal/cli
+	$(GO) test -run '^$$' -fuzz FuzzFilter -fuzztime 10s ./internal/listfilter
 	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 20s ./internal/egress
 	$(GO) test -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 20s ./internal/sshd
 	$(GO) test -run '^$$' -fuzz FuzzParseSSHKey -fuzztime 10s ./internal/daemon

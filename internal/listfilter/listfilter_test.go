@@ -110,3 +110,34 @@ func TestFromQuery(t *testing.T) {
 		t.Error("an unknown parameter was taken")
 	}
 }
+
+// FuzzFilter feeds a list request's query (an API caller's, untrusted)
+// and a --filter flag's text to the parsers, and what they accept to the
+// matcher: no panic, and nothing accepted beyond the bounds.
+func FuzzFilter(f *testing.F) {
+	f.Add("label=team%3Da&state=paused&name=w*", "label=team=a,state=running")
+	f.Add("name=%5B", "name=[a-")
+	f.Add("template=base&isolation=vm&label=k", "label=k=x,y")
+	f.Fuzz(func(t *testing.T, query, flag string) {
+		sb := &api.Sandbox{Name: "web-1", State: api.StateRunning, Template: "base", Isolation: "container", Labels: map[string]string{"team": "a", "k": ""}}
+		if q, err := url.ParseQuery(query); err == nil {
+			if flt, err := FromQuery(q, SandboxKeys); err == nil {
+				for k, vs := range q {
+					if len(vs) > MaxValues {
+						t.Fatalf("%s given %d times, accepted", k, len(vs))
+					}
+					for _, v := range vs {
+						if len(v) > MaxLabelBytes {
+							t.Fatalf("a value of %d bytes accepted", len(v))
+						}
+					}
+				}
+				flt.Sandbox(sb)
+			}
+		}
+		if flt, err := Parse(Split(flag, SandboxKeys), SandboxKeys); err == nil {
+			flt.Sandbox(sb)
+			flt.Name("web-1")
+		}
+	})
+}
