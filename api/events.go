@@ -7,8 +7,8 @@ import "time"
 const (
 	EventCreated       = "created"        // a create finished: the sandbox runs
 	EventStarted       = "started"        // a stopped sandbox was started (or a rebooted guest again)
-	EventStopped       = "stopped"        // stopped on request, by its TTL, or by its guest powering off (reason)
-	EventPaused        = "paused"         // paused on request
+	EventStopped       = "stopped"        // stopped on request, or found stopped (reason: its guest powered off, the host restarted); a TTL's stop is expired
+	EventPaused        = "paused"         // paused on request (or found saved to disk: reason)
 	EventPausedByIdle  = "paused-by-idle" // paused by the daemon after its idle pause (reason: idle for ...)
 	EventResumed       = "resumed"        // resumed on request, or woken by a call
 	EventExpired       = "expired"        // its TTL ran out (reason: what was done: destroyed, paused or stopped)

@@ -33,6 +33,16 @@ func (m *Manager) emit(ctx context.Context, typ string, sb *core.Sandbox, reason
 		Template: sb.Template, Isolation: sb.Isolation, Reason: reason, Actor: actorOf(ctx)})
 }
 
+// emitTransition publishes typ for sb's state just recorded: an expired
+// event's reason is what was done (its state), another's the record's.
+func (m *Manager) emitTransition(ctx context.Context, typ string, sb *core.Sandbox) {
+	reason := sb.Reason
+	if typ == api.EventExpired {
+		reason = string(sb.State)
+	}
+	m.emit(ctx, typ, sb, reason)
+}
+
 // SubscribeEvents returns the recent events f selects since a time (none
 // for the zero time) and a subscription to those that follow; the caller
 // closes it.

@@ -278,7 +278,7 @@ func (m *Manager) idlePause(ctx context.Context, sb *core.Sandbox, seen time.Tim
 		return
 	}
 	idleFor := core.FormatDuration(sb.IdlePause)
-	if _, err := m.pauseFor(ctx, sb.Name, "idle for "+idleFor); err != nil {
+	if _, err := m.pauseFor(ctx, sb.Name, "idle for "+idleFor, api.EventPausedByIdle); err != nil {
 		if gone(err) {
 			return // no longer running (destroyed, paused or failed meanwhile)
 		}
@@ -287,7 +287,6 @@ func (m *Manager) idlePause(ctx context.Context, sb *core.Sandbox, seen time.Tim
 		return
 	}
 	m.log.Info("sandbox paused: idle", "sandbox", sb.Name, "idle_pause", idleFor)
-	m.emit(ctx, api.EventPausedByIdle, sb, "idle for "+idleFor)
 }
 
 // expirePause handles the TTL of an on_expire=pause sandbox running out:
@@ -295,21 +294,25 @@ func (m *Manager) idlePause(ctx context.Context, sb *core.Sandbox, seen time.Tim
 // until a new TTL is set (waking it up meanwhile is fine).
 func (m *Manager) expirePause(ctx context.Context, sb *core.Sandbox) {
 	reason := "its TTL ran out; set a new one with `nook ttl " + sb.Name + " DURATION`"
+	done := false // paused here: pauseFor published expired
 	if sb.State == core.StateRunning {
 		if _, ok := pauser(m.backends[sb.Isolation]); !ok {
 			m.log.Error("sandbox expired with on_expire pause, but its backend cannot pause: it stays running", "sandbox", sb.Name)
-		} else if _, err := m.pauseFor(ctx, sb.Name, reason); err != nil && !gone(err) {
+		} else if _, err := m.pauseFor(ctx, sb.Name, reason, api.EventExpired); err != nil && !gone(err) {
 			m.log.Error("pause expired sandbox; retrying", "sandbox", sb.Name, "err", err)
 			return
+		} else {
+			done = err == nil
 		}
 	}
-	m.markExpired(ctx, sb, core.StatePaused, reason)
+	m.markExpired(ctx, sb, core.StatePaused, reason, !done)
 }
 
 // markExpired records that sb's TTL ran out and it was kept (paused or
 // stopped: kept, with reason, if it is in that state), so that it does
-// not expire again until a new TTL is set.
-func (m *Manager) markExpired(ctx context.Context, sb *core.Sandbox, kept core.State, reason string) {
+// not expire again until a new TTL is set. The pause or stop that kept
+// it published expired; publish says none did (it was kept as it was).
+func (m *Manager) markExpired(ctx context.Context, sb *core.Sandbox, kept core.State, reason string, publish bool) {
 	unlock := m.lockName(sb.Name)
 	defer unlock()
 	cur, err := m.store.GetSandbox(ctx, sb.Name)
@@ -326,7 +329,9 @@ func (m *Manager) markExpired(ctx context.Context, sb *core.Sandbox, kept core.S
 		return
 	}
 	m.log.Info("sandbox expired: kept, not destroyed", "sandbox", sb.Name, "on_expire", cur.OnExpire, "state", cur.State)
-	m.emit(ctx, api.EventExpired, cur, string(cur.State))
+	if publish {
+		m.emit(ctx, api.EventExpired, cur, string(cur.State))
+	}
 }
 
 // gone reports whether a pause failed because the sandbox is no longer

@@ -914,14 +914,8 @@ func (m *Manager) Destroy(ctx context.Context, name string) error {
 }
 
 func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
-	if sb.State != core.StateDestroying {
-		if err := core.CheckTransition(sb.State, core.StateDestroying); err != nil {
-			return err
-		}
-		sb.State = core.StateDestroying
-		if err := m.updateSandbox(ctx, sb); err != nil {
-			return err
-		}
+	if err := m.beginDestroy(ctx, sb); err != nil {
+		return err
 	}
 	m.dropAgent(sb.ID)
 	if b, ok := m.backends[sb.Isolation]; ok {
@@ -937,6 +931,24 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 	m.gcSnapshots(ctx)
 	m.log.Info("sandbox destroyed", "sandbox", sb.Name, "id", sb.ID)
 	m.emit(ctx, api.EventDestroyed, sb, "")
+	return nil
+}
+
+// beginDestroy records sb destroying, unless it is already; the caller
+// holds its name's lock.
+func (m *Manager) beginDestroy(ctx context.Context, sb *core.Sandbox) error {
+	if sb.State == core.StateDestroying {
+		return nil
+	}
+	if err := core.CheckTransition(sb.State, core.StateDestroying); err != nil {
+		return err
+	}
+	old := sb.State
+	sb.State = core.StateDestroying
+	if err := m.updateSandbox(ctx, sb); err != nil {
+		sb.State = old
+		return err
+	}
 	return nil
 }
 
@@ -984,19 +996,20 @@ func (m *Manager) View(sb *core.Sandbox) api.Sandbox {
 // the backend: Capabilities.Pause, and PauseKind in the sandbox).
 func (m *Manager) Pause(ctx context.Context, name string) (_ *core.Sandbox, err error) {
 	defer m.observe(opPause, time.Now(), &err)
-	return m.setPaused(ctx, name, true, "")
+	return m.setPaused(ctx, name, true, "", api.EventPaused)
 }
 
 // pauseFor pauses a sandbox on nook's own initiative, recording why in the
-// same update that records the pause, so no reader sees one without the other.
-func (m *Manager) pauseFor(ctx context.Context, name, reason string) (*core.Sandbox, error) {
-	return m.setPaused(ctx, name, true, reason)
+// same update that records the pause, so no reader sees one without the
+// other, and publishing event (paused-by-idle, or the TTL's expired).
+func (m *Manager) pauseFor(ctx context.Context, name, reason, event string) (*core.Sandbox, error) {
+	return m.setPaused(ctx, name, true, reason, event)
 }
 
 // Resume continues a paused sandbox.
 func (m *Manager) Resume(ctx context.Context, name string) (_ *core.Sandbox, err error) {
 	defer m.observe(opResume, time.Now(), &err)
-	sb, err := m.setPaused(ctx, name, false, "")
+	sb, err := m.setPaused(ctx, name, false, "", api.EventResumed)
 	if err == nil {
 		m.resumed(sb)
 	}
@@ -1007,7 +1020,7 @@ func (m *Manager) Resume(ctx context.Context, name string) (_ *core.Sandbox, err
 // it running is no error: concurrent calls that all found it paused all
 // get the running sandbox.
 func (m *Manager) wake(ctx context.Context, name string) (*core.Sandbox, error) {
-	sb, err := m.setPaused(ctx, name, false, "")
+	sb, err := m.setPaused(ctx, name, false, "", api.EventResumed)
 	if errors.Is(err, errNotPaused) {
 		return m.Get(ctx, name)
 	}
@@ -1025,7 +1038,9 @@ type notPaused struct{ error }
 func (e notPaused) Unwrap() error        { return e.error }
 func (e notPaused) Is(target error) bool { return target == errNotPaused }
 
-func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason string) (*core.Sandbox, error) {
+// setPaused pauses or resumes a sandbox, publishing event under its lock
+// once done.
+func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason, event string) (*core.Sandbox, error) {
 	sb, unlock, err := m.lockSandbox(ctx, name)
 	if err != nil {
 		return nil, err
@@ -1081,9 +1096,7 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason
 		// Frozen in RAM, it still holds its memory; saved to disk, it
 		// holds none from now on.
 		m.limits.commit(nil, sb.ID, m.holds(sb))
-		if reason == "" { // nook's own pauses emit their own events
-			m.emit(ctx, api.EventPaused, sb, "")
-		}
+		m.emitTransition(ctx, event, sb)
 		return sb, nil
 	}
 	// A sandbox paused to disk takes its memory again: room first.
@@ -1111,7 +1124,7 @@ func (m *Manager) setPaused(ctx context.Context, name string, pause bool, reason
 	if err := m.commitSandbox(cctx, sb, room); err != nil {
 		return sb, err
 	}
-	m.emit(ctx, api.EventResumed, sb, "")
+	m.emitTransition(ctx, event, sb)
 	return sb, nil
 }
 
@@ -1313,7 +1326,7 @@ func (m *Manager) agentError(ctx context.Context, sb *core.Sandbox, err error) e
 	case ctx.Err() == nil && errors.As(err, &na):
 		// The session stays (a request the agent left unanswered) or is
 		// already closed (no answer to pings): nothing to drop.
-		if !m.checkHealth(context.WithoutCancel(ctx), sb) {
+		if !m.checkHealth(byNook(context.WithoutCancel(ctx)), sb) {
 			return m.stoppedError(sb)
 		}
 		return errdefs.Unavailable("the agent of sandbox %s did not answer within %s: is the sandbox's PID 1 stopped or traced (e.g. by a debugger in the sandbox)? Try again once it runs, or remove the sandbox with `nook rm %s`", sb.Name, na.After, sb.Name)
@@ -1336,7 +1349,7 @@ func (m *Manager) agentError(ctx context.Context, sb *core.Sandbox, err error) e
 		return ctx.Err()
 	default:
 		m.dropAgent(sb.ID)
-		if m.checkHealth(context.WithoutCancel(ctx), sb) {
+		if m.checkHealth(byNook(context.WithoutCancel(ctx)), sb) {
 			return errdefs.Unavailable("sandbox %s did not answer: %v; try again", sb.Name, err)
 		}
 		return m.stoppedError(sb)
@@ -1377,6 +1390,7 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 					*sb = *cur
 					m.dropAgent(sb.ID)
 					m.log.Warn("sandbox was saved to disk but recorded running: recorded paused", "sandbox", sb.Name)
+					m.emit(ctx, api.EventPaused, cur, "saved to disk by a snapshot or rollback that could not start it again")
 				}
 			}
 		}
@@ -1417,11 +1431,14 @@ func (m *Manager) checkHealth(ctx context.Context, sb *core.Sandbox) bool {
 		return false
 	}
 	cur.State, cur.Reason = core.StateFailed, rs.Detail
-	if err := m.updateSandbox(ctx, cur); err != nil {
-		m.log.Error("mark sandbox failed", "sandbox", sb.Name, "err", err)
-	}
+	err = m.updateSandbox(ctx, cur)
 	*sb = *cur
 	m.dropAgent(sb.ID)
+	if err != nil {
+		// Not recorded: the next health check tries again, and publishes.
+		m.log.Error("mark sandbox failed", "sandbox", sb.Name, "err", err)
+		return false
+	}
 	m.log.Warn("sandbox stopped unexpectedly", "sandbox", sb.Name, "reason", rs.Detail)
 	m.emit(ctx, api.EventFailed, cur, rs.Detail)
 	return false
@@ -1600,9 +1617,15 @@ func (m *Manager) reapOnce(ctx context.Context) {
 				m.expireStop(ctx, cur)
 				continue
 			}
-			m.emit(ctx, api.EventExpired, cur, "destroyed")
-			if err := m.destroyLocked(ctx, cur); err != nil {
+			// Published once the destroy is recorded (it is retried as
+			// destroying from there), not on each tick a write fails.
+			if err := m.beginDestroy(ctx, cur); err != nil {
 				m.log.Error("destroy expired sandbox", "sandbox", sb.Name, "err", err)
+			} else {
+				m.emit(ctx, api.EventExpired, cur, "destroyed")
+				if err := m.destroyLocked(ctx, cur); err != nil {
+					m.log.Error("destroy expired sandbox", "sandbox", sb.Name, "err", err)
+				}
 			}
 		}
 		unlock()

@@ -351,7 +351,6 @@ func (m *Manager) Fork(ctx context.Context, name, ref string, count int, prefix 
 			return out, err
 		}
 		out = append(out, sb)
-		m.emit(ctx, api.EventForked, sb, "from "+src.Name+" at snapshot "+sn.Name)
 	}
 	return out, nil
 }
@@ -450,6 +449,7 @@ func (m *Manager) forkOne(ctx context.Context, b core.Backend, s core.Snapshotte
 	}
 	m.idle.touch(sb.ID)
 	m.log.Info("sandbox forked", "sandbox", name, "from", src.Name, "snapshot", sn.Name)
+	m.emit(ctx, api.EventForked, sb, "from "+src.Name+" at snapshot "+sn.Name) // under its lock: before any call on it
 	return sb, nil
 }
 

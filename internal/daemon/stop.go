@@ -121,11 +121,12 @@ func (m *Manager) stopper(sb *core.Sandbox) (core.Stopper, error) {
 // Stop stops a running or paused sandbox: its processes end, its memory
 // (a pause's too) is freed, its disk is kept for a start.
 func (m *Manager) Stop(ctx context.Context, name string) (*core.Sandbox, error) {
-	return m.stopFor(ctx, name, "")
+	return m.stopFor(ctx, name, "", api.EventStopped)
 }
 
-// stopFor is Stop, recording why (the TTL; "" for a request).
-func (m *Manager) stopFor(ctx context.Context, name, reason string) (*core.Sandbox, error) {
+// stopFor is Stop, recording why (the TTL; "" for a request), and
+// publishing event (stopped, or the TTL's expired) once it is recorded.
+func (m *Manager) stopFor(ctx context.Context, name, reason, event string) (*core.Sandbox, error) {
 	sb, unlock, err := m.lockSandbox(ctx, name)
 	if err != nil {
 		return nil, err
@@ -164,9 +165,7 @@ func (m *Manager) stopFor(ctx context.Context, name, reason string) (*core.Sandb
 		return nil, err
 	}
 	m.log.Info("sandbox stopped", "sandbox", name, "reason", reason)
-	if reason == "" { // a TTL's stop is an expired event
-		m.emit(ctx, api.EventStopped, sb, "")
-	}
+	m.emitTransition(ctx, event, sb)
 	return sb, nil
 }
 
@@ -250,10 +249,12 @@ func (m *Manager) halted(ctx context.Context, cur *core.Sandbox) bool {
 
 // recordStopped records cur as it is now (stopped or failed).
 func (m *Manager) recordStopped(ctx context.Context, cur *core.Sandbox) {
-	if err := m.updateSandbox(ctx, cur); err != nil {
-		m.log.Error("record a stopped sandbox", "sandbox", cur.Name, "err", err)
-	}
 	m.dropAgent(cur.ID)
+	if err := m.updateSandbox(ctx, cur); err != nil {
+		// Not recorded: the next health check tries again, and publishes.
+		m.log.Error("record a stopped sandbox", "sandbox", cur.Name, "err", err)
+		return
+	}
 	m.log.Info("sandbox stopped", "sandbox", cur.Name, "state", cur.State, "reason", cur.Reason)
 	m.emit(ctx, api.EventStopped, cur, cur.Reason)
 }
@@ -358,11 +359,14 @@ func syncGuest(ctx context.Context, c *agent.Client) error {
 // expire again until a new TTL is set (starting it meanwhile is fine).
 func (m *Manager) expireStop(ctx context.Context, sb *core.Sandbox) {
 	reason := "its TTL ran out; set a new one with `nook ttl " + sb.Name + " DURATION`"
+	done := false // stopped here: stopFor published expired
 	if sb.State == core.StateRunning || sb.State == core.StatePaused {
-		if _, err := m.stopFor(ctx, sb.Name, reason); err != nil && !gone(err) {
+		_, err := m.stopFor(ctx, sb.Name, reason, api.EventExpired)
+		if err != nil && !gone(err) {
 			m.log.Error("stop expired sandbox; retrying", "sandbox", sb.Name, "err", err)
 			return
 		}
+		done = err == nil
 	}
-	m.markExpired(ctx, sb, core.StateStopped, reason)
+	m.markExpired(ctx, sb, core.StateStopped, reason, !done)
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -30,6 +31,10 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if sc := callerFrom(r.Context()).scope; sc.Kind == daemon.ScopeSandbox {
+		if sc.SandboxID == "" { // never made so; refused rather than shown every sandbox's
+			s.fail(w, r, errdefs.Denied("this token's sandbox is not known"))
+			return
+		}
 		f.SandboxID = sc.SandboxID
 	}
 	replay, sub := s.m.SubscribeEvents(since, f)
@@ -37,7 +42,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", ndjsonContentType)
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
-	enc := json.NewEncoder(w)
+	enc := json.NewEncoder(deadlineWriter{w, rc})
 	for _, e := range replay {
 		if enc.Encode(e) != nil {
 			return
@@ -90,7 +95,23 @@ func (s *Server) sandboxLogs(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(api.LogHeader, l.Name())
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
-	if err := l.Copy(r.Context(), w, tail, flags[0], func() { rc.Flush() }); err != nil && r.Context().Err() == nil {
+	if err := l.Copy(r.Context(), deadlineWriter{w, rc}, tail, flags[0], func() { rc.Flush() }); err != nil && r.Context().Err() == nil {
 		s.abort(r, err)
 	}
+}
+
+// streamWriteTimeout bounds one write of a streamed answer.
+var streamWriteTimeout = 30 * time.Second
+
+// deadlineWriter writes a streamed answer with a deadline on each write:
+// a client that stops reading ends the stream (and what its handler
+// holds) within streamWriteTimeout, though its connection stays open.
+type deadlineWriter struct {
+	w  io.Writer
+	rc *http.ResponseController
+}
+
+func (d deadlineWriter) Write(p []byte) (int, error) {
+	d.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout)) // not every writer has deadlines (tests' recorders)
+	return d.w.Write(p)
 }
