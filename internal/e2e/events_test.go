@@ -108,8 +108,15 @@ func TestEventsAndLogs(t *testing.T) {
 		t.Fatalf("nook logs --tail 1 ev-a: %q", out)
 	}
 	follow := d.background(t, "logs", "-f", "--tail", "0", "ev-a")
-	d.must("exec", "ev-a", "--", "sh", "-c", "echo later-line >>/.nook/agent.log")
-	waitWithin(t, "nook logs -f to print the later line", 15*time.Second, func() bool {
+	// The follow reads the log first at some moment after its command
+	// starts: a line written before then is old to it (--tail 0). A line
+	// is written every half second until one written after it shows.
+	var wrote time.Time
+	waitWithin(t, "nook logs -f to print a later line", 15*time.Second, func() bool {
+		if time.Since(wrote) > 500*time.Millisecond {
+			d.must("exec", "ev-a", "--", "sh", "-c", "echo later-line >>/.nook/agent.log")
+			wrote = time.Now()
+		}
 		return slices.Contains(follow.output(), "later-line")
 	})
 	follow.stop()
@@ -225,8 +232,14 @@ func TestVMLogs(t *testing.T) {
 	// The shape the other vm tests use, so the template snapshot is shared.
 	d.must("create", "--isolation", "vm", "--name", "vmlog", "--cpus", "1", "--memory", "512M")
 	follow := d.background(t, "logs", "-f", "--tail", "0", "vmlog")
-	d.must("exec", "vmlog", "--", "sh", "-c", "echo written-to-the-console >/dev/console")
+	// As in TestEventsAndLogs: written until a line written after the
+	// follow's first read shows.
+	var wrote time.Time
 	waitWithin(t, "nook logs -f to print the console line", 30*time.Second, func() bool {
+		if time.Since(wrote) > time.Second {
+			d.must("exec", "vmlog", "--", "sh", "-c", "echo written-to-the-console >/dev/console")
+			wrote = time.Now()
+		}
 		return strings.Contains(strings.Join(follow.output(), "\n"), "written-to-the-console")
 	})
 	follow.stop()
