@@ -11,11 +11,10 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/network/nettest"
+	"github.com/nookhq/nook/internal/testutil"
 	"github.com/nookhq/nook/sdk"
 )
 
@@ -39,20 +38,7 @@ func TestMetricsAndStats(t *testing.T) {
 			},
 		}}
 		defer cl.CloseIdleConnections()
-		resp, err := cl.Get("http://" + addr + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("GET /metrics: %s", resp.Status)
-		}
-		p := expfmt.NewTextParser(model.UTF8Validation)
-		fams, err := p.TextToMetricFamilies(resp.Body)
-		if err != nil {
-			t.Fatalf("parse /metrics: %v", err)
-		}
-		return fams
+		return testutil.ScrapeMetrics(t, cl, "http://"+addr+"/metrics")
 	}
 
 	d.must("create", "--name", "mx", "--allow", "allowed.test")
