@@ -12,10 +12,10 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/poll"
+	"github.com/nookhq/nook/internal/testutil"
 )
 
 type fakeSource struct {
@@ -41,6 +41,19 @@ func (f *fakeSource) AllStats(context.Context) ([]api.SandboxStats, error) {
 }
 
 // clock is a settable time for the collector's cache.
+// serveMetrics serves the metrics of src on a test server, with a clock
+// the test moves.
+func serveMetrics(t *testing.T, src *fakeSource) (*Metrics, *clock, *httptest.Server) {
+	t.Helper()
+	m := New(nil)
+	clk := &clock{t: time.Now()}
+	m.now = clk.now
+	m.Watch(src)
+	srv := httptest.NewServer(m.Mux())
+	t.Cleanup(srv.Close)
+	return m, clk, srv
+}
+
 type clock struct {
 	mu sync.Mutex
 	t  time.Time
@@ -68,20 +81,7 @@ func (f *fakeSource) WarmPools() []api.WarmPool {
 // with Prometheus's text parser.
 func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %s", resp.Status)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
-	return fams
+	return testutil.ScrapeMetrics(t, http.DefaultClient, url+"/metrics")
 }
 
 // find returns the metric of family name whose labels include want, or nil.
@@ -127,12 +127,7 @@ func TestMetrics(t *testing.T) {
 		},
 		pools: []api.WarmPool{{Isolation: api.IsolationContainer, Key: "base@1", Ready: 2, Target: 2, Hits: 5, Misses: 1}},
 	}
-	m := New(nil)
-	clk := &clock{t: time.Now()}
-	m.now = clk.now
-	m.Watch(src)
-	srv := httptest.NewServer(m.Mux())
-	defer srv.Close()
+	m, clk, srv := serveMetrics(t, src)
 
 	m.Operation("create", 200*time.Millisecond, "")
 	m.Operation("create", 3*time.Second, api.CodeLimitReached)
@@ -229,12 +224,7 @@ func TestOnlyMetricsPath(t *testing.T) {
 // the sandboxes are read once, not once a scrape.
 func TestScrapesShareReading(t *testing.T) {
 	src := &fakeSource{stats: []api.SandboxStats{{Name: "a", ID: "id-a", State: api.StateRunning, Isolation: api.IsolationContainer, MemoryBytes: 7}}}
-	m := New(nil)
-	clk := &clock{t: time.Now()}
-	m.now = clk.now
-	m.Watch(src)
-	srv := httptest.NewServer(m.Mux())
-	defer srv.Close()
+	_, clk, srv := serveMetrics(t, src)
 	reads := func() int {
 		src.mu.Lock()
 		defer src.mu.Unlock()
@@ -257,9 +247,8 @@ func TestScrapesShareReading(t *testing.T) {
 			results <- string(b)
 		})
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for reads() == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
+	if err := poll.Until(context.Background(), poll.Options{Timeout: 10 * time.Second}, func() (bool, error) { return reads() > 0, nil }); err != nil {
+		t.Fatalf("no scrape read the sandboxes: %v", err)
 	}
 	close(src.slow)
 	wg.Wait()
