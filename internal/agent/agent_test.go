@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/nookhq/nook/api"
+
+	"github.com/nookhq/nook/internal/poll"
 )
 
 // startAgent serves the agent in-process on a unix socket (without
@@ -614,18 +616,12 @@ func TestCloseDuringDial(t *testing.T) {
 		errc <- err
 	}()
 	// The dial is under way once the client has asked for it.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if err := poll.Until(context.Background(), poll.Options{Timeout: 10 * time.Second}, func() (bool, error) {
 		c.mu.Lock()
-		dialing := c.dialing != nil
-		c.mu.Unlock()
-		if dialing {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the dial did not start")
-		}
-		time.Sleep(time.Millisecond)
+		defer c.mu.Unlock()
+		return c.dialing != nil, nil
+	}); err != nil {
+		t.Fatalf("the dial did not start: %v", err)
 	}
 	c.Retire()
 	close(release)

@@ -14,6 +14,7 @@ import (
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/events"
+	"github.com/nookhq/nook/internal/poll"
 	"github.com/nookhq/nook/internal/procfs"
 )
 
@@ -67,10 +68,10 @@ func killInit(t *testing.T, sb *core.Sandbox) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); procfs.StartTime(pid) == start; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the killed init still runs after 10s")
-		}
+	if err := poll.Until(context.Background(), poll.Options{Timeout: 10 * time.Second}, func() (bool, error) {
+		return procfs.StartTime(pid) != start, nil
+	}); err != nil {
+		t.Fatalf("the killed init still runs: %v", err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/poll"
 )
 
 func TestLastLines(t *testing.T) {
@@ -36,23 +37,27 @@ func TestLastLines(t *testing.T) {
 	}
 }
 
-// logSink counts what a follow writes.
+// logSink counts what a follow writes, and whether a line with mark
+// came (a follow writes whole lines).
 type logSink struct {
-	mu sync.Mutex
-	n  int
+	mu   sync.Mutex
+	n    int
+	mark string
+	saw  bool
 }
 
 func (s *logSink) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.n += len(p)
+	s.saw = s.saw || strings.Contains(string(p), s.mark)
 	return len(p), nil
 }
 
-func (s *logSink) total() int {
+func (s *logSink) state() (int, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.n
+	return s.n, s.saw
 }
 
 // A follow of a container's agent log holds nothing of its root open
@@ -69,33 +74,43 @@ func TestLogFollowBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sink logSink
+	sink := logSink{mark: "written-after-the-gib"}
 	fctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- l.Copy(fctx, &sink, 0, true, func() {}) }()
 	defer func() { cancel(); <-done }()
 
-	p, err := m.Exec(ctx, "logs", api.ExecRequest{Cmd: []string{"truncate", "-s", "1G", "/.nook/agent.log"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		kind, _, err := p.Next()
-		if err != nil || kind == api.FrameExit {
-			break
+	run := func(cmd ...string) {
+		t.Helper()
+		p, err := m.Exec(ctx, "logs", api.ExecRequest{Cmd: cmd})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		for {
+			kind, _, err := p.Next()
+			if err != nil || kind == api.FrameExit {
+				return
+			}
 		}
 	}
-	p.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for sink.total() == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+	run("truncate", "-s", "1G", "/.nook/agent.log")
+	if err := poll.Until(ctx, poll.Options{Timeout: 10 * time.Second}, func() (bool, error) {
+		n, _ := sink.state()
+		return n > 0, nil
+	}); err != nil {
+		t.Fatalf("the follow wrote nothing of the grown log: %v", err)
 	}
-	if sink.total() == 0 {
-		t.Fatal("the follow wrote nothing of the grown log")
+	// A line after the GiB: a follow that read the whole GiB would have
+	// written it all before this line.
+	run("sh", "-c", "echo written-after-the-gib >>/.nook/agent.log")
+	if err := poll.Until(ctx, poll.Options{Timeout: 10 * time.Second}, func() (bool, error) {
+		_, saw := sink.state()
+		return saw, nil
+	}); err != nil {
+		t.Fatalf("the follow did not write the line after the GiB: %v", err)
 	}
-	// Four more looks at a log that does not grow: nothing more.
-	time.Sleep(4 * logPoll)
-	if n := sink.total(); n > 2*maxLogRead {
+	if n, _ := sink.state(); n > 2*maxLogRead {
 		t.Fatalf("the follow read %d bytes of a sparse GiB, want at most %d", n, 2*maxLogRead)
 	}
 	fds, _ := os.ReadDir("/proc/self/fd")

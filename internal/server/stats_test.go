@@ -15,6 +15,7 @@ import (
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/daemon"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/poll"
 )
 
 // A sandbox's stats follow the sandbox, not its name: once it is gone
@@ -53,12 +54,10 @@ func TestStatsLimit(t *testing.T) {
 	}
 	waitServing := func(n int32) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for s.statsServing.Load() != n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d stats requests served, want %d", s.statsServing.Load(), n)
-			}
-			time.Sleep(time.Millisecond)
+		if err := poll.Until(context.Background(), poll.Options{Timeout: 10 * time.Second}, func() (bool, error) {
+			return s.statsServing.Load() == n, nil
+		}); err != nil {
+			t.Fatalf("%d stats requests served, want %d: %v", s.statsServing.Load(), n, err)
 		}
 	}
 
