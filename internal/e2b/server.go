@@ -66,7 +66,11 @@ func New(m *daemon.Manager, log *slog.Logger, dataDir, domain string) (*Server, 
 	s.envd = http.NewServeMux()
 	// A message is at most 16 MiB (an input of stdin, a listing's
 	// request): connect-go refuses larger ones before decoding them.
-	opts := []connect.HandlerOption{connect.WithInterceptors(errorInterceptor{}), connect.WithReadMaxBytes(16 << 20)}
+	// A message is compressed (for a client that asks) only when it is
+	// big enough to gain: a process's events are mostly a few bytes,
+	// and a gzip writer's reset per message cost more than they saved.
+	opts := []connect.HandlerOption{connect.WithInterceptors(errorInterceptor{}), connect.WithReadMaxBytes(16 << 20),
+		connect.WithCompressMinBytes(1024)}
 	s.envd.Handle(processconnect.NewProcessHandler(&processService{s: s}, opts...))
 	s.envd.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{s: s}, opts...))
 	s.envd.HandleFunc("GET /health", s.health)

@@ -2,15 +2,20 @@
 // (modernc.org/sqlite: pure Go, so the binaries stay static). Every write
 // is a committed transaction with synchronous=FULL before the API
 // acknowledges it, so a daemon killed with -9 loses nothing it answered.
+// Sandboxes' records are also kept in memory beside their table
+// (sandboxcache.go), so that the reads on every request's path cost no
+// SQL.
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -225,6 +230,8 @@ type Store struct {
 	// subnet for a create reads them without a query of every row.
 	netMu   sync.Mutex
 	subnets map[string]string
+	// sbs is every sandbox's record, kept beside the table (sandboxcache.go).
+	sbs sandboxCache
 }
 
 // Open opens (creating if needed) the database at path and migrates it.
@@ -316,10 +323,13 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *core.Sandbox) error {
 			return err
 		}
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
-		sb.ID, sb.Name, sb.Template, sb.TemplateID, sb.Isolation, string(sb.State), sb.Reason, sb.CPUs,
-		sb.MemoryBytes, sb.DiskBytes, sb.PidsLimit, string(env), sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.BackendState,
-		int64(sb.IdlePause), onExpire(sb), sb.Expired, string(vols), string(labels), sb.Creator, sb.ParentID, sb.LineageID, sb.IdentityAudience, repoJSON(sb.Repo))
+	err = s.written(ctx, sb.ID, func() error {
+		_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+			sb.ID, sb.Name, sb.Template, sb.TemplateID, sb.Isolation, string(sb.State), sb.Reason, sb.CPUs,
+			sb.MemoryBytes, sb.DiskBytes, sb.PidsLimit, string(env), sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.BackendState,
+			int64(sb.IdlePause), onExpire(sb), sb.Expired, string(vols), string(labels), sb.Creator, sb.ParentID, sb.LineageID, sb.IdentityAudience, repoJSON(sb.Repo))
+		return err
+	})
 	if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed: sandboxes.name") {
 		return ErrNameTaken(sb.Name)
 	}
@@ -341,21 +351,25 @@ func onExpire(sb *core.Sandbox) string {
 // UpdateSandbox writes a sandbox's mutable fields: state, reason, expiry
 // (and whether it has expired) and backend state.
 func (s *Store) UpdateSandbox(ctx context.Context, sb *core.Sandbox) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, expires_at = ?, expired = ?, backend_state = ? WHERE id = ?`,
-		string(sb.State), sb.Reason, sb.ExpiresAt.UnixNano(), sb.Expired, sb.BackendState, sb.ID)
-	if err != nil {
-		return err
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return errdefs.NotFound("sandbox %s not found", sb.Name)
-	}
-	return nil
+	return s.written(ctx, sb.ID, func() error {
+		res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, expires_at = ?, expired = ?, backend_state = ? WHERE id = ?`,
+			string(sb.State), sb.Reason, sb.ExpiresAt.UnixNano(), sb.Expired, sb.BackendState, sb.ID)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return errdefs.NotFound("sandbox %s not found", sb.Name)
+		}
+		return nil
+	})
 }
 
 // SetSandboxRepo records the repository a sandbox cloned.
 func (s *Store) SetSandboxRepo(ctx context.Context, id string, r core.Repo) error {
-	_, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET repo = ? WHERE id = ?`, repoJSON(r), id)
-	return err
+	return s.written(ctx, id, func() error {
+		_, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET repo = ? WHERE id = ?`, repoJSON(r), id)
+		return err
+	})
 }
 
 func repoJSON(r core.Repo) string {
@@ -368,48 +382,67 @@ func repoJSON(r core.Repo) string {
 
 // DeleteSandbox removes a sandbox's record.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	s.netMu.Lock()
-	defer s.netMu.Unlock()
-	_, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
-	if err == nil && s.subnets != nil {
-		delete(s.subnets, id) // its sandbox_net row went with it (a trigger)
-	}
-	return err
+	return s.written(ctx, id, func() error {
+		s.netMu.Lock()
+		defer s.netMu.Unlock()
+		_, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+		if err == nil && s.subnets != nil {
+			delete(s.subnets, id) // its sandbox_net row went with it (a trigger)
+		}
+		return err
+	})
 }
 
 // GetSandbox returns the sandbox with this name, or an ErrNotFound.
 func (s *Store) GetSandbox(ctx context.Context, name string) (*core.Sandbox, error) {
-	sbs, err := s.query(ctx, `WHERE name = ?`, name)
+	c, err := s.sandboxes(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if len(sbs) == 0 {
-		return nil, errdefs.NotFound("no sandbox named %q: see `nook ls`", name)
+	if sb := c.get(false, name); sb != nil {
+		return sb, nil
 	}
-	return sbs[0], nil
+	return nil, errdefs.NotFound("no sandbox named %q: see `nook ls`", name)
 }
 
 // GetSandboxByID returns a sandbox by ID.
 func (s *Store) GetSandboxByID(ctx context.Context, id string) (*core.Sandbox, error) {
-	sbs, err := s.query(ctx, `WHERE id = ?`, id)
+	c, err := s.sandboxes(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if len(sbs) == 0 {
-		return nil, errdefs.NotFound("no sandbox with id %q", id)
+	if sb := c.get(true, id); sb != nil {
+		return sb, nil
 	}
-	return sbs[0], nil
+	return nil, errdefs.NotFound("no sandbox with id %q", id)
 }
 
 // ListSandboxes returns every sandbox, oldest first.
 func (s *Store) ListSandboxes(ctx context.Context) ([]*core.Sandbox, error) {
-	return s.query(ctx, `ORDER BY created_at, name`)
+	c, err := s.sandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	all := c.all(func(*core.Sandbox) bool { return true })
+	slices.SortFunc(all, byCreation)
+	return all, nil
 }
 
 // Expired returns the sandboxes whose TTL ran out before now, except
-// those already paused for it (Expired).
+// those already paused for it (Expired), soonest expired first.
 func (s *Store) Expired(ctx context.Context, now time.Time) ([]*core.Sandbox, error) {
-	return s.query(ctx, `WHERE expires_at <= ? AND state != ? AND expired = 0 ORDER BY expires_at`, now.UnixNano(), string(core.StateDestroying))
+	c, err := s.sandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	at := now.UnixNano()
+	out := c.all(func(sb *core.Sandbox) bool {
+		return sb.ExpiresAt.UnixNano() <= at && sb.State != core.StateDestroying && !sb.Expired
+	})
+	slices.SortFunc(out, func(a, b *core.Sandbox) int {
+		return cmp.Or(cmp.Compare(a.ExpiresAt.UnixNano(), b.ExpiresAt.UnixNano()), strings.Compare(a.ID, b.ID))
+	})
+	return out, nil
 }
 
 // CountByTemplate returns how many sandboxes use a template build.
