@@ -20,7 +20,12 @@
 // Refill: whenever a wanted key has fewer sandboxes ready or starting than
 // its target, more start, at most Options.Parallel at once per key
 // (default: the host's CPUs). Ready plus starting never exceeds the
-// target, hence never the cap.
+// target, hence never the cap. The refill a take asks for starts
+// Options.RefillDelay later (the backends: DefaultRefillDelay), so that
+// the sandbox just taken runs its first commands without a cold start
+// beside them: on a small host a start takes every core for a few
+// hundred milliseconds, and an agent's first command comes within a few
+// milliseconds of its create.
 //
 // Nothing outlives Drain and Shutdown: a sandbox whose start was in flight
 // is destroyed when its start ends (the key no longer wanted, or the pool
@@ -58,9 +63,14 @@ type Options struct {
 	// Parallel is how many sandboxes of one key may be starting at once;
 	// default runtime.NumCPU().
 	Parallel int
+	// RefillDelay is how long after a take its refill starts (0: at once).
+	RefillDelay time.Duration
 	// Clock measures demand; default the real one.
 	Clock Clock
 }
+
+// DefaultRefillDelay is the backends' Options.RefillDelay.
+const DefaultRefillDelay = 100 * time.Millisecond
 
 // Stats are a key's figures.
 type Stats struct {
@@ -104,6 +114,7 @@ type keyState[T any] struct {
 	hits      int64
 	misses    int64
 	stopTimer func() bool // the pending decay; nil: none
+	refill    func() bool // the pending refill after a take; nil: none
 }
 
 // New returns a pool; start makes a sandbox, destroy removes one, onError
@@ -132,7 +143,7 @@ func (p *Pool[T]) Take(key string) (string, bool) {
 	}
 	k := p.stateLocked(key)
 	k.demand.record(p.opts.Clock.Now(), p.maxLocked(key))
-	defer p.fillLocked(key)
+	defer p.refillLocked(key, k)
 	defer p.armDecayLocked(key, k)
 	if len(k.ready) == 0 {
 		k.misses++
@@ -200,6 +211,36 @@ func (p *Pool[T]) fillLocked(key string) {
 		k.starting++
 		p.wg.Add(1)
 		go p.startOne(key, k)
+	}
+}
+
+// refillLocked fills key after a take: RefillDelay later, once for any
+// number of takes meanwhile.
+func (p *Pool[T]) refillLocked(key string, k *keyState[T]) {
+	if p.opts.RefillDelay <= 0 {
+		p.fillLocked(key)
+		return
+	}
+	if k.refill != nil || p.closed {
+		return
+	}
+	k.refill = p.opts.Clock.AfterFunc(p.opts.RefillDelay, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		k.refill = nil
+		if p.keys[key] == k {
+			p.fillLocked(key)
+		}
+	})
+}
+
+// stopTimersLocked cancels k's pending decay and refill.
+func (k *keyState[T]) stopTimersLocked() {
+	for _, stop := range []*func() bool{&k.stopTimer, &k.refill} {
+		if *stop != nil {
+			(*stop)()
+			*stop = nil
+		}
 	}
 }
 
@@ -292,10 +333,7 @@ func (p *Pool[T]) Drain(ctx context.Context, prefix string) error {
 		}
 		// Unwanted, a sandbox still starting is destroyed when it is ready.
 		k.wanted = false
-		if k.stopTimer != nil {
-			k.stopTimer()
-			k.stopTimer = nil
-		}
+		k.stopTimersLocked()
 		victims = append(victims, k.ready...)
 		k.ready = nil
 		p.retired[key] = true
@@ -333,10 +371,7 @@ func (p *Pool[T]) Shutdown(ctx context.Context) error {
 	p.mu.Lock()
 	p.closed = true
 	for _, k := range p.keys {
-		if k.stopTimer != nil {
-			k.stopTimer()
-			k.stopTimer = nil
-		}
+		k.stopTimersLocked()
 	}
 	p.mu.Unlock()
 	p.cancel()

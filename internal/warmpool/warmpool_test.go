@@ -534,3 +534,56 @@ func TestDisabled(t *testing.T) {
 		t.Fatalf("a pool of size 0 started %d, stats %+v", len(f.started), f.pool.Stats())
 	}
 }
+
+// TestRefillDelay: a take's refill starts RefillDelay later, once for all
+// the takes meanwhile; a drain or shutdown cancels a pending refill.
+func TestRefillDelay(t *testing.T) {
+	clock := newFakeClock()
+	f := newFake(t, Options{Size: 2, RefillDelay: 100 * time.Millisecond, Clock: clock}, false)
+	f.pool.Want("a")
+	f.waitReady("a", 2) // the first fill is at once
+	if len(burst(f.pool, "a", 2)) != 2 {
+		t.Fatal("2 ready, fewer taken")
+	}
+	clock.Advance(99 * time.Millisecond)
+	if s := f.stats("a"); s.Ready != 0 || s.Starting != 0 || len(f.started) != 2 {
+		t.Fatalf("before the refill delay passed: %+v, %d started", s, len(f.started))
+	}
+	clock.Advance(time.Millisecond)
+	f.waitReady("a", 2)
+	f.mu.Lock()
+	started := len(f.started)
+	f.mu.Unlock()
+	if started != 4 {
+		t.Fatalf("%d started, want 4 (one refill for both takes)", started)
+	}
+
+	// A drain with a refill pending: nothing starts afterwards.
+	f.pool.Take("a")
+	if err := f.pool.Drain(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Second)
+	f.mu.Lock()
+	started = len(f.started)
+	f.mu.Unlock()
+	if s := f.stats("a"); started != 4 || s.Starting != 0 {
+		t.Fatalf("after a drain, a pending refill started: %+v, %d started", s, started)
+	}
+
+	// A shutdown with a refill pending.
+	f.pool.Want("b")
+	f.waitReady("b", 2)
+	f.pool.Take("b")
+	if err := f.pool.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Second)
+	f.mu.Lock()
+	started = len(f.started)
+	f.mu.Unlock()
+	if started != 6 {
+		t.Fatalf("after a shutdown, a pending refill started: %d started, want 6", started)
+	}
+	f.checkAllDestroyedOnce() // the taken ones too: never claimed, the shutdown destroys them
+}

@@ -29,7 +29,7 @@ type warm = warmpool.Item[state]
 // its init and agent (a few MB), and starts in parallel (one per CPU).
 func newPool(b *Backend, cfg Config) *warmpool.Pool[state] {
 	limit := func(string) int { return cfg.WarmPoolMax }
-	return warmpool.New(warmpool.Options{Size: cfg.WarmPool, Max: limit}, b.startWarm, b.Destroy, func(key string, err error) {
+	return warmpool.New(warmpool.Options{Size: cfg.WarmPool, Max: limit, RefillDelay: warmpool.DefaultRefillDelay}, b.startWarm, b.Destroy, func(key string, err error) {
 		b.cfg.Log.Warn("warm pool: could not start a container", "template", key, "err", err)
 	})
 }

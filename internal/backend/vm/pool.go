@@ -51,7 +51,7 @@ func parsePoolKey(key string) (*core.Sandbox, error) {
 // guest's RAM, so the pool does not grow after bursts, and it starts one
 // vm at a time (a restore and its warm-up are heavy).
 func newPool(b *Backend, size int) *warmpool.Pool[state] {
-	return warmpool.New(warmpool.Options{Size: size, Parallel: 1}, b.startWarm, b.Destroy, func(key string, err error) {
+	return warmpool.New(warmpool.Options{Size: size, Parallel: 1, RefillDelay: warmpool.DefaultRefillDelay}, b.startWarm, b.Destroy, func(key string, err error) {
 		b.cfg.Log.Warn("warm pool: could not start a vm", "key", key, "err", err)
 	})
 }
