@@ -22,7 +22,9 @@ import (
 //
 // A read on the port returns EOF at once while no host is connected, so
 // Accept waits for the kernel's SIGIO on host connection changes, polling
-// with a backoff in case one is missed.
+// with a backoff in case one is missed. The port stays open through the
+// handshake, also when a host leaves during it: closing it would throw
+// away what the guest had not read yet (the Go of a host it answered).
 type PortListener struct {
 	path string
 
@@ -53,10 +55,13 @@ func (l *PortListener) Accept() (net.Conn, error) {
 			<-l.busy
 			return nil, err
 		}
-		if err := acceptHandshake(f); err != nil {
-			// The host went away mid-handshake: wait for the next one.
+		if err := acceptHandshake(f, func() error { return l.waitHost(f) }); err != nil {
 			f.Close()
-			continue
+			if errors.Is(err, net.ErrClosed) {
+				<-l.busy
+				return nil, err
+			}
+			continue // the port failed: open it again
 		}
 		return &portConn{File: f, release: func() { <-l.busy }}, nil
 	}
@@ -74,15 +79,25 @@ func (l *PortListener) open() (*os.File, error) {
 	if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil {
 		unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl|unix.O_ASYNC)
 	}
+	if err := l.waitHost(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// waitHost returns once a host is connected to the port f (it no longer
+// polls as hung up), or net.ErrClosed when the listener closes.
+func (l *PortListener) waitHost(f *os.File) error {
+	fd := int32(f.Fd())
 	wait := time.Millisecond
 	for {
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLOUT}}
+		pfd := []unix.PollFd{{Fd: fd, Events: unix.POLLIN | unix.POLLOUT}}
 		if _, err := unix.Poll(pfd, 0); err != nil && !errors.Is(err, unix.EINTR) {
-			f.Close()
-			return nil, err
+			return err
 		}
 		if pfd[0].Revents&unix.POLLHUP == 0 {
-			return f, nil
+			return nil
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -90,8 +105,7 @@ func (l *PortListener) open() (*os.File, error) {
 		case <-t.C:
 		case <-l.done:
 			t.Stop()
-			f.Close()
-			return nil, net.ErrClosed
+			return net.ErrClosed
 		}
 		t.Stop()
 		if wait < 200*time.Millisecond {

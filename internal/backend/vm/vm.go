@@ -658,10 +658,10 @@ func (b *Backend) DialAgent(ctx context.Context, sb *core.Sandbox) (net.Conn, er
 		}
 		return nil, err
 	}
-	// Greeted on a new connection every agentAnswer: a guest that was
-	// stopped while the host connected and went away can miss the port's
-	// last change and wait on it for ever (1 run in 5 of
-	// TestStoppedGuestContinued); a new connection is a new change.
+	// Greeted on a new connection every agentAnswer: a guest whose answer
+	// went to a connection that was closing (or that missed the port's
+	// changes while stopped) answers the next connection's nonce
+	// (guestinit's handshake).
 	for {
 		hctx, cancel := context.WithTimeout(ctx, agentAnswer)
 		conn, err = dialAgent(hctx, sock)

@@ -1,12 +1,15 @@
 package vm
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +21,7 @@ import (
 
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/agent"
+	"github.com/nookhq/nook/internal/agent/guestinit"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/core/conformance"
 	"github.com/nookhq/nook/internal/testutil"
@@ -546,6 +550,71 @@ func TestStoppedGuestContinued(t *testing.T) {
 	if got := s.Sh(t, "echo back"); got != "back\n" {
 		t.Fatalf("after the guest was left stopped: %q", got)
 	}
+}
+
+// TestAgentAnswersAfterLostReady: a guest whose Ready went to a
+// connection that closed before its Go (the host's wait ended as the
+// answer came) answers the connection dialed right after it. The guest
+// does not see that port change (the new connection's Hellos queue
+// behind the old one's); the first handshake, without nonces, left it
+// waiting for the closed connection's Go, deaf to every later greeting:
+// how TestStoppedGuestContinued failed, once in many runs, after a
+// continued guest's first answer came as its host gave up.
+func TestAgentAnswersAfterLostReady(t *testing.T) {
+	b, h := newTestBackend(t, testConfig{})
+	s := conformance.Create(t, h, "vm-lost-ready")
+	s.Agent.Close()
+	sock := filepath.Join(b.dir(s.ID), "agent.sock")
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		conn, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The host reads Ready, and its Go never goes out.
+		err = guestinit.DialHandshake(ctx, noGo{conn})
+		conn.Close()
+		if !errors.Is(err, errNoGo) {
+			t.Fatalf("greeting %d: %v", i, err)
+		}
+		conn, err = dialAgent(ctx, sock)
+		cancel()
+		if err != nil {
+			t.Fatalf("the connection after lost Ready %d: %v", i, err)
+		}
+		conn.Close()
+	}
+	// The same on one connection: the greeting after the lost Ready is
+	// a new one (a new nonce), whether or not the guest saw a change.
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := guestinit.DialHandshake(ctx, noGo{conn}); !errors.Is(err, errNoGo) {
+		t.Fatal(err)
+	}
+	if err := guestinit.DialHandshake(ctx, conn); err != nil {
+		t.Fatalf("greeted again on the same connection: %v", err)
+	}
+	s.Agent = agent.NewClient(func(context.Context) (net.Conn, error) { return conn, nil })
+	if got := s.Sh(t, "echo back"); got != "back\n" {
+		t.Fatalf("after the handshake: %q", got)
+	}
+}
+
+// noGo is a connection whose host's Go is lost: the write fails.
+type noGo struct{ net.Conn }
+
+var errNoGo = errors.New("the Go was lost")
+
+func (c noGo) Write(p []byte) (int, error) {
+	if bytes.HasSuffix(p, guestinit.Go) {
+		return 0, errNoGo
+	}
+	return c.Conn.Write(p)
 }
 
 func fileSum(t *testing.T, path string) [32]byte {
