@@ -262,6 +262,17 @@ type Snapshotter interface {
 	SnapshotUsage(snapID string) int64
 }
 
+// SnapshotReferrer is a Snapshotter that tells whether a sandbox's own
+// files refer to snapshot files (its disk sits on a snapshot's layers,
+// or its last snapshot is kept for the next to share), so that the
+// destroy of one that does not frees none and needs no GC: a GC reads
+// every sandbox's files, which made each rm cost more with every
+// sandbox alive. Asked before the sandbox is destroyed; unsure (a file
+// it cannot read), it answers true.
+type SnapshotReferrer interface {
+	RefersToSnapshots(id string) bool
+}
+
 // SnapshotOptions is what the caller of Snapshot offers the backend.
 type SnapshotOptions struct {
 	// Quiesce closes the host's connections to the sandbox's agent and

@@ -914,6 +914,8 @@ func (m *Manager) Destroy(ctx context.Context, name string) error {
 }
 
 func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
+	// A destroy tried before may have removed what says so already.
+	gc := sb.State == core.StateDestroying || m.refersToSnapshots(ctx, sb)
 	if err := m.beginDestroy(ctx, sb); err != nil {
 		return err
 	}
@@ -928,7 +930,9 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 		return err
 	}
 	// Its snapshots' records went with it; their files go unless forks use them.
-	m.gcSnapshots(ctx)
+	if gc {
+		m.gcSnapshots(ctx)
+	}
 	m.log.Info("sandbox destroyed", "sandbox", sb.Name, "id", sb.ID)
 	m.emit(ctx, api.EventDestroyed, sb, "")
 	return nil

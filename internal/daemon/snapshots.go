@@ -195,6 +195,17 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, name, ref string) error {
 
 // gcSnapshots lets every backend remove snapshot files no record keeps
 // and no sandbox uses.
+// refersToSnapshots reports whether destroying sb may leave snapshot
+// files unused: it has snapshots, or its backend says its files name
+// some (or cannot say).
+func (m *Manager) refersToSnapshots(ctx context.Context, sb *core.Sandbox) bool {
+	if snaps, err := m.store.ListSnapshots(ctx, sb.ID); err != nil || len(snaps) > 0 {
+		return true
+	}
+	r, ok := m.backends[sb.Isolation].(core.SnapshotReferrer)
+	return !ok || r.RefersToSnapshots(sb.ID)
+}
+
 func (m *Manager) gcSnapshots(ctx context.Context) {
 	all, err := m.store.ListSnapshots(ctx, "")
 	if err != nil {

@@ -48,6 +48,21 @@ func validSnapID(snapID string) error {
 	return nil
 }
 
+// RefersToSnapshots implements core.SnapshotReferrer: what GC reads of a
+// sandbox names a snapshot.
+func (b *Backend) RefersToSnapshots(id string) bool {
+	c, err := b.sandboxChain(id)
+	if err != nil && !errors.Is(err, os.ErrNotExist) || len(c.Layers) > 0 {
+		return true
+	}
+	for _, f := range []string{"manifest.json", "rollback.json"} {
+		if _, err := os.Lstat(filepath.Join(b.dir(id), f)); !errors.Is(err, os.ErrNotExist) {
+			return true
+		}
+	}
+	return false
+}
+
 // sandboxChain is the chain under a sandbox's upper directory.
 func (b *Backend) sandboxChain(id string) (chain, error) {
 	var c chain

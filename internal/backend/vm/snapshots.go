@@ -364,6 +364,28 @@ func (b *Backend) GC(ctx context.Context, keep []string) error {
 	return fsutil.RemoveUnused(b.cfg.LayersDir, used)
 }
 
+// RefersToSnapshots implements core.SnapshotReferrer: what GC reads of a
+// vm (its head) names a file of a snapshot's.
+func (b *Backend) RefersToSnapshots(id string) bool {
+	data, err := os.ReadFile(filepath.Join(b.dir(id), "head.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return false
+	}
+	var h head
+	if err != nil || json.Unmarshal(data, &h) != nil {
+		return true
+	}
+	if _, ok := b.layerOf(h.resumePath(b.dir(id))); ok {
+		return true
+	}
+	for _, l := range h.Chain {
+		if _, ok := b.layerOf(l.Path); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // layerOf returns the snapshot a file in LayersDir belongs to.
 func (b *Backend) layerOf(path string) (string, bool) {
 	rel, err := filepath.Rel(b.cfg.LayersDir, path)
