@@ -136,18 +136,7 @@ func TestHandshakeLostReady(t *testing.T) {
 		done <- err
 	}()
 	greet(t, host, "00000000000000aa") // its Ready is lost: no Go follows
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := DialHandshake(ctx, host); err != nil {
-		t.Fatalf("the next host: %v", err)
-	}
-	got := make([]byte, 7)
-	if _, err := io.ReadFull(host, got); err != nil || string(got) != "session" {
-		t.Fatalf("after the handshake the host read %q, %v", got, err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	dialSession(t, host, done, "the next host")
 }
 
 // TestHandshakeStaleReady: a Ready the port delivers to a later
@@ -228,18 +217,7 @@ func TestHandshakeFirstProtocolAgent(t *testing.T) {
 		_, err := guest.Write([]byte("session"))
 		done <- err
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := DialHandshake(ctx, host); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, 7)
-	if _, err := io.ReadFull(host, got); err != nil || string(got) != "session" {
-		t.Fatalf("after the handshake the host read %q, %v", got, err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	dialSession(t, host, done, "the host")
 }
 
 // TestHandshakeHostAway: end of file (no host connected) does not end
@@ -305,5 +283,24 @@ func TestDialHandshakeGuestNotReading(t *testing.T) {
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("the handshake took %s past a 200ms context", d)
+	}
+}
+
+// dialSession greets the guest from host, checks the stream after the
+// handshake is the guest's session, and that the guest's side (done)
+// ended well.
+func dialSession(t *testing.T, host net.Conn, done <-chan error, who string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := DialHandshake(ctx, host); err != nil {
+		t.Fatalf("%s: %v", who, err)
+	}
+	got := make([]byte, 7)
+	if _, err := io.ReadFull(host, got); err != nil || string(got) != "session" {
+		t.Fatalf("after the handshake the host read %q, %v", got, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
