@@ -103,10 +103,14 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *core.Sandbox, label st
 	}}
 	info, err := sn.Snapshot(ctx, sb, rec.ID, opts)
 	if err != nil {
+		// What a failed snapshot left of its files, no record names: the
+		// sandbox's destroy would not look for it (refersToSnapshots).
+		m.gcSnapshots(ctx)
 		return nil, fmt.Errorf("snapshot sandbox %s: %w", sb.Name, err)
 	}
 	rec.Memory, rec.SizeBytes = info.Memory, info.SizeBytes
 	if err := share.commit(func() error { return m.store.InsertSnapshot(ctx, rec) }); err != nil {
+		m.gcSnapshots(ctx)
 		return nil, err
 	}
 	switch {
@@ -193,8 +197,6 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, name, ref string) error {
 	return nil
 }
 
-// gcSnapshots lets every backend remove snapshot files no record keeps
-// and no sandbox uses.
 // refersToSnapshots reports whether destroying sb may leave snapshot
 // files unused: it has snapshots, or its backend says its files name
 // some (or cannot say).
@@ -206,6 +208,8 @@ func (m *Manager) refersToSnapshots(ctx context.Context, sb *core.Sandbox) bool 
 	return !ok || r.RefersToSnapshots(sb.ID)
 }
 
+// gcSnapshots lets every backend remove snapshot files no record keeps
+// and no sandbox uses.
 func (m *Manager) gcSnapshots(ctx context.Context) {
 	all, err := m.store.ListSnapshots(ctx, "")
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"strings"
@@ -84,7 +85,7 @@ func (s *Store) written(ctx context.Context, id string, write func() error) erro
 	defer c.mu.Unlock()
 	if err != nil {
 		// The write committed; a cache that may not hold it is dropped
-		// and loaded again on the next read.
+		// and loaded again on the next read (readSandboxes).
 		c.loaded, c.byName, c.byID = false, nil, nil
 		return nil
 	}
@@ -98,31 +99,53 @@ func (s *Store) written(ctx context.Context, id string, write func() error) erro
 	return nil
 }
 
-// get returns a copy of the sandbox the key finds in m (byName or byID).
-func (c *sandboxCache) get(byID bool, key string) *core.Sandbox {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	m := c.byName
-	if byID {
-		m = c.byID
+// readSandboxes runs read on the loaded cache (its lock held for
+// reading), loading it again if a write dropped it meanwhile.
+func (s *Store) readSandboxes(ctx context.Context, read func(c *sandboxCache)) error {
+	for range 3 {
+		c, err := s.sandboxes(ctx)
+		if err != nil {
+			return err
+		}
+		c.mu.RLock()
+		loaded := c.loaded
+		if loaded {
+			read(c)
+		}
+		c.mu.RUnlock()
+		if loaded {
+			return nil
+		}
 	}
-	if sb := m[key]; sb != nil {
-		return cloneSandbox(sb)
-	}
-	return nil
+	return errors.New("the sandboxes' records: the cache was dropped while loaded three times")
+}
+
+// get returns a copy of the sandbox with this name (or ID), nil if none.
+func (s *Store) get(ctx context.Context, byID bool, key string) (*core.Sandbox, error) {
+	var out *core.Sandbox
+	err := s.readSandboxes(ctx, func(c *sandboxCache) {
+		m := c.byName
+		if byID {
+			m = c.byID
+		}
+		if sb := m[key]; sb != nil {
+			out = cloneSandbox(sb)
+		}
+	})
+	return out, err
 }
 
 // all returns copies of the sandboxes keep selects, in no order.
-func (c *sandboxCache) all(keep func(*core.Sandbox) bool) []*core.Sandbox {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
+func (s *Store) all(ctx context.Context, keep func(*core.Sandbox) bool) ([]*core.Sandbox, error) {
 	var out []*core.Sandbox
-	for _, sb := range c.byID {
-		if keep(sb) {
-			out = append(out, cloneSandbox(sb))
+	err := s.readSandboxes(ctx, func(c *sandboxCache) {
+		for _, sb := range c.byID {
+			if keep(sb) {
+				out = append(out, cloneSandbox(sb))
+			}
 		}
-	}
-	return out
+	})
+	return out, err
 }
 
 // cloneSandbox copies a record deeply enough that its caller may change

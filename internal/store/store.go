@@ -395,35 +395,28 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 
 // GetSandbox returns the sandbox with this name, or an ErrNotFound.
 func (s *Store) GetSandbox(ctx context.Context, name string) (*core.Sandbox, error) {
-	c, err := s.sandboxes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if sb := c.get(false, name); sb != nil {
-		return sb, nil
+	sb, err := s.get(ctx, false, name)
+	if err != nil || sb != nil {
+		return sb, err
 	}
 	return nil, errdefs.NotFound("no sandbox named %q: see `nook ls`", name)
 }
 
 // GetSandboxByID returns a sandbox by ID.
 func (s *Store) GetSandboxByID(ctx context.Context, id string) (*core.Sandbox, error) {
-	c, err := s.sandboxes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if sb := c.get(true, id); sb != nil {
-		return sb, nil
+	sb, err := s.get(ctx, true, id)
+	if err != nil || sb != nil {
+		return sb, err
 	}
 	return nil, errdefs.NotFound("no sandbox with id %q", id)
 }
 
 // ListSandboxes returns every sandbox, oldest first.
 func (s *Store) ListSandboxes(ctx context.Context) ([]*core.Sandbox, error) {
-	c, err := s.sandboxes(ctx)
+	all, err := s.all(ctx, func(*core.Sandbox) bool { return true })
 	if err != nil {
 		return nil, err
 	}
-	all := c.all(func(*core.Sandbox) bool { return true })
 	slices.SortFunc(all, byCreation)
 	return all, nil
 }
@@ -431,14 +424,13 @@ func (s *Store) ListSandboxes(ctx context.Context) ([]*core.Sandbox, error) {
 // Expired returns the sandboxes whose TTL ran out before now, except
 // those already paused for it (Expired), soonest expired first.
 func (s *Store) Expired(ctx context.Context, now time.Time) ([]*core.Sandbox, error) {
-	c, err := s.sandboxes(ctx)
+	at := now.UnixNano()
+	out, err := s.all(ctx, func(sb *core.Sandbox) bool {
+		return sb.ExpiresAt.UnixNano() <= at && sb.State != core.StateDestroying && !sb.Expired
+	})
 	if err != nil {
 		return nil, err
 	}
-	at := now.UnixNano()
-	out := c.all(func(sb *core.Sandbox) bool {
-		return sb.ExpiresAt.UnixNano() <= at && sb.State != core.StateDestroying && !sb.Expired
-	})
 	slices.SortFunc(out, func(a, b *core.Sandbox) int {
 		return cmp.Or(cmp.Compare(a.ExpiresAt.UnixNano(), b.ExpiresAt.UnixNano()), strings.Compare(a.ID, b.ID))
 	})
