@@ -24,6 +24,7 @@ import (
 	"github.com/nookhq/nook/internal/agent/guestinit"
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/core/conformance"
+	"github.com/nookhq/nook/internal/procfs"
 	"github.com/nookhq/nook/internal/testutil"
 )
 
@@ -661,5 +662,40 @@ func TestCopyLayer(t *testing.T) {
 	}
 	if err := copyLayer(src, dst); err == nil {
 		t.Fatal("copyLayer replaced an existing file")
+	}
+}
+
+// TestDestroyFindsUnplacedQEMU: a QEMU outside the vm's cgroups (a start
+// cut short before it was placed, so no placedFile) is found among the
+// host's processes and killed by a destroy; with the file, a destroy
+// trusts the cgroups and searches nothing.
+func TestDestroyFindsUnplacedQEMU(t *testing.T) {
+	b, h := newTestBackend(t, testConfig{})
+	s := conformance.Create(t, h, "vm-unplaced")
+	ctx := context.Background()
+	st, live := b.readRun(s.ID)
+	if !live {
+		t.Fatal("the vm's QEMU is not running")
+	}
+	if _, err := os.Stat(placedFile(b.dir(s.ID))); err != nil {
+		t.Fatalf("a started vm has no record that its QEMU is in its cgroups: %v", err)
+	}
+	// Out of its cgroups (into each hierarchy's root), as if never placed.
+	os.Remove(placedFile(b.dir(s.ID)))
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*/cgroup.procs")
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.procs"); err == nil {
+		roots = []string{"/sys/fs/cgroup/cgroup.procs"}
+	}
+	for _, procs := range roots {
+		if err := os.WriteFile(procs, []byte(strconv.Itoa(st.PID)), 0); err != nil {
+			t.Logf("move QEMU to %s: %v", procs, err)
+		}
+	}
+	t.Cleanup(func() { syscall.Kill(st.PID, syscall.SIGKILL) })
+	if err := b.Destroy(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if procfs.StartTime(st.PID) == st.StartTime {
+		t.Fatalf("QEMU (pid %d) outside the vm's cgroups survived its destroy", st.PID)
 	}
 }
