@@ -2,7 +2,10 @@
 // container sandbox its disk and a volume its size: a sparse file with
 // an ext4 filesystem, loop-mounted with discard (what is deleted goes
 // back to the host) and autoclear (the loop device goes with the
-// unmount, and one a crash left unmounted with its last close).
+// unmount, and one a crash left unmounted with its last close). A loop
+// device nook is done with is removed (LOOP_CTL_REMOVE), not kept for
+// the next attach: the kernel would keep one per disk ever mounted at
+// once, each a cost to every sysinfo(2) on the host.
 //
 // Why an image and not project quotas: quotas need the data directory's
 // filesystem mounted with prjquota, which the host's root is not; an
@@ -19,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -57,6 +61,7 @@ func Make(ctx context.Context, img string, size int64, what string) error {
 	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0",
 		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0", loop.Name()).CombinedOutput()
 	loop.Close()
+	removeLoop(loop.Name())
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("mkfs.ext4 of %s (%d MiB): %w: %s", what, size>>20, err, strings.TrimSpace(string(out)))
@@ -117,15 +122,42 @@ func Unmounted(mnt, img string) (stillAttached bool, err error) {
 	if err := unix.Stat(mnt, &st); err != nil {
 		return false, err
 	}
+	sys := fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	dev, _ := os.Readlink(sys) // .../block/loopN
 	if err := Unmount(mnt); err != nil {
 		return false, err
 	}
-	backing := fmt.Sprintf("/sys/dev/block/%d:%d/loop/backing_file", unix.Major(st.Dev), unix.Minor(st.Dev))
 	err = poll.Until(context.Background(), poll.Options{Timeout: 5 * time.Second, Min: 100 * time.Microsecond, Max: 20 * time.Millisecond}, func() (bool, error) {
-		f, err := os.ReadFile(backing)
+		f, err := os.ReadFile(sys + "/loop/backing_file")
 		return err != nil || !strings.HasPrefix(string(f), img), nil
 	})
-	return errors.Is(err, poll.ErrTimeout), nil
+	if errors.Is(err, poll.ErrTimeout) {
+		return true, nil
+	}
+	if dev != "" {
+		removeLoop("/dev/" + filepath.Base(dev))
+	}
+	return false, nil
+}
+
+// removeLoop deletes the loop device at path (/dev/loopN) if it is free:
+// no file attached and nobody holding it open. The kernel keeps a device
+// made for a sandbox's disk after the disk is gone, so a host that once
+// had 1,000 sandboxes would keep 1,000 devices, and every block device
+// costs each sysinfo(2) (which every bash start calls) a step. Best
+// effort: a device another attach took meanwhile is busy and stays
+// (attachLoop retries one removed under it).
+func removeLoop(path string) {
+	n, err := strconv.Atoi(strings.TrimPrefix(path, "/dev/loop"))
+	if err != nil || !strings.HasPrefix(path, "/dev/loop") {
+		return
+	}
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer ctl.Close()
+	unix.IoctlSetInt(int(ctl.Fd()), unix.LOOP_CTL_REMOVE, n)
 }
 
 // Unmount unmounts target until nothing is mounted there (stacked
@@ -170,6 +202,10 @@ func attachLoop(img *os.File) (*os.File, error) {
 		}
 		dev, err := os.OpenFile("/dev/loop"+strconv.Itoa(n), os.O_RDWR|unix.O_CLOEXEC, 0)
 		if err != nil {
+			// Removed (removeLoop) between the two calls: ask again.
+			if (errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENXIO) || errors.Is(err, unix.ENODEV)) && attempt < 20 {
+				continue
+			}
 			return nil, fmt.Errorf("loop device %d: %w", n, err)
 		}
 		cfg := unix.LoopConfig{Fd: uint32(img.Fd()), Info: unix.LoopInfo64{Flags: unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO}}
@@ -179,8 +215,9 @@ func attachLoop(img *os.File) (*os.File, error) {
 			return dev, nil
 		}
 		dev.Close()
-		// Another process took the device between the two calls.
-		if !errors.Is(err, unix.EBUSY) || attempt == 20 {
+		// Another process took the device between the two calls, or
+		// removed it.
+		if !(errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENXIO) || errors.Is(err, unix.ENODEV)) || attempt == 20 {
 			return nil, fmt.Errorf("attach %s to loop device %d: %w", img.Name(), n, err)
 		}
 	}
