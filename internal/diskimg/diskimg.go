@@ -148,8 +148,9 @@ func Unmounted(mnt, img string) (stillAttached bool, err error) {
 // effort: a device another attach took meanwhile is busy and stays
 // (attachLoop retries one removed under it).
 func removeLoop(path string) {
-	n, err := strconv.Atoi(strings.TrimPrefix(path, "/dev/loop"))
-	if err != nil || !strings.HasPrefix(path, "/dev/loop") {
+	num, ok := strings.CutPrefix(path, "/dev/loop")
+	n, err := strconv.Atoi(num)
+	if !ok || err != nil {
 		return
 	}
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
