@@ -4,6 +4,8 @@ package guestinit
 
 import (
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -27,6 +29,10 @@ import (
 // away what the guest had not read yet (the Go of a host it answered).
 type PortListener struct {
 	path string
+	// openFile opens the port; os.OpenFile but in tests.
+	openFile func(name string, flag int, perm os.FileMode) (*os.File, error)
+	// stderr is told why an open failed (the console, or the agent's log).
+	stderr io.Writer
 
 	mu     sync.Mutex
 	closed bool
@@ -37,7 +43,7 @@ type PortListener struct {
 
 // ListenPort returns a listener on the virtio-serial port device path.
 func ListenPort(path string) *PortListener {
-	l := &PortListener{path: path, done: make(chan struct{}), busy: make(chan struct{}, 1), sigio: make(chan os.Signal, 1)}
+	l := &PortListener{path: path, openFile: os.OpenFile, stderr: os.Stderr, done: make(chan struct{}), busy: make(chan struct{}, 1), sigio: make(chan os.Signal, 1)}
 	signal.Notify(l.sigio, syscall.SIGIO)
 	return l
 }
@@ -50,7 +56,7 @@ func (l *PortListener) Accept() (net.Conn, error) {
 		return nil, net.ErrClosed
 	}
 	for {
-		f, err := l.open()
+		f, err := l.openRetrying()
 		if err != nil {
 			<-l.busy
 			return nil, err
@@ -67,8 +73,37 @@ func (l *PortListener) Accept() (net.Conn, error) {
 	}
 }
 
+// openRetrying opens the port until it opens, or the listener closes
+// (net.ErrClosed). An open that fails is tried again, with a backoff, and
+// never ends the agent: in a vm the agent is PID 1, and its exit panics
+// the guest's kernel. The port opens once only (EBUSY while a file is
+// open on it): a command started just then holds a copy of the last
+// connection's descriptor from its fork until its exec closes it.
+func (l *PortListener) openRetrying() (*os.File, error) {
+	wait := time.Millisecond
+	said := ""
+	for {
+		f, err := l.open()
+		if err == nil || errors.Is(err, net.ErrClosed) {
+			return f, err
+		}
+		if msg := err.Error(); msg != said { // once per cause, not per try
+			fmt.Fprintf(l.stderr, "nook-agent: open %s: %v (trying again)\n", l.path, err)
+			said = msg
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-l.done:
+			t.Stop()
+			return nil, net.ErrClosed
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
 func (l *PortListener) open() (*os.File, error) {
-	f, err := os.OpenFile(l.path, os.O_RDWR|syscall.O_NONBLOCK, 0)
+	f, err := l.openFile(l.path, os.O_RDWR|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
