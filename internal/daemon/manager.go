@@ -33,6 +33,7 @@ import (
 	"github.com/nookhq/nook/internal/backend/container"
 	"github.com/nookhq/nook/internal/backend/vm"
 	"github.com/nookhq/nook/internal/core"
+	"github.com/nookhq/nook/internal/diskimg"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/events"
 	"github.com/nookhq/nook/internal/fsutil"
@@ -411,6 +412,7 @@ func (m *Manager) Close() error {
 		m.net.close()
 	}
 	m.idlog.close()
+	diskimg.Settle() // no loop device left half removed
 	return m.store.Close()
 }
 

@@ -5,7 +5,9 @@
 // unmount, and one a crash left unmounted with its last close). A loop
 // device nook is done with is removed (LOOP_CTL_REMOVE), not kept for
 // the next attach: the kernel would keep one per disk ever mounted at
-// once, each a cost to every sysinfo(2) on the host.
+// once, each a cost to every sysinfo(2) on the host. The removal runs on
+// a goroutine (a block device takes the kernel tens of milliseconds to
+// delete), off a create's and a destroy's path; Settle waits for it.
 //
 // Why an image and not project quotas: quotas need the data directory's
 // filesystem mounted with prjquota, which the host's root is not; an
@@ -25,6 +27,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -61,7 +64,7 @@ func Make(ctx context.Context, img string, size int64, what string) error {
 	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0",
 		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0", loop.Name()).CombinedOutput()
 	loop.Close()
-	removeLoop(loop.Name())
+	removeLoopLater(loop.Name())
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("mkfs.ext4 of %s (%d MiB): %w: %s", what, size>>20, err, strings.TrimSpace(string(out)))
@@ -135,10 +138,30 @@ func Unmounted(mnt, img string) (stillAttached bool, err error) {
 		return true, nil
 	}
 	if dev != "" {
-		removeLoop("/dev/" + filepath.Base(dev))
+		removeLoopLater("/dev/" + filepath.Base(dev))
 	}
 	return false, nil
 }
+
+// removals counts the removeLoop calls under way.
+var removals sync.WaitGroup
+
+// removeLoopLater is removeLoop on a goroutine of its own: the kernel
+// takes tens of milliseconds to delete a block device (del_gendisk: 33
+// ms each on this project's test machines), which neither a sandbox's
+// create (after mkfs) nor its destroy needs to wait for. Settle waits
+// for them.
+func removeLoopLater(path string) {
+	removals.Add(1)
+	go func() {
+		defer removals.Done()
+		removeLoop(path)
+	}()
+}
+
+// Settle waits for the loop devices being removed to be gone: a daemon
+// that stops (or a test that checks) leaves none half removed.
+func Settle() { removals.Wait() }
 
 // removeLoop deletes the loop device at path (/dev/loopN) if it is free:
 // no file attached and nobody holding it open. The kernel keeps a device

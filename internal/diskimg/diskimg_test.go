@@ -49,6 +49,7 @@ func TestUnmountedRemovesLoopDevice(t *testing.T) {
 	if err != nil || attached {
 		t.Fatalf("unmounted: still attached %v, %v", attached, err)
 	}
+	Settle()
 	var after unix.Stat_t
 	if err := unix.Stat(node, &after); err == nil && after.Ino == before.Ino {
 		t.Fatalf("%s is still there after its image's mount went", node)
