@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nookhq/nook/api"
+	"github.com/nookhq/nook/internal/backend/vm"
 	"github.com/nookhq/nook/sdk"
 )
 
@@ -123,6 +124,13 @@ func RunDensity(ctx context.Context, cfg Config, n int) (*DensityResult, error) 
 	defer os.RemoveAll(root)
 	if err := os.Chmod(root, 0o711); err != nil {
 		return nil, err
+	}
+	if cfg.DensityVMs > 0 {
+		// The daemon below runs in a simulated host, where Debian's
+		// mirror is out of reach: the guest kernel comes from here.
+		if err := vm.FetchKernel(ctx, cfg.VMCacheDir); err != nil {
+			return nil, fmt.Errorf("vm guest kernel: %w", err)
+		}
 	}
 	s, closeNet, err := newSimNetDNS()
 	if err != nil {

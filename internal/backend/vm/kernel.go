@@ -275,6 +275,41 @@ func buildInitramfs(dst, agentBinary string, modules []string) error {
 	return os.Rename(tmp, dst)
 }
 
+// FetchKernel makes sure the guest kernel of Debian's linux-image-amd64
+// is in cacheDir (a vm backend's CacheDir), downloading it if it is not:
+// for a caller whose daemon runs where Debian's mirror is out of reach
+// (in a network namespace of its own, as the density benchmark's).
+func FetchKernel(ctx context.Context, cacheDir string) error {
+	dir := filepath.Join(cacheDir, "kernel")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	unlock, err := fsutil.Flock(ctx, filepath.Join(dir, ".lock"))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	_, err = fetchedKernel(ctx, dir)
+	return err
+}
+
+// fetchedKernel is the kernel downloaded into dir (the kernel cache,
+// whose lock the caller holds), downloaded now if it is not there.
+func fetchedKernel(ctx context.Context, dir string) (*kernelSource, error) {
+	fetched := filepath.Join(dir, "linux-image")
+	if src, err := findKernelSource(fetched); err == nil {
+		return src, nil
+	}
+	if err := fetchKernel(ctx, fetched); err != nil {
+		return nil, fmt.Errorf("no guest kernel, and fetching Debian's linux-image-amd64 failed: %w", err)
+	}
+	src, err := findKernelSource(fetched)
+	if err != nil {
+		return nil, fmt.Errorf("the fetched linux-image package has no kernel: %w", err)
+	}
+	return src, nil
+}
+
 // prepareKernel finds (or downloads) the guest kernel and builds what
 // booting it needs under cacheDir, reusing an earlier build of the same
 // kernel and agent.
@@ -288,21 +323,13 @@ func prepareKernel(ctx context.Context, cacheDir, kernelRoot, agentBinary string
 		return nil, err
 	}
 	defer unlock()
-	fetched := filepath.Join(cacheDir, "linux-image")
-	if kernelRoot != "" {
-		fetched = kernelRoot // given: use it or fail
-	}
-	src, err := findKernelSource(fetched)
-	if err != nil {
-		if kernelRoot != "" {
+	var src *kernelSource
+	if kernelRoot != "" { // given: use it or fail
+		if src, err = findKernelSource(kernelRoot); err != nil {
 			return nil, fmt.Errorf("no Debian kernel (boot/vmlinuz-* with lib/modules) under %s", kernelRoot)
 		}
-		if ferr := fetchKernel(ctx, fetched); ferr != nil {
-			return nil, fmt.Errorf("no guest kernel, and fetching Debian's linux-image-amd64 failed: %w", ferr)
-		}
-		if src, err = findKernelSource(fetched); err != nil {
-			return nil, fmt.Errorf("the fetched linux-image package has no kernel: %w", err)
-		}
+	} else if src, err = fetchedKernel(ctx, cacheDir); err != nil {
+		return nil, err
 	}
 	fileHash := func(p string) ([]byte, error) {
 		f, err := os.Open(p)
