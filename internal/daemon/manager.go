@@ -412,7 +412,9 @@ func (m *Manager) Close() error {
 		m.net.close()
 	}
 	m.idlog.close()
-	diskimg.Settle() // no loop device left half removed
+	if !diskimg.Settle(5 * time.Second) {
+		m.log.Warn("loop devices are still being removed as the daemon stops")
+	}
 	return m.store.Close()
 }
 

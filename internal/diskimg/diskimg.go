@@ -7,7 +7,8 @@
 // the next attach: the kernel would keep one per disk ever mounted at
 // once, each a cost to every sysinfo(2) on the host. The removal runs on
 // a goroutine (a block device takes the kernel tens of milliseconds to
-// delete), off a create's and a destroy's path; Settle waits for it.
+// delete), off a destroy's path; Settle waits for it. The device mkfs
+// used is kept: the mount that follows a Make takes it again.
 //
 // Why an image and not project quotas: quotas need the data directory's
 // filesystem mounted with prjquota, which the host's root is not; an
@@ -64,8 +65,8 @@ func Make(ctx context.Context, img string, size int64, what string) error {
 	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0",
 		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0", loop.Name()).CombinedOutput()
 	loop.Close()
-	removeLoopLater(loop.Name())
 	if err != nil {
+		removeLoopLater(loop.Name())
 		os.Remove(tmp)
 		return fmt.Errorf("mkfs.ext4 of %s (%d MiB): %w: %s", what, size>>20, err, strings.TrimSpace(string(out)))
 	}
@@ -143,25 +144,57 @@ func Unmounted(mnt, img string) (stillAttached bool, err error) {
 	return false, nil
 }
 
-// removals counts the removeLoop calls under way.
-var removals sync.WaitGroup
+// removing counts the removeLoop calls under way; idle is closed when
+// the count drops to zero (nil while it is zero). Not a WaitGroup: a
+// removal may start while Settle waits (a destroy still running as the
+// daemon stops), which a WaitGroup forbids.
+var removing struct {
+	sync.Mutex
+	n    int
+	idle chan struct{}
+}
 
 // removeLoopLater is removeLoop on a goroutine of its own: the kernel
 // takes tens of milliseconds to delete a block device (del_gendisk: 33
-// ms each on this project's test machines), which neither a sandbox's
-// create (after mkfs) nor its destroy needs to wait for. Settle waits
-// for them.
+// ms each on this project's test machines), which a sandbox's destroy
+// need not wait for. Settle waits for them.
 func removeLoopLater(path string) {
-	removals.Add(1)
+	removing.Lock()
+	if removing.n == 0 {
+		removing.idle = make(chan struct{})
+	}
+	removing.n++
+	removing.Unlock()
 	go func() {
-		defer removals.Done()
 		removeLoop(path)
+		removing.Lock()
+		defer removing.Unlock()
+		if removing.n--; removing.n == 0 {
+			close(removing.idle)
+			removing.idle = nil
+		}
 	}()
 }
 
-// Settle waits for the loop devices being removed to be gone: a daemon
-// that stops (or a test that checks) leaves none half removed.
-func Settle() { removals.Wait() }
+// Settle waits, up to timeout, until no loop device is being removed, so
+// that a daemon that stops (or a test that checks) leaves none half
+// removed; it reports whether none is.
+func Settle(timeout time.Duration) bool {
+	removing.Lock()
+	idle := removing.idle
+	removing.Unlock()
+	if idle == nil {
+		return true
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-idle:
+		return true
+	case <-t.C:
+		return false
+	}
+}
 
 // removeLoop deletes the loop device at path (/dev/loopN) if it is free:
 // no file attached and nobody holding it open. The kernel keeps a device

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -49,9 +51,42 @@ func TestUnmountedRemovesLoopDevice(t *testing.T) {
 	if err != nil || attached {
 		t.Fatalf("unmounted: still attached %v, %v", attached, err)
 	}
-	Settle()
+	if !Settle(10 * time.Second) {
+		t.Fatal("the loop device's removal still runs after 10s")
+	}
 	var after unix.Stat_t
 	if err := unix.Stat(node, &after); err == nil && after.Ino == before.Ino {
 		t.Fatalf("%s is still there after its image's mount went", node)
+	}
+}
+
+// TestSettleWhileRemoving: removals that start while Settle waits (a
+// destroy still running as the daemon stops) neither panic, as a
+// WaitGroup reused during its Wait does, nor keep Settle from returning
+// once none is left.
+func TestSettleWhileRemoving(t *testing.T) {
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				removeLoopLater("/dev/loop-not-a-number") // returns at once, touching nothing
+			}
+		}()
+	}
+	for range 50 {
+		if !Settle(10 * time.Second) {
+			t.Fatal("Settle waited 10s for removals that return at once")
+		}
+	}
+	wg.Wait()
+	if !Settle(10 * time.Second) {
+		t.Fatal("Settle waited 10s after the last removal")
+	}
+	removing.Lock()
+	defer removing.Unlock()
+	if removing.n != 0 || removing.idle != nil {
+		t.Fatalf("%d removals counted after all ended", removing.n)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -79,7 +80,8 @@ func TestPortOpenBusy(t *testing.T) {
 		}
 	}
 	got := make([]byte, 7)
-	if _, err := host.Read(got); err != nil || string(got) != "session" {
+	host.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(host, got); err != nil || string(got) != "session" {
 		t.Fatalf("after the handshake the host read %q, %v", got, err)
 	}
 	if err := <-accepted; err != nil {
