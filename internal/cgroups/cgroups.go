@@ -180,6 +180,27 @@ func MemoryUsage(parent, id string) int64 {
 	return 0
 }
 
+// Renew removes a sandbox's cgroups that no process is in any more, so
+// that the next Create makes them afresh: memory charged to the old
+// ones by processes gone (shared memory they faulted in, which outlives
+// them) does not count against the next process's limit. A process
+// killed just before (a rollback's old QEMU) leaves them a moment after
+// its kill: Renew waits for that, a second at most; a cgroup a process
+// is still in after that stays, and is reused.
+func Renew(parent, id string) {
+	dirs := Dirs(parent, id)
+	poll.Until(context.Background(), poll.Options{Timeout: time.Second, Max: 10 * time.Millisecond}, func() (bool, error) {
+		left := dirs[:0]
+		for _, d := range dirs {
+			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+				left = append(left, d)
+			}
+		}
+		dirs = left
+		return len(dirs) == 0, nil
+	})
+}
+
 // Remove kills whatever is left in a sandbox's cgroups and removes them.
 // thaw, if not nil, is called once every process has been sent SIGKILL
 // (a task of a frozen v1 cgroup dies only once thawed).
