@@ -24,7 +24,9 @@ import (
 // F_SEAL_SEAL), which it may open read-write and map private, but whose
 // contents no write, shared mapping, truncate or hole punch can change,
 // whoever holds it. The copy is made once per daemon and template
-// snapshot and shared by its vms (as the page cache of the file was).
+// snapshot and shared by its vms (as the page cache of the file was),
+// every page of it allocated (a hole a vm touched would be charged to
+// that vm's memory cgroup, beside its private copy of the page).
 
 // sealedRAM is one template snapshot's RAM, sealed.
 type sealedRAM struct {
@@ -144,6 +146,16 @@ func sealedCopy(path string) (_ *os.File, err error) {
 	}()
 	if err := f.Truncate(fi.Size()); err != nil {
 		return nil, err
+	}
+	// Every page of the copy is made now, zero where the file is zero: a
+	// hole a QEMU touched through its private mapping would become a page
+	// of the memfd charged to that vm's memory cgroup (and kept when it
+	// ends) beside the private copy a write makes, so that a vm whose
+	// guest used more than about half its RAM was killed at its limit.
+	// The template's RAM is then the daemon's, once, and a vm's cgroup
+	// holds only the pages its guest wrote.
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, fi.Size()); err != nil {
+		return nil, fmt.Errorf("allocate the template RAM copy (%d MiB): %w", fi.Size()>>20, err)
 	}
 	if err := copySparse(f, src, fi.Size()); err != nil {
 		return nil, err

@@ -699,3 +699,23 @@ func TestDestroyFindsUnplacedQEMU(t *testing.T) {
 		t.Fatalf("QEMU (pid %d) outside the vm's cgroups survived its destroy", st.PID)
 	}
 }
+
+// TestGuestUsesItsRAM: a vm made from its template's snapshot can use
+// its RAM. Its QEMU maps the template's RAM copy privately; a hole of
+// that copy it touched became a page of the copy charged to its memory
+// cgroup, beside its own copy of the page, so that a 1 GiB vm whose
+// guest wrote 700 MiB had its QEMU killed at its limit (RAM + 384 MiB).
+func TestGuestUsesItsRAM(t *testing.T) {
+	_, h := newTestBackend(t, testConfig{})
+	sb := conformance.NewSandbox("vm-ram", h.TemplateID)
+	sb.MemoryBytes = 1 << 30
+	ctx := context.Background()
+	if err := h.Backend.Create(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	s := conformance.Adopt(t, h, sb)
+	out := s.Sh(t, "python3 -c \"a = bytearray(b'x') * (700 << 20); print(len(a) >> 20)\" && echo alive")
+	if out != "700\nalive\n" {
+		t.Fatalf("a guest that used 700 MiB of its 1 GiB: %q", out)
+	}
+}
