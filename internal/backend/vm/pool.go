@@ -74,7 +74,14 @@ func (b *Backend) Drain(ctx context.Context, template string) error {
 }
 
 // Shutdown implements core.WarmPool.
-func (b *Backend) Shutdown(ctx context.Context) error { return b.pool.Shutdown(ctx) }
+func (b *Backend) Shutdown(ctx context.Context) error {
+	err := b.pool.Shutdown(ctx)
+	// The templates' RAM copies go too (each is the whole RAM of a
+	// shape); running vms keep the copy they map, and a later start
+	// makes one again.
+	b.dropTemplateRAM("")
+	return err
+}
 
 // WarmPools implements core.WarmPool.
 func (b *Backend) WarmPools() []api.WarmPool { return b.pool.Report(b.Isolation()) }
