@@ -530,13 +530,10 @@ func (b *Backend) start(ctx context.Context, sb *core.Sandbox, l launch, uid uin
 			return nil, err
 		}
 	}
-	// A vm started from a template snapshot maps its RAM (a memfd with
-	// holes) privately: each hole its QEMU touches (a save reads all of
-	// RAM) is filled with a page of the memfd, charged to the vm's
-	// memory cgroup and kept by the memfd after that QEMU ends. A QEMU
-	// started again in the same cgroup (a saved vm's resume) would find
-	// that charge beside its own RAM and be killed at the limit: it gets
-	// cgroups of its own.
+	// What an earlier QEMU of this vm left charged to its memory cgroup
+	// (shared memory it faulted in outlives it: pages of a template's RAM
+	// copy made before sealedCopy allocated it whole) must not count
+	// against this one's limit: it gets cgroups of its own.
 	cgroups.Renew(b.cfg.CgroupParent, sb.ID)
 	cmd := exec.Command(b.cfg.QEMU, args...)
 	cmd.ExtraFiles = fds.files
