@@ -3,6 +3,7 @@
 package guestinit
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/poll"
 )
 
 // PortListener serves the agent protocol over a virtio-serial port: each
@@ -36,14 +39,16 @@ type PortListener struct {
 
 	mu     sync.Mutex
 	closed bool
-	done   chan struct{}
+	ctx    context.Context // ends at Close
+	cancel context.CancelFunc
 	busy   chan struct{} // holds a token while a connection is open
 	sigio  chan os.Signal
 }
 
 // ListenPort returns a listener on the virtio-serial port device path.
 func ListenPort(path string) *PortListener {
-	l := &PortListener{path: path, openFile: os.OpenFile, stderr: os.Stderr, done: make(chan struct{}), busy: make(chan struct{}, 1), sigio: make(chan os.Signal, 1)}
+	l := &PortListener{path: path, openFile: os.OpenFile, stderr: os.Stderr, busy: make(chan struct{}, 1), sigio: make(chan os.Signal, 1)}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
 	signal.Notify(l.sigio, syscall.SIGIO)
 	return l
 }
@@ -52,7 +57,7 @@ func ListenPort(path string) *PortListener {
 func (l *PortListener) Accept() (net.Conn, error) {
 	select {
 	case l.busy <- struct{}{}:
-	case <-l.done:
+	case <-l.ctx.Done():
 		return nil, net.ErrClosed
 	}
 	for {
@@ -80,26 +85,23 @@ func (l *PortListener) Accept() (net.Conn, error) {
 // open on it): a command started just then holds a copy of the last
 // connection's descriptor from its fork until its exec closes it.
 func (l *PortListener) openRetrying() (*os.File, error) {
-	wait := time.Millisecond
+	var f *os.File
 	said := ""
-	for {
-		f, err := l.open()
-		if err == nil || errors.Is(err, net.ErrClosed) {
-			return f, err
+	err := poll.Until(l.ctx, poll.Options{Max: time.Second}, func() (bool, error) {
+		var err error
+		if f, err = l.open(); err == nil || errors.Is(err, net.ErrClosed) {
+			return true, err
 		}
 		if msg := err.Error(); msg != said { // once per cause, not per try
 			fmt.Fprintf(l.stderr, "nook-agent: open %s: %v (trying again)\n", l.path, err)
 			said = msg
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-l.done:
-			t.Stop()
-			return nil, net.ErrClosed
-		}
-		wait = min(2*wait, time.Second)
+		return false, nil
+	})
+	if err != nil && l.ctx.Err() != nil {
+		return nil, net.ErrClosed
 	}
+	return f, err
 }
 
 func (l *PortListener) open() (*os.File, error) {
@@ -138,7 +140,7 @@ func (l *PortListener) waitHost(f *os.File) error {
 		select {
 		case <-l.sigio:
 		case <-t.C:
-		case <-l.done:
+		case <-l.ctx.Done():
 			t.Stop()
 			return net.ErrClosed
 		}
@@ -155,7 +157,7 @@ func (l *PortListener) Close() error {
 	defer l.mu.Unlock()
 	if !l.closed {
 		l.closed = true
-		close(l.done)
+		l.cancel()
 		signal.Stop(l.sigio)
 	}
 	return nil
