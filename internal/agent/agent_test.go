@@ -249,21 +249,30 @@ func TestLargeOutput(t *testing.T) {
 	}
 }
 
-// The agent binary must never import the daemon's packages (leaf
-// packages of nook's own that import none, as internal/quickack, may be
-// shared).
+// The agent binary must never import the daemon's packages. A package of
+// nook's own outside internal/agent may be shared only when it is a leaf
+// that imports no other package of nook's (as internal/quickack and
+// internal/poll).
 func TestAgentDependencies(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", "github.com/nookhq/nook/cmd/nook-agent").Output()
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "github.com/nookhq/nook/cmd/nook-agent").Output()
 	if err != nil {
 		t.Skipf("go list unavailable: %v", err)
 	}
-	for _, dep := range strings.Fields(string(out)) {
-		if strings.HasPrefix(dep, "github.com/nookhq/nook/") && !strings.HasPrefix(dep, "github.com/nookhq/nook/internal/agent") &&
-			dep != "github.com/nookhq/nook/api" && dep != "github.com/nookhq/nook/cmd/nook-agent" && dep != "github.com/nookhq/nook/internal/quickack" {
-			t.Errorf("nook-agent imports %s", dep)
-		}
+	const mod = "github.com/nookhq/nook/"
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		dep, imports := f[0], f[1:]
 		if strings.Contains(dep, "sqlite") || strings.Contains(dep, "net/http") {
 			t.Errorf("nook-agent imports %s", dep)
+		}
+		if !strings.HasPrefix(dep, mod) || strings.HasPrefix(dep, mod+"internal/agent") ||
+			dep == mod+"api" || dep == mod+"cmd/nook-agent" {
+			continue
+		}
+		for _, imp := range imports {
+			if strings.HasPrefix(imp, mod) {
+				t.Errorf("nook-agent imports %s, which is not a leaf (it imports %s)", dep, imp)
+			}
 		}
 	}
 }
