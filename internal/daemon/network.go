@@ -307,11 +307,12 @@ func (n *sandboxNets) subnetFor(ctx context.Context, id string) (netip.Prefix, e
 	if s, ok := n.pending[id]; ok {
 		return s, nil
 	}
+	pool := n.mgr.Pool()
+	taken := pool.NewTaken()
 	n.mu.Lock()
 	st := n.state[id]
-	var taken []netip.Prefix
 	for _, s := range n.state {
-		taken = append(taken, s.subnet)
+		taken.Add(s.subnet)
 	}
 	n.mu.Unlock()
 	if st != nil {
@@ -328,7 +329,7 @@ func (n *sandboxNets) subnetFor(ctx context.Context, id string) (netip.Prefix, e
 		if rid == id {
 			own = p
 		}
-		taken = append(taken, p)
+		taken.Add(p)
 	}); err != nil {
 		return netip.Prefix{}, err
 	}
@@ -337,15 +338,15 @@ func (n *sandboxNets) subnetFor(ctx context.Context, id string) (netip.Prefix, e
 	}
 	for pid, s := range n.pending {
 		if pid != id {
-			taken = append(taken, s)
+			taken.Add(s)
 		}
 	}
 	if n.reconciled.Load() {
 		// The manager's records: every attachment since the start's
 		// adoption was made through it (no listing of the kernel's links
 		// and addresses, which costs per sandbox alive).
-		taken = append(taken, n.mgr.Subnets(id)...)
-		return n.mgr.Pool().Allocate(taken)
+		n.mgr.Subnets(id, taken)
+		return pool.AllocateFrom(taken)
 	}
 	atts, err := n.mgr.List(ctx)
 	if err != nil {
@@ -353,10 +354,10 @@ func (n *sandboxNets) subnetFor(ctx context.Context, id string) (netip.Prefix, e
 	}
 	for _, a := range atts {
 		if a.Subnet.IsValid() && a.ID != id {
-			taken = append(taken, a.Subnet)
+			taken.Add(a.Subnet)
 		}
 	}
-	return n.mgr.Pool().Allocate(taken)
+	return pool.AllocateFrom(taken)
 }
 
 // restore applies a known sandbox's policy again after an attachment,

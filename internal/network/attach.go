@@ -217,23 +217,21 @@ func (m *Manager) AdoptAll(ctx context.Context, subnets map[string]netip.Prefix)
 	return errs
 }
 
-// Subnets returns the subnets of every sandbox the manager has attached
-// or adopted, or is tearing down, but id's.
-func (m *Manager) Subnets(id string) []netip.Prefix {
+// Subnets adds to taken the subnets of every sandbox the manager has
+// attached or adopted, or is tearing down, but id's.
+func (m *Manager) Subnets(id string, taken *Taken) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]netip.Prefix, 0, len(m.sandboxes)+len(m.tearing))
 	for sid, sb := range m.sandboxes {
 		if sid != id && sb.subnet.IsValid() {
-			out = append(out, sb.subnet)
+			taken.Add(sb.subnet)
 		}
 	}
 	for sid, s := range m.tearing {
 		if sid != id && s.IsValid() {
-			out = append(out, s)
+			taken.Add(s)
 		}
 	}
-	return out
 }
 
 // Subnet returns the subnet of a sandbox this Manager attached or adopted.

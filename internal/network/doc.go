@@ -6,8 +6,12 @@
 //
 // Sandbox subnets are /30s from Config.Pool (default 10.89.0.0/16, 16384
 // sandboxes): .1 is the gateway on the host end, .2 the sandbox. Pool is
-// stateless and deterministic; the daemon persists each sandbox's subnet
-// and passes the taken ones to Allocate. An exhausted pool is
+// stateless and deterministic; the daemon persists each sandbox's subnet,
+// marks the taken ones in a Taken (a bit a subnet, in words of 64) and
+// asks AllocateFrom for the lowest free one: no list of every sandbox's
+// subnet is built and searched under its allocation lock, which with
+// 1,000 sandboxes held every create's network attach for milliseconds
+// of allocations and garbage. An exhausted pool is
 // ErrPoolExhausted (errdefs.ErrResourceExhausted).
 //
 // # Attachments

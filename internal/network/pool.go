@@ -2,6 +2,7 @@ package network
 
 import (
 	"fmt"
+	"math/bits"
 	"net/netip"
 
 	"github.com/nookhq/nook/internal/errdefs"
@@ -57,16 +58,46 @@ func (p *Pool) Contains(subnet netip.Prefix) bool {
 // Entries of taken outside the pool are ignored. When every subnet is taken
 // it returns an error wrapping ErrPoolExhausted.
 func (p *Pool) Allocate(taken []netip.Prefix) (netip.Prefix, error) {
-	used := make(map[uint32]bool, len(taken))
-	for _, t := range taken {
-		if p.Contains(t) {
-			used[subnetIndex(p.prefix, t)] = true
-		}
+	t := p.NewTaken()
+	for _, s := range taken {
+		t.Add(s)
 	}
+	return p.AllocateFrom(t)
+}
+
+// Taken is a set of a pool's subnets that an allocation's caller fills
+// from its records, one bit a subnet in words of 64 (a map of them, so that
+// a pool of millions of subnets costs only the words in use): no list of
+// every sandbox's subnet is built and searched to choose one.
+type Taken struct {
+	pool  netip.Prefix
+	words map[uint32]uint64
+}
+
+// NewTaken returns an empty set of the pool's subnets.
+func (p *Pool) NewTaken() *Taken {
+	return &Taken{pool: p.prefix, words: map[uint32]uint64{}}
+}
+
+// Add marks subnet taken; a subnet outside the pool is ignored.
+func (t *Taken) Add(subnet netip.Prefix) {
+	if (&Pool{prefix: t.pool}).Contains(subnet) {
+		i := subnetIndex(t.pool, subnet)
+		t.words[i/64] |= 1 << (i % 64)
+	}
+}
+
+// AllocateFrom returns the lowest subnet of the pool that is not in t
+// (it looks at the words up to the first with a free bit). When every
+// subnet is taken it returns an error wrapping ErrPoolExhausted.
+func (p *Pool) AllocateFrom(t *Taken) (netip.Prefix, error) {
 	n := uint32(p.Size())
-	for i := uint32(0); i < n; i++ {
-		if !used[i] {
-			return subnetAt(p.prefix, i), nil
+	for w := uint32(0); w*64 < n; w++ {
+		if b := t.words[w]; b != ^uint64(0) {
+			if i := w*64 + uint32(bits.TrailingZeros64(^b)); i < n {
+				return subnetAt(p.prefix, i), nil
+			}
+			break
 		}
 	}
 	return netip.Prefix{}, fmt.Errorf("all %d subnets of %v are in use: %w", n, p.prefix, ErrPoolExhausted)

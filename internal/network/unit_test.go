@@ -45,6 +45,47 @@ func TestPoolAllocate(t *testing.T) {
 	}
 }
 
+// The set of taken subnets is kept in words of 64 bits: the lowest free
+// subnet is found across words, in sets of any density, as the obvious
+// search finds it; a pool of 2^30 subnets costs only the words in use.
+func TestPoolAllocateWords(t *testing.T) {
+	p, err := NewPool(DefaultPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := 0; round < 200; round++ {
+		used := map[uint32]bool{}
+		var taken []netip.Prefix
+		n, density := rng.IntN(600), rng.Float64()
+		for i := 0; i < n; i++ {
+			if rng.Float64() < density || i < 64 && round%2 == 0 {
+				used[uint32(i)] = true
+				taken = append(taken, subnetAt(p.prefix, uint32(i)))
+			}
+		}
+		var want uint32
+		for used[want] {
+			want++
+		}
+		got, err := p.Allocate(taken)
+		if err != nil || got != subnetAt(p.prefix, want) {
+			t.Fatalf("round %d: Allocate = %v, %v; want %v", round, got, err, subnetAt(p.prefix, want))
+		}
+	}
+	all, err := NewPool(netip.MustParsePrefix("0.0.0.0/0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk := all.NewTaken()
+	for i := uint32(0); i < 1000; i++ {
+		tk.Add(subnetAt(all.prefix, i))
+	}
+	if got, err := all.AllocateFrom(tk); err != nil || got != subnetAt(all.prefix, 1000) {
+		t.Fatalf("a /0 pool: %v, %v; want %v", got, err, subnetAt(all.prefix, 1000))
+	}
+}
+
 func TestIfaceName(t *testing.T) {
 	seen := map[string]bool{}
 	for i := range 1000 {
