@@ -769,6 +769,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err == nil && m.net != nil {
 		err = m.net.setup(cctx, sb, pol)
 	}
+	netDone := time.Now()
 	if err == nil {
 		err = m.waitAgent(cctx, sb)
 	}
@@ -780,6 +781,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	if err == nil {
 		err = m.startService(cctx, sb)
 	}
+	agentDone := time.Now()
 	if err == nil {
 		sb.State = core.StateRunning
 		err = m.updateSandbox(cctx, sb)
@@ -790,7 +792,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	m.idle.touch(sb.ID)
 	m.log.Info("sandbox created", "sandbox", sb.Name, "id", sb.ID, "template", sb.TemplateID, "duration", time.Since(start),
-		"backend", backendDone.Sub(start), "agent", time.Since(backendDone), "warm", warm)
+		"backend", backendDone.Sub(start), "network", netDone.Sub(backendDone), "agent", agentDone.Sub(netDone), "record", time.Since(agentDone), "warm", warm)
 	m.emit(ctx, api.EventCreated, sb, "")
 	return sb, nil
 }
@@ -918,17 +920,20 @@ func (m *Manager) Destroy(ctx context.Context, name string) error {
 }
 
 func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
+	start := time.Now()
 	// A destroy tried before may have removed what says so already.
 	gc := sb.State == core.StateDestroying || m.refersToSnapshots(ctx, sb)
 	if err := m.beginDestroy(ctx, sb); err != nil {
 		return err
 	}
 	m.dropAgent(sb.ID)
+	backendStart := time.Now()
 	if b, ok := m.backends[sb.Isolation]; ok {
 		if err := b.Destroy(ctx, sb.ID); err != nil {
 			return fmt.Errorf("destroy sandbox %s: %w (it stays in state destroying and is retried)", sb.Name, err)
 		}
 	}
+	backendDone := time.Now()
 	m.reboots.forget(sb.ID)
 	if err := m.deleteSandbox(ctx, sb.ID); err != nil {
 		return err
@@ -937,7 +942,8 @@ func (m *Manager) destroyLocked(ctx context.Context, sb *core.Sandbox) error {
 	if gc {
 		m.gcSnapshots(ctx)
 	}
-	m.log.Info("sandbox destroyed", "sandbox", sb.Name, "id", sb.ID)
+	m.log.Info("sandbox destroyed", "sandbox", sb.Name, "id", sb.ID, "duration", time.Since(start),
+		"backend", backendDone.Sub(backendStart), "records", backendStart.Sub(start)+time.Since(backendDone))
 	m.emit(ctx, api.EventDestroyed, sb, "")
 	return nil
 }

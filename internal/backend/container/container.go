@@ -668,9 +668,11 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	}
 	defer release()
 	var errs []error
+	start := time.Now()
 	if err := b.stop(ctx, id); err != nil {
 		errs = append(errs, err)
 	}
+	stopped := time.Now()
 	// The container's namespace is gone with its processes; the rest of
 	// its network (rules, resolver, exposed ports) goes now.
 	if b.cfg.Net != nil {
@@ -678,6 +680,11 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 			errs = append(errs, fmt.Errorf("network: %w", err))
 		}
 	}
+	detached := time.Now()
+	defer func() {
+		b.cfg.Log.Debug("container destroyed", "sandbox", id, "stop", stopped.Sub(start),
+			"network", detached.Sub(stopped), "disk_and_files", time.Since(detached))
+	}()
 	if err := removeNetns(b.netnsFile(id)); err != nil {
 		errs = append(errs, err)
 	}
