@@ -17,6 +17,7 @@ import (
 	"github.com/nookhq/nook/api"
 	"github.com/nookhq/nook/internal/backend/vm"
 	"github.com/nookhq/nook/sdk"
+	"golang.org/x/sys/unix"
 )
 
 // The density benchmark (nook-bench -density N): what every per-sandbox
@@ -67,6 +68,22 @@ type Probe struct {
 	Remove                                []time.Duration
 	// The same for a vm (one at a time; empty without vms).
 	VMCreate, VMExec, VMPause, VMResume, VMRemove []time.Duration
+	// What the host had yet to write back when the probe began (Dirty
+	// and Writeback), and how long the sync that wrote it took.
+	Dirty int64
+	Flush time.Duration
+}
+
+// flushWriteback writes back what the host's page cache holds dirty (the
+// sandboxes' mkfs and first writes: 17-51 MiB before a probe in the runs
+// recorded) and returns how much there was and how long it took, so that
+// each probe starts with no writeback of the growth under way beside its
+// fsyncs.
+func flushWriteback() (int64, time.Duration) {
+	dirty := meminfo("Dirty") + meminfo("Writeback")
+	t := time.Now()
+	unix.Sync()
+	return dirty, time.Since(t)
 }
 
 // logBuf keeps a daemon's log and answers which creates were warm.
@@ -306,6 +323,10 @@ func probe(ctx context.Context, d *procDaemon, prefix string) (Probe, error) {
 	if err := d.settle(ctx); err != nil {
 		return p, err
 	}
+	// Every probe begins with nothing left to write back: it measures an
+	// operation with N sandboxes alive, not beside the writes that made
+	// them (the growth's rows show those).
+	p.Dirty, p.Flush = flushWriteback()
 	// A burst from a full warm pool, then a burst of cold creates: a
 	// disk size other than the default is never taken from the pool.
 	names := make([]string, 20)
@@ -514,6 +535,8 @@ func (r *DensityResult) print(w io.Writer) {
 		line("vm rm", r.At10.VMRemove, r.AtN.VMRemove, nil)
 	}
 	tw.Flush()
+	fmt.Fprintf(w, "written back before each probe (at 10, at %d, after): %d MiB in %s, %d MiB in %s, %d MiB in %s\n", r.N,
+		r.At10.Dirty>>20, ms(r.At10.Flush), r.AtN.Dirty>>20, ms(r.AtN.Flush), r.After.Dirty>>20, ms(r.After.Flush))
 	if r.VMSkipped != "" {
 		fmt.Fprintf(w, "vms skipped: %s\n", r.VMSkipped)
 	}

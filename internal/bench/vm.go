@@ -295,10 +295,13 @@ func vmDensity(ctx context.Context, cfg Config, root string) (density, error) {
 	return d, nil
 }
 
-func memAvailable() int64 {
+func memAvailable() int64 { return meminfo("MemAvailable") }
+
+// meminfo returns a /proc/meminfo field, in bytes (0 if it is missing).
+func meminfo(field string) int64 {
 	b, _ := os.ReadFile("/proc/meminfo")
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "MemAvailable:") {
+		if strings.HasPrefix(l, field+":") {
 			f := strings.Fields(l)
 			if len(f) >= 2 {
 				kb, _ := strconv.ParseInt(f[1], 10, 64)
