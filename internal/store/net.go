@@ -29,7 +29,8 @@ type Preview struct {
 }
 
 // PutNet records (or replaces) a sandbox's network. The record goes with
-// the sandbox's: deleting the sandbox deletes it.
+// the sandbox's: deleting the sandbox deletes it, and a sandbox with no
+// record (removed) gets none.
 func (s *Store) PutNet(ctx context.Context, id string, n Net) error {
 	if n.Exposed == nil {
 		n.Exposed = map[uint16]uint16{}
@@ -47,15 +48,20 @@ func (s *Store) PutNet(ctx context.Context, id string, n Net) error {
 	}
 	s.netMu.Lock()
 	defer s.netMu.Unlock()
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandbox_net (id, subnet, policy, exposed, previews) VALUES (?,?,?,?,?)
+	// Only for a sandbox whose record exists: its removal takes the row
+	// with it (a trigger), and one written after that removal would be
+	// an orphan the in-memory subnets no longer count (DeleteSandbox
+	// forgets its subnet after its commit, outside this lock).
+	res, err := s.db.ExecContext(ctx, `INSERT INTO sandbox_net (id, subnet, policy, exposed, previews)
+		SELECT ?,?,?,?,? WHERE EXISTS (SELECT 1 FROM sandboxes WHERE id = ?)
 		ON CONFLICT(id) DO UPDATE SET subnet = excluded.subnet, policy = excluded.policy, exposed = excluded.exposed, previews = excluded.previews`,
-		id, n.Subnet, string(n.Policy), string(exp), string(pub))
+		id, n.Subnet, string(n.Policy), string(exp), string(pub), id)
 	if err != nil {
 		// The row may or may not have changed: read the table again.
 		s.subnets = nil
 		return err
 	}
-	if s.subnets != nil {
+	if k, _ := res.RowsAffected(); k > 0 && s.subnets != nil {
 		s.subnets[id] = n.Subnet
 	}
 	return nil

@@ -142,3 +142,186 @@ func TestSandboxCacheMatchesTable(t *testing.T) {
 		t.Fatalf("after delete: %v", err)
 	}
 }
+
+// Writes that queue while one commits are committed as one group: each
+// of them succeeds or fails alone (a name taken fails its own insert
+// only), the rows and the cache hold exactly the ones that succeeded,
+// and the group survives a reopen (it was committed, not just cached).
+func TestGroupCommit(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "nook.db")
+	s := openLoaded(t, path)
+	for _, id := range []string{"taken", "kept"} {
+		if err := s.InsertSandbox(ctx, sample("id-"+id, id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.ListSandboxes(ctx); err != nil { // the cache, loaded
+		t.Fatal(err)
+	}
+	const n = 12
+	errs := make([]error, n)
+	queued(t, s, n, func(i int) {
+		switch {
+		case i == 5: // a name in use: fails alone
+			errs[i] = s.InsertSandbox(ctx, sample("id-dup", "kept"))
+		case i == 7: // an update of a sandbox that does not exist
+			errs[i] = s.UpdateSandbox(ctx, sample("id-missing", "missing"))
+		case i == 9:
+			errs[i] = s.DeleteSandbox(ctx, "id-taken")
+		default:
+			errs[i] = s.InsertSandbox(ctx, sample(fmt.Sprintf("id%d", i), fmt.Sprintf("n%d", i)))
+		}
+	})
+	if s.sbs.groups != 1 {
+		t.Errorf("%d transactions of a group committed, want the 12 writes in 1", s.sbs.groups)
+	}
+	for i, err := range errs {
+		switch i {
+		case 5:
+			if !errors.Is(err, errdefs.ErrAlreadyExists) {
+				t.Errorf("insert of a taken name: %v, want already exists", err)
+			}
+		case 7:
+			if !errors.Is(err, errdefs.ErrNotFound) {
+				t.Errorf("update of a missing sandbox: %v, want not found", err)
+			}
+		default:
+			if err != nil {
+				t.Errorf("write %d: %v", i, err)
+			}
+		}
+	}
+	want := map[string]bool{"id-kept": true}
+	for i := range n {
+		if i != 5 && i != 7 && i != 9 {
+			want[fmt.Sprintf("id%d", i)] = true
+		}
+	}
+	names := func(s *Store) map[string]bool {
+		t.Helper()
+		sbs, err := s.ListSandboxes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]bool{}
+		for _, sb := range sbs {
+			got[sb.ID] = true
+		}
+		return got
+	}
+	rows, err := s.query(ctx, ``)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inTable := map[string]bool{}
+	for _, sb := range rows {
+		inTable[sb.ID] = true
+	}
+	if got := names(s); !reflect.DeepEqual(got, want) || !reflect.DeepEqual(inTable, want) {
+		t.Fatalf("cache %v, table %v; want %v", got, inTable, want)
+	}
+	s.Close()
+	s2, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if got := names(s2); !reflect.DeepEqual(got, want) {
+		t.Fatalf("after a reopen: %v; want %v", got, want)
+	}
+}
+
+// queued runs write(0..n-1) on goroutines while it holds the store's
+// write lock, as a commit under way would, and lets go once all n are
+// queued behind it; it returns when all have returned.
+func queued(t *testing.T, s *Store, n int, write func(i int)) {
+	t.Helper()
+	s.sbs.write.Lock()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			write(i)
+		}()
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.sbs.qmu.Lock()
+		k := len(s.sbs.queue)
+		s.sbs.qmu.Unlock()
+		if k == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			s.sbs.write.Unlock()
+			t.Fatalf("%d of %d writes queued", k, n)
+		}
+	}
+	s.sbs.write.Unlock()
+	wg.Wait()
+}
+
+// A write whose failure takes the group's transaction with it (SQLite
+// rolls all of it back on an I/O error or an interrupt; here the write
+// does it itself) fails alone: the group's other writes are committed
+// one by one, and the table and the cache hold them.
+func TestGroupCommitRolledBack(t *testing.T) {
+	ctx := context.Background()
+	s := openLoaded(t, filepath.Join(t.TempDir(), "nook.db"))
+	defer s.Close()
+	if _, err := s.ListSandboxes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const n = 6
+	errs := make([]error, n)
+	broken := errors.New("the disk went away")
+	queued(t, s, n, func(i int) {
+		if i == 2 {
+			errs[i] = s.written(ctx, "x", func(ctx context.Context, ex execer) error {
+				if _, err := ex.ExecContext(ctx, `ROLLBACK`); err != nil {
+					return err
+				}
+				return broken
+			})
+			return
+		}
+		errs[i] = s.InsertSandbox(ctx, sample(fmt.Sprintf("id%d", i), fmt.Sprintf("n%d", i)))
+	})
+	for i, err := range errs {
+		if i == 2 && !errors.Is(err, broken) || i != 2 && err != nil {
+			t.Errorf("write %d: %v", i, err)
+		}
+	}
+	rows, err := s.query(ctx, ``)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ListSandboxes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != n-1 || len(got) != n-1 {
+		t.Fatalf("%d rows, %d cached; want %d", len(rows), len(got), n-1)
+	}
+	if s.sbs.groups != 0 {
+		t.Errorf("%d group transactions committed, want none", s.sbs.groups)
+	}
+	// The connection is usable: the next write commits.
+	if err := s.InsertSandbox(ctx, sample("after", "after")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// openLoaded opens the store at path with its sandbox cache loaded.
+func openLoaded(t *testing.T, path string) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ListSandboxes(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

@@ -4,7 +4,9 @@
 // acknowledges it, so a daemon killed with -9 loses nothing it answered.
 // Sandboxes' records are also kept in memory beside their table
 // (sandboxcache.go), so that the reads on every request's path cost no
-// SQL.
+// SQL, and the writes of their rows that queue while one commits are
+// committed together (a group commit: one transaction and one fsync for
+// the lot, a savepoint for each, so that each succeeds or fails alone).
 package store
 
 import (
@@ -323,8 +325,8 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *core.Sandbox) error {
 			return err
 		}
 	}
-	err = s.written(ctx, sb.ID, func() error {
-		_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	err = s.written(ctx, sb.ID, func(ctx context.Context, ex execer) error {
+		_, err := ex.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			sb.ID, sb.Name, sb.Template, sb.TemplateID, sb.Isolation, string(sb.State), sb.Reason, sb.CPUs,
 			sb.MemoryBytes, sb.DiskBytes, sb.PidsLimit, string(env), sb.CreatedAt.UnixNano(), sb.ExpiresAt.UnixNano(), sb.BackendState,
 			int64(sb.IdlePause), onExpire(sb), sb.Expired, string(vols), string(labels), sb.Creator, sb.ParentID, sb.LineageID, sb.IdentityAudience, repoJSON(sb.Repo))
@@ -351,8 +353,8 @@ func onExpire(sb *core.Sandbox) string {
 // UpdateSandbox writes a sandbox's mutable fields: state, reason, expiry
 // (and whether it has expired) and backend state.
 func (s *Store) UpdateSandbox(ctx context.Context, sb *core.Sandbox) error {
-	return s.written(ctx, sb.ID, func() error {
-		res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, expires_at = ?, expired = ?, backend_state = ? WHERE id = ?`,
+	return s.written(ctx, sb.ID, func(ctx context.Context, ex execer) error {
+		res, err := ex.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, expires_at = ?, expired = ?, backend_state = ? WHERE id = ?`,
 			string(sb.State), sb.Reason, sb.ExpiresAt.UnixNano(), sb.Expired, sb.BackendState, sb.ID)
 		if err != nil {
 			return err
@@ -366,8 +368,8 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *core.Sandbox) error {
 
 // SetSandboxRepo records the repository a sandbox cloned.
 func (s *Store) SetSandboxRepo(ctx context.Context, id string, r core.Repo) error {
-	return s.written(ctx, id, func() error {
-		_, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET repo = ? WHERE id = ?`, repoJSON(r), id)
+	return s.written(ctx, id, func(ctx context.Context, ex execer) error {
+		_, err := ex.ExecContext(ctx, `UPDATE sandboxes SET repo = ? WHERE id = ?`, repoJSON(r), id)
 		return err
 	})
 }
@@ -382,15 +384,20 @@ func repoJSON(r core.Repo) string {
 
 // DeleteSandbox removes a sandbox's record.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	return s.written(ctx, id, func() error {
-		s.netMu.Lock()
-		defer s.netMu.Unlock()
-		_, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
-		if err == nil && s.subnets != nil {
-			delete(s.subnets, id) // its sandbox_net row went with it (a trigger)
-		}
+	err := s.written(ctx, id, func(ctx context.Context, ex execer) error {
+		_, err := ex.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
 		return err
 	})
+	if err == nil {
+		// Its sandbox_net row went with it (a trigger). Until this runs
+		// the subnet still counts as taken, which is harmless; the lock
+		// is not taken inside the write, which may hold the database's
+		// one connection (NetSubnets takes them the other way round).
+		s.netMu.Lock()
+		delete(s.subnets, id)
+		s.netMu.Unlock()
+	}
+	return err
 }
 
 // GetSandbox returns the sandbox with this name, or an ErrNotFound.
