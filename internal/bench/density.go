@@ -75,8 +75,8 @@ type Probe struct {
 }
 
 // flushWriteback writes back what the host's page cache holds dirty (the
-// sandboxes' mkfs and first writes: 17-51 MiB before a probe in the runs
-// recorded) and returns how much there was and how long it took, so that
+// sandboxes' mkfs and first writes: 14-131 MiB before a probe in the
+// runs recorded) and returns how much there was and how long it took, so that
 // each probe starts with no writeback of the growth under way beside its
 // fsyncs.
 func flushWriteback() (int64, time.Duration) {

@@ -70,19 +70,19 @@ func (p *Pool) Allocate(taken []netip.Prefix) (netip.Prefix, error) {
 // a pool of millions of subnets costs only the words in use): no list of
 // every sandbox's subnet is built and searched to choose one.
 type Taken struct {
-	pool  netip.Prefix
+	pool  *Pool
 	words map[uint32]uint64
 }
 
 // NewTaken returns an empty set of the pool's subnets.
 func (p *Pool) NewTaken() *Taken {
-	return &Taken{pool: p.prefix, words: map[uint32]uint64{}}
+	return &Taken{pool: p, words: map[uint32]uint64{}}
 }
 
 // Add marks subnet taken; a subnet outside the pool is ignored.
 func (t *Taken) Add(subnet netip.Prefix) {
-	if (&Pool{prefix: t.pool}).Contains(subnet) {
-		i := subnetIndex(t.pool, subnet)
+	if t.pool.Contains(subnet) {
+		i := subnetIndex(t.pool.prefix, subnet)
 		t.words[i/64] |= 1 << (i % 64)
 	}
 }

@@ -96,8 +96,8 @@ type pendingWrite struct {
 // once on a host whose fsyncs take milliseconds, each waited for every
 // other's fsync in turn. Each write of a group runs in a savepoint of
 // its own, so that one failing is rolled back alone; if the transaction
-// itself cannot go on or commit, every write of the group fails with
-// that error (none of them was committed).
+// itself cannot go on, its writes are run again one by one, and if its
+// commit fails, every write of the group fails with that error.
 func (s *Store) written(ctx context.Context, id string, write func(context.Context, execer) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -211,14 +211,13 @@ func (s *Store) refresh(ctx context.Context, ws []*pendingWrite) {
 	}
 	for _, w := range ws {
 		rows, err := s.query(ctx, `WHERE id = ?`, w.id)
-		c.mu.Lock()
 		if err != nil {
 			// The write committed; a cache that may not hold it is
 			// dropped and loaded again on the next read (readSandboxes).
-			c.loaded, c.byName, c.byID = false, nil, nil
-			c.mu.Unlock()
+			c.drop()
 			return
 		}
+		c.mu.Lock()
 		if old := c.byID[w.id]; old != nil {
 			delete(c.byName, old.Name)
 			delete(c.byID, w.id)
@@ -234,13 +233,17 @@ func (s *Store) refresh(ctx context.Context, ws []*pendingWrite) {
 // they may not match: they are loaded again from the tables on the next
 // read.
 func (s *Store) dropCaches() {
-	c := &s.sbs
-	c.mu.Lock()
-	c.loaded, c.byName, c.byID = false, nil, nil
-	c.mu.Unlock()
+	s.sbs.drop()
 	s.netMu.Lock()
 	s.subnets = nil
 	s.netMu.Unlock()
+}
+
+// drop forgets the cache: the next read loads it again from the table.
+func (c *sandboxCache) drop() {
+	c.mu.Lock()
+	c.loaded, c.byName, c.byID = false, nil, nil
+	c.mu.Unlock()
 }
 
 // readSandboxes runs read on the loaded cache (its lock held for

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nookhq/nook/internal/core"
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/poll"
 )
 
 // TestSandboxCacheMatchesTable: after every kind of write (and writes
@@ -246,19 +247,17 @@ func queued(t *testing.T, s *Store, n int, write func(i int)) {
 			write(i)
 		}()
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+	k := 0
+	err := poll.Until(context.Background(), poll.Options{Timeout: 10 * time.Second}, func() (bool, error) {
 		s.sbs.qmu.Lock()
-		k := len(s.sbs.queue)
+		k = len(s.sbs.queue)
 		s.sbs.qmu.Unlock()
-		if k == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			s.sbs.write.Unlock()
-			t.Fatalf("%d of %d writes queued", k, n)
-		}
-	}
+		return k == n, nil
+	})
 	s.sbs.write.Unlock()
+	if err != nil {
+		t.Fatalf("%d of %d writes queued: %v", k, n, err)
+	}
 	wg.Wait()
 }
 
