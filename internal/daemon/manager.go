@@ -505,6 +505,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandboxRequest, prog
 // req.Template (a template build's step, "name/step-..."), not from its
 // current one.
 func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, progress io.Writer, build string) (*core.Sandbox, error) {
+	began := time.Now()
 	if req.Isolation == "" {
 		req.Isolation = api.IsolationContainer
 	}
@@ -721,6 +722,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 			sb.ID, warm = id, true
 		}
 	}
+	inserting := time.Now()
 	if err := m.linkIdempotent(ctx, idemSandbox, sb.ID); err != nil {
 		if derr := b.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
 			m.log.Error("release sandbox resources after failed insert", "sandbox", sb.ID, "err", derr)
@@ -792,7 +794,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateSandboxRequest, prog
 	}
 	m.idle.touch(sb.ID)
 	m.log.Info("sandbox created", "sandbox", sb.Name, "id", sb.ID, "template", sb.TemplateID, "duration", time.Since(start),
-		"backend", backendDone.Sub(start), "network", netDone.Sub(backendDone), "agent", agentDone.Sub(netDone), "record", time.Since(agentDone), "warm", warm)
+		"prepare", inserting.Sub(began), "insert", start.Sub(inserting), "backend", backendDone.Sub(start), "network", netDone.Sub(backendDone), "agent", agentDone.Sub(netDone), "record", time.Since(agentDone), "warm", warm)
 	m.emit(ctx, api.EventCreated, sb, "")
 	return sb, nil
 }

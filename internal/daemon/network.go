@@ -199,8 +199,8 @@ func (n *sandboxNets) watchHostAddrs() {
 	pool := n.mgr.Pool().Prefix()
 	go func() {
 		for u := range ch {
-			if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok && pool.Contains(a.Unmap()) {
-				continue // a sandbox's gateway
+			if !hostAddrUpdate(u, pool) {
+				continue
 			}
 			n.hostMu.Lock()
 			n.hostValid = false
@@ -211,6 +211,22 @@ func (n *sandboxNets) watchHostAddrs() {
 		n.hostWatch, n.hostValid = false, false
 		n.hostMu.Unlock()
 	}()
+}
+
+// hostAddrUpdate says whether an address update can change what
+// hostPrefixes lists: an IPv4 address outside the sandbox pool. A
+// sandbox's gateway is in the pool, and the IPv6 link-local address the
+// kernel gives each sandbox's host-side link as it comes up is not IPv4:
+// counting those, each create and each destroy cleared the cache, and at
+// 1,000 sandboxes each create's policy then listed the host's 2,000
+// addresses again (40 ms), one create at a time under hostMu.
+func hostAddrUpdate(u netlink.AddrUpdate, pool netip.Prefix) bool {
+	a, ok := netip.AddrFromSlice(u.LinkAddress.IP)
+	if !ok {
+		return true // not understood: list again
+	}
+	a = a.Unmap()
+	return a.Is4() && !pool.Contains(a)
 }
 
 // close stops the resolvers and the log writer. Sandbox interfaces and
@@ -1183,17 +1199,25 @@ func (n *sandboxNets) hostPrefixes() []netip.Prefix {
 	}
 	// Valid from here: an update while the list is read clears it again.
 	n.hostValid = n.hostWatch
-	out := []netip.Prefix{n.mgr.Pool().Prefix()}
-	addrs, err := net.InterfaceAddrs()
+	pool := n.mgr.Pool().Prefix()
+	out := []netip.Prefix{pool}
+	// IPv4 only, and no list of links: at 1,000 sandboxes the host has
+	// 1,000 links and 2,000 addresses. A dump that links or addresses
+	// changed under is read again; the last one is used, not cached.
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	for try := 0; errors.Is(err, netlink.ErrDumpInterrupted) && try < 3; try++ {
+		addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4)
+	}
 	if err != nil {
 		n.hostValid = false // not cached: the next policy asks again
-		n.log.Warn("list the host's addresses", "err", err)
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			n.log.Warn("list the host's addresses", "err", err)
+		}
 	}
 	for _, a := range addrs {
-		if ipn, ok := a.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(ipn.IP); ok && ip.Unmap().Is4() {
-				out = append(out, netip.PrefixFrom(ip.Unmap(), 32))
-			}
+		// The sandboxes' gateways are the pool's, which is listed whole.
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap().Is4() && !pool.Contains(ip.Unmap()) {
+			out = append(out, netip.PrefixFrom(ip.Unmap(), 32))
 		}
 	}
 	n.hostAddrs = out
