@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -37,9 +39,13 @@ type DensityResult struct {
 	// IdleCPU is the daemon's CPU use while the N sit idle (1 = a core);
 	// IdleRSS its resident memory then; HostMemPer the host memory each
 	// sandbox takes.
-	IdleCPU    float64
-	IdleRSS    int64
-	HostMemPer int64
+	IdleCPU float64
+	IdleRSS int64
+	// HostIdleCPU is the whole host's CPU use in the same window (1 =
+	// all its cores): the N sandboxes' own processes and the kernel's
+	// work for them, which every operation at N runs beside.
+	HostIdleCPU float64
+	HostMemPer  int64
 	// Readopt is from the start of a daemon after kill -9 until it
 	// answers with all N running; ReadoptExec until the last answers an
 	// exec too.
@@ -211,9 +217,11 @@ func RunDensity(ctx context.Context, cfg Config, n int) (*DensityResult, error) 
 		window = 10 * time.Second
 	}
 	fmt.Fprintf(out, "density: daemon idle with %d sandboxes for %s...\n", n, window)
+	host0, hostStart := hostBusy(), time.Now()
 	if res.IdleCPU, err = cpuOver(ctx, d.pid(), window); err != nil {
 		return nil, err
 	}
+	res.HostIdleCPU = float64(hostBusy()-host0) / float64(time.Since(hostStart)) / float64(runtime.NumCPU())
 	res.IdleRSS = procRSS(d.pid())
 
 	fmt.Fprintf(out, "density: kill -9 of the daemon, and its restart with %d sandboxes...\n", n)
@@ -503,6 +511,27 @@ func cpuOver(ctx context.Context, pid int, window time.Duration) (float64, error
 	return float64(procsCPU([]int{pid})-t0) / float64(time.Since(start)), nil
 }
 
+// hostBusy is the CPU time all of the host's cores have spent working
+// (user, system, interrupts) since it booted (/proc/stat).
+func hostBusy() time.Duration {
+	b, _ := os.ReadFile("/proc/stat")
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 6 || f[0] != "cpu" {
+		return 0
+	}
+	// user nice system idle iowait irq softirq steal guest...: guest
+	// time is counted in user's already, and steal is no work of ours.
+	var busy int64
+	for _, i := range []int{0, 1, 2, 5, 6} {
+		if i+1 < len(f) {
+			n, _ := strconv.ParseInt(f[i+1], 10, 64)
+			busy += n
+		}
+	}
+	return time.Duration(busy) * time.Second / clockTick
+}
+
 func (r *DensityResult) print(w io.Writer) {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -562,6 +591,7 @@ func (r *DensityResult) print(w io.Writer) {
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "at %d\tvalue\ttarget\n", r.N)
 	fmt.Fprintf(tw, "daemon CPU, idle\t%.2f%% of a core\t< 3%%\n", 100*r.IdleCPU)
+	fmt.Fprintf(tw, "host CPU, idle (every process and the kernel)\t%.1f%% of %d cores\t-\n", 100*r.HostIdleCPU, runtime.NumCPU())
 	fmt.Fprintf(tw, "daemon RSS, idle\t%d MiB\t-\n", r.IdleRSS>>20)
 	fmt.Fprintf(tw, "host memory per sandbox (MemAvailable)\t%.1f MiB\t-\n", float64(r.HostMemPer)/(1<<20))
 	fmt.Fprintf(tw, "restart after kill -9 -> all %d listed running\t%s\t< 10s\n", r.N, ms(r.Readopt))

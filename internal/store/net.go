@@ -46,25 +46,42 @@ func (s *Store) PutNet(ctx context.Context, id string, n Net) error {
 	if err != nil {
 		return err
 	}
-	s.netMu.Lock()
-	defer s.netMu.Unlock()
 	// Only for a sandbox whose record exists: its removal takes the row
 	// with it (a trigger), and one written after that removal would be
-	// an orphan the in-memory subnets no longer count (DeleteSandbox
-	// forgets its subnet after its commit, outside this lock).
-	res, err := s.db.ExecContext(ctx, `INSERT INTO sandbox_net (id, subnet, policy, exposed, previews)
+	// an orphan the in-memory subnets no longer count. Committed with
+	// the writes of sandboxes' rows queued beside it (one fsync for all:
+	// sandboxcache.go); the subnets in memory change after the commit,
+	// in the order the writes were applied.
+	var written bool
+	err = s.commit(ctx, &pendingWrite{
+		write: func(ctx context.Context, ex execer) error {
+			res, err := ex.ExecContext(ctx, `INSERT INTO sandbox_net (id, subnet, policy, exposed, previews)
 		SELECT ?,?,?,?,? WHERE EXISTS (SELECT 1 FROM sandboxes WHERE id = ?)
 		ON CONFLICT(id) DO UPDATE SET subnet = excluded.subnet, policy = excluded.policy, exposed = excluded.exposed, previews = excluded.previews`,
-		id, n.Subnet, string(n.Policy), string(exp), string(pub), id)
+				id, n.Subnet, string(n.Policy), string(exp), string(pub), id)
+			if err != nil {
+				return err
+			}
+			k, _ := res.RowsAffected()
+			written = k > 0
+			return nil
+		},
+		then: func() {
+			s.netMu.Lock()
+			if written && s.subnets != nil {
+				s.subnets[id] = n.Subnet
+			}
+			s.netMu.Unlock()
+		},
+	})
 	if err != nil {
-		// The row may or may not have changed: read the table again.
+		// Whether a failed commit reached the disk is not known: the
+		// subnets are read from the table again.
+		s.netMu.Lock()
 		s.subnets = nil
-		return err
+		s.netMu.Unlock()
 	}
-	if k, _ := res.RowsAffected(); k > 0 && s.subnets != nil {
-		s.subnets[id] = n.Subnet
-	}
-	return nil
+	return err
 }
 
 // NetSubnets calls fn with each recorded sandbox network's sandbox ID and

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"testing"
 	"time"
@@ -119,4 +120,75 @@ func TestNetSubnetsFollowTheTable(t *testing.T) {
 	if len(got) != len(all) || got["b"] != all["b"].Subnet || len(got) != 1 {
 		t.Fatalf("NetSubnets = %v, the table %v", got, all)
 	}
+}
+
+// Network records queued beside sandboxes' writes are committed in the
+// same transaction, and the subnets in memory follow what it committed:
+// a put of each, none for a sandbox that has no record, and a removal.
+func TestNetGroupCommit(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "nook.db")
+	s := openLoaded(t, path)
+	for _, id := range []string{"a", "b", "gone"} {
+		if err := s.InsertSandbox(ctx, sample(id, "n-"+id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.PutNet(ctx, "gone", Net{Subnet: "10.89.0.12/30"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.NetSubnets(ctx, func(string, string) {}); err != nil { // loaded
+		t.Fatal(err)
+	}
+	const n = 5
+	errs := make([]error, n)
+	queued(t, s, n, func(i int) {
+		switch i {
+		case 0:
+			errs[i] = s.PutNet(ctx, "a", Net{Subnet: "10.89.0.0/30"})
+		case 1:
+			errs[i] = s.PutNet(ctx, "b", Net{Subnet: "10.89.0.4/30"})
+		case 2:
+			errs[i] = s.PutNet(ctx, "none", Net{Subnet: "10.89.0.8/30"}) // no sandbox: nothing recorded
+		case 3:
+			errs[i] = s.DeleteSandbox(ctx, "gone")
+		case 4:
+			errs[i] = s.InsertSandbox(ctx, sample("c", "n-c"))
+		}
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("write %d: %v", i, err)
+		}
+	}
+	if s.sbs.groups != 1 {
+		t.Errorf("%d group transactions, want the 5 writes in 1", s.sbs.groups)
+	}
+	want := map[string]string{"a": "10.89.0.0/30", "b": "10.89.0.4/30"}
+	check := func(s *Store, when string) {
+		t.Helper()
+		got := map[string]string{}
+		if err := s.NetSubnets(ctx, func(id, subnet string) { got[id] = subnet }); err != nil {
+			t.Fatal(err)
+		}
+		all, err := s.ListNets(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		table := map[string]string{}
+		for id, n := range all {
+			table[id] = n.Subnet
+		}
+		if !maps.Equal(got, want) || !maps.Equal(table, want) {
+			t.Fatalf("%s: in memory %v, the table %v; want %v", when, got, table, want)
+		}
+	}
+	check(s, "after the group")
+	s.Close()
+	s2, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	check(s2, "after a reopen")
 }

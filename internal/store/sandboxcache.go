@@ -76,12 +76,17 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-// pendingWrite is a write of a sandbox's row waiting to be committed.
+// pendingWrite is a write waiting to be committed: of a sandbox's row
+// (id), or of rows that go with one (id "": the cache has nothing to
+// read again).
 type pendingWrite struct {
 	id    string
 	write func(context.Context, execer) error
-	err   error
-	done  chan struct{} // closed once committed or failed
+	// then, if set, runs once the write is committed, under the cache's
+	// write lock (so in the order the database applied the writes).
+	then func()
+	err  error
+	done chan struct{} // closed once committed or failed
 }
 
 // written runs write (statements changing sandbox id's row, on the
@@ -99,11 +104,16 @@ type pendingWrite struct {
 // itself cannot go on, its writes are run again one by one, and if its
 // commit fails, every write of the group fails with that error.
 func (s *Store) written(ctx context.Context, id string, write func(context.Context, execer) error) error {
+	return s.commit(ctx, &pendingWrite{id: id, write: write})
+}
+
+// commit queues w and returns once it is committed or failed (written).
+func (s *Store) commit(ctx context.Context, w *pendingWrite) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	c := &s.sbs
-	w := &pendingWrite{id: id, write: write, done: make(chan struct{})}
+	w.done = make(chan struct{})
 	c.qmu.Lock()
 	c.queue = append(c.queue, w)
 	c.qmu.Unlock()
@@ -198,10 +208,17 @@ func (s *Store) alone(ctx context.Context, ws []*pendingWrite) {
 	}
 }
 
-// refresh re-reads the rows of committed writes into the cache. Before
+// refresh re-reads the rows of committed writes into the cache (before
 // the cache is loaded there is nothing to update: its load reads the
-// table.
+// table), then runs each write's then.
 func (s *Store) refresh(ctx context.Context, ws []*pendingWrite) {
+	defer func() {
+		for _, w := range ws {
+			if w.then != nil {
+				w.then()
+			}
+		}
+	}()
 	c := &s.sbs
 	c.mu.RLock()
 	loaded := c.loaded
@@ -210,6 +227,9 @@ func (s *Store) refresh(ctx context.Context, ws []*pendingWrite) {
 		return
 	}
 	for _, w := range ws {
+		if w.id == "" {
+			continue
+		}
 		rows, err := s.query(ctx, `WHERE id = ?`, w.id)
 		if err != nil {
 			// The write committed; a cache that may not hold it is

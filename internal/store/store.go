@@ -4,8 +4,8 @@
 // acknowledges it, so a daemon killed with -9 loses nothing it answered.
 // Sandboxes' records are also kept in memory beside their table
 // (sandboxcache.go), so that the reads on every request's path cost no
-// SQL, and the writes of their rows that queue while one commits are
-// committed together (a group commit: one transaction and one fsync for
+// SQL, and the writes of their rows (and of their network records) that
+// queue while one commits are committed together (a group commit: one transaction and one fsync for
 // the lot, a savepoint for each, so that each succeeds or fails alone).
 package store
 
@@ -384,20 +384,19 @@ func repoJSON(r core.Repo) string {
 
 // DeleteSandbox removes a sandbox's record.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	err := s.written(ctx, id, func(ctx context.Context, ex execer) error {
-		_, err := ex.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
-		return err
+	return s.commit(ctx, &pendingWrite{
+		id: id,
+		write: func(ctx context.Context, ex execer) error {
+			_, err := ex.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+			return err
+		},
+		// Its sandbox_net row went with it (a trigger).
+		then: func() {
+			s.netMu.Lock()
+			delete(s.subnets, id)
+			s.netMu.Unlock()
+		},
 	})
-	if err == nil {
-		// Its sandbox_net row went with it (a trigger). Until this runs
-		// the subnet still counts as taken, which is harmless; the lock
-		// is not taken inside the write, which may hold the database's
-		// one connection (NetSubnets takes them the other way round).
-		s.netMu.Lock()
-		delete(s.subnets, id)
-		s.netMu.Unlock()
-	}
-	return err
 }
 
 // GetSandbox returns the sandbox with this name, or an ErrNotFound.
