@@ -1208,15 +1208,35 @@ func (n *sandboxNets) hostPrefixes() []netip.Prefix {
 	for try := 0; errors.Is(err, netlink.ErrDumpInterrupted) && try < 3; try++ {
 		addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4)
 	}
+	ips := make([]net.IP, 0, len(addrs))
+	for _, a := range addrs {
+		ips = append(ips, a.IP)
+	}
 	if err != nil {
-		n.hostValid = false // not cached: the next policy asks again
+		// The list may miss an address (a dump interrupted each time
+		// returns what it read): it fails closed, with every address
+		// known before and what the standard library lists added, and
+		// is not cached, so the next policy asks again.
+		n.hostValid = false
 		if !errors.Is(err, netlink.ErrDumpInterrupted) {
 			n.log.Warn("list the host's addresses", "err", err)
 		}
+		for _, p := range n.hostAddrs[min(1, len(n.hostAddrs)):] {
+			ips = append(ips, p.Addr().AsSlice())
+		}
+		if more, err := net.InterfaceAddrs(); err == nil {
+			for _, a := range more {
+				if ipn, ok := a.(*net.IPNet); ok {
+					ips = append(ips, ipn.IP)
+				}
+			}
+		}
 	}
-	for _, a := range addrs {
+	seen := map[netip.Addr]bool{}
+	for _, b := range ips {
 		// The sandboxes' gateways are the pool's, which is listed whole.
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap().Is4() && !pool.Contains(ip.Unmap()) {
+		if ip, ok := netip.AddrFromSlice(b); ok && ip.Unmap().Is4() && !pool.Contains(ip.Unmap()) && !seen[ip.Unmap()] {
+			seen[ip.Unmap()] = true
 			out = append(out, netip.PrefixFrom(ip.Unmap(), 32))
 		}
 	}

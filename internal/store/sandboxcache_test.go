@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -323,4 +324,53 @@ func openLoaded(t *testing.T, path string) *Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// A write's then runs once it is committed and never for a write that
+// failed, in a group or alone: a then that ran for a failed removal
+// would forget a subnet still recorded as in use.
+func TestThenOnlyAfterCommit(t *testing.T) {
+	ctx := context.Background()
+	s := openLoaded(t, filepath.Join(t.TempDir(), "nook.db"))
+	defer s.Close()
+	failed := errors.New("refused")
+	write := func(fail bool, ran *atomic.Int32) *pendingWrite {
+		return &pendingWrite{
+			write: func(ctx context.Context, ex execer) error {
+				if _, err := ex.ExecContext(ctx, `SELECT 1`); err != nil {
+					return err
+				}
+				if fail {
+					return failed
+				}
+				return nil
+			},
+			then: func() { ran.Add(1) },
+		}
+	}
+	const n = 6
+	ran := make([]atomic.Int32, n)
+	errs := make([]error, n)
+	queued(t, s, n, func(i int) { errs[i] = s.commit(ctx, write(i%2 == 1, &ran[i])) })
+	var alone atomic.Int32
+	aloneErr := s.commit(ctx, write(true, &alone))
+	for i := range n {
+		fail := i%2 == 1
+		if fail != errors.Is(errs[i], failed) || !fail && errs[i] != nil {
+			t.Errorf("write %d: %v", i, errs[i])
+		}
+		if want := int32(1); fail {
+			if ran[i].Load() != 0 {
+				t.Errorf("write %d failed, and its then ran", i)
+			}
+		} else if ran[i].Load() != want {
+			t.Errorf("write %d was committed, and its then ran %d times", i, ran[i].Load())
+		}
+	}
+	if s.sbs.groups != 1 {
+		t.Errorf("%d group transactions, want 1", s.sbs.groups)
+	}
+	if !errors.Is(aloneErr, failed) || alone.Load() != 0 {
+		t.Errorf("a failed write alone: %v, its then ran %d times", aloneErr, alone.Load())
+	}
 }

@@ -184,6 +184,9 @@ func (b *Backend) Available(ctx context.Context) (bool, string, map[string]strin
 	if ok, release := kernelAtLeast(5, 19); !ok {
 		return false, fmt.Sprintf("Linux %s is too old: container sandboxes run in user namespaces over idmapped layers, which overlayfs takes from Linux 5.19 on", release), versions
 	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		return false, "unshare is not installed (apt-get install util-linux): it makes each container's user and network namespaces", versions
+	}
 	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
 		return false, "mkfs.ext4 is not installed (apt-get install e2fsprogs): every container's disk is an ext4 image", versions
 	}
