@@ -4,12 +4,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+
+	"github.com/nookhq/nook/internal/network/nettest"
 )
 
 // The cache of the host's addresses is cleared only by an update that
@@ -19,10 +19,12 @@ import (
 // create would list every address on the host again. The updates are
 // the kernel's own, from a network namespace the test makes.
 func TestHostAddrUpdateIgnoresSandboxLinks(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root (a network namespace and links in it); make test runs it as root")
+	nettest.RequireRoot(t)
+	ns, err := nettest.NewNetns()
+	if err != nil {
+		t.Fatal(err)
 	}
-	ns := newTestNetns(t)
+	defer ns.Close()
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		t.Fatal(err)
@@ -89,28 +91,4 @@ func TestHostAddrUpdateIgnoresSandboxLinks(t *testing.T) {
 		hostAddrUpdate(netlink.AddrUpdate{LinkAddress: net.IPNet{IP: net.IPv4(10, 250, 3, 1)}}, pool) {
 		t.Error("a v4-in-v6 address is judged by its IPv4 address")
 	}
-}
-
-// newTestNetns makes a network namespace, closed when the test ends.
-func newTestNetns(t *testing.T) netns.NsHandle {
-	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netns.Set(orig); err != nil {
-		// This thread stays in the new namespace: keep it locked, so
-		// that it ends with this goroutine and runs nothing else.
-		runtime.LockOSThread()
-		t.Fatalf("back to the test's network namespace: %v", err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	return ns
 }

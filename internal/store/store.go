@@ -5,8 +5,9 @@
 // Sandboxes' records are also kept in memory beside their table
 // (sandboxcache.go), so that the reads on every request's path cost no
 // SQL, and the writes of their rows (and of their network records) that
-// queue while one commits are committed together (a group commit: one transaction and one fsync for
-// the lot, a savepoint for each, so that each succeeds or fails alone).
+// queue while one commits are committed together (a group commit: one
+// transaction and one fsync for the lot, a savepoint for each, so that
+// each succeeds or fails alone).
 package store
 
 import (
